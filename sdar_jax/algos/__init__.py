@@ -1,0 +1,45 @@
+"""The objective library: pure, jittable GRPO / PPO / KL / entropy / SDAR gates and
+distillation terms / baselines, each selectable by name (see the registries)."""
+from sdar_jax.algos.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    apply_invalid_penalty,
+    grpo_advantages,
+    grpo_group_stats,
+    rlsd_lambda,
+    rlsd_token_advantages,
+    token_advantages,
+)
+from sdar_jax.algos.aggregation import (
+    AGG_MODES,
+    agg_loss,
+    masked_mean,
+    seq_count,
+    token_count,
+)
+from sdar_jax.algos.distill import (
+    DISTILL_LOSSES,
+    SDAR_FORMS,
+    distill_loss,
+    sdar_loss,
+    skill_sd_loss,
+)
+from sdar_jax.algos.gates import GATES, compute_gate
+from sdar_jax.algos.losses import (
+    KL_PENALTIES,
+    entropy_from_logits,
+    entropy_loss,
+    kl_loss,
+    kl_penalty,
+    policy_loss,
+)
+from sdar_jax.algos.presets import ALGO_PRESETS, PRESET_KEYS, get_preset
+from sdar_jax.algos.registry import Registry
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS", "AGG_MODES", "ALGO_PRESETS", "DISTILL_LOSSES", "GATES",
+    "KL_PENALTIES", "PRESET_KEYS", "Registry", "SDAR_FORMS", "agg_loss",
+    "apply_invalid_penalty", "compute_gate", "distill_loss", "entropy_from_logits",
+    "entropy_loss", "get_preset", "grpo_advantages", "grpo_group_stats", "kl_loss",
+    "kl_penalty", "masked_mean", "policy_loss", "rlsd_lambda", "rlsd_token_advantages",
+    "sdar_loss", "seq_count", "skill_sd_loss", "token_advantages", "token_count",
+]
