@@ -1,0 +1,348 @@
+"""Hugging Face checkpoints <-> our parameter pytree, both directions.
+
+Reads `config.json` + `model.safetensors` or a sharded `model.safetensors.index.json` checkpoint,
+checks every tensor name and shape before anything is converted, and writes directories that
+`transformers.AutoModelForCausalLM.from_pretrained` loads.
+
+The safetensors container is read and written here directly (an 8-byte header length, a JSON
+header, raw little-endian bytes): tensors are memory-mapped, and bfloat16 goes through
+`ml_dtypes` without a framework round trip.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import tempfile
+from typing import Any, Iterable
+
+import jax
+import ml_dtypes
+import numpy as np
+
+from sdar_jax.models.config import ModelConfig
+from sdar_jax.models.qwen import Params, param_specs
+
+# ----------------------------------------------------------------------------------- name table
+# (HF name relative to `model.layers.{i}.`, our name under params["layers"], transform)
+LAYER_TABLE: tuple[tuple[str, str, str], ...] = (
+    ("input_layernorm.weight", "attn_norm", "copy"),
+    ("self_attn.q_proj.weight", "q_proj", "in_heads"),
+    ("self_attn.k_proj.weight", "k_proj", "in_heads"),
+    ("self_attn.v_proj.weight", "v_proj", "in_heads"),
+    ("self_attn.o_proj.weight", "o_proj", "out_heads"),
+    ("self_attn.q_proj.bias", "q_bias", "heads"),
+    ("self_attn.k_proj.bias", "k_bias", "heads"),
+    ("self_attn.v_proj.bias", "v_bias", "heads"),
+    ("self_attn.o_proj.bias", "o_bias", "copy"),
+    ("self_attn.q_norm.weight", "q_norm", "copy"),
+    ("self_attn.k_norm.weight", "k_norm", "copy"),
+    ("post_attention_layernorm.weight", "mlp_norm", "copy"),
+    ("mlp.gate_proj.weight", "gate_proj", "transpose"),
+    ("mlp.up_proj.weight", "up_proj", "transpose"),
+    ("mlp.down_proj.weight", "down_proj", "transpose"),
+)
+# (HF name, our top-level name, transform)
+TOP_TABLE: tuple[tuple[str, str, str], ...] = (
+    ("model.embed_tokens.weight", "embed", "copy"),
+    ("model.norm.weight", "final_norm", "copy"),
+    ("lm_head.weight", "lm_head", "transpose"),
+)
+# Buffers some exporters include; never parameters.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def _hf_shape(kind: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+  """HF tensor shape for one of our (per-layer) shapes."""
+  if kind == "copy":
+    return shape
+  if kind == "transpose":
+    return shape[::-1]
+  if kind == "in_heads":  # ours [D, n, H], HF [n*H, D]
+    return (shape[1] * shape[2], shape[0])
+  if kind == "out_heads":  # ours [n, H, D], HF [D, n*H]
+    return (shape[2], shape[0] * shape[1])
+  if kind == "heads":  # ours [n, H], HF [n*H]
+    return (shape[0] * shape[1],)
+  raise ValueError(kind)
+
+
+def _to_ours(kind: str, x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+  if kind == "copy":
+    return x
+  if kind == "transpose":
+    return x.T
+  if kind in ("in_heads", "out_heads"):
+    return x.T.reshape(shape)
+  if kind == "heads":
+    return x.reshape(shape)
+  raise ValueError(kind)
+
+
+def _to_hf(kind: str, x: np.ndarray) -> np.ndarray:
+  if kind == "copy":
+    return x
+  if kind == "transpose":
+    return x.T
+  if kind == "in_heads":
+    return x.reshape(x.shape[0], -1).T
+  if kind == "out_heads":
+    return x.reshape(-1, x.shape[-1]).T
+  if kind == "heads":
+    return x.reshape(-1)
+  raise ValueError(kind)
+
+
+def expected_tensors(config: ModelConfig) -> dict[str, tuple[tuple[str, ...], str, tuple[int, ...]]]:
+  """HF name -> (our path, transform, HF shape) for every tensor this config needs."""
+  specs = param_specs(config)
+  out = {}
+  for hf_name, ours, kind in TOP_TABLE:
+    if ours in specs:
+      out[hf_name] = ((ours,), kind, _hf_shape(kind, specs[ours].shape))
+  for i in range(config.num_layers):
+    for hf_suffix, ours, kind in LAYER_TABLE:
+      if ours in specs["layers"]:
+        shape = specs["layers"][ours].shape[1:]
+        out[f"model.layers.{i}.{hf_suffix}"] = (("layers", ours, i), kind, _hf_shape(kind, shape))
+  return out
+
+
+# ----------------------------------------------------------------------------------- safetensors
+_ST_DTYPES = {
+    "F64": np.dtype(np.float64), "F32": np.dtype(np.float32), "F16": np.dtype(np.float16),
+    "BF16": np.dtype(ml_dtypes.bfloat16), "I64": np.dtype(np.int64), "I32": np.dtype(np.int32),
+    "I16": np.dtype(np.int16), "I8": np.dtype(np.int8), "U8": np.dtype(np.uint8),
+    "BOOL": np.dtype(np.bool_),
+}
+_ST_NAMES = {v: k for k, v in _ST_DTYPES.items()}
+
+
+def read_safetensors_header(path: str) -> tuple[dict[str, Any], int]:
+  """(header dict without __metadata__, byte offset of the data section)."""
+  with open(path, "rb") as f:
+    raw = f.read(8)
+    if len(raw) != 8:
+      raise ValueError(f"{path} is not a safetensors file (shorter than 8 bytes).")
+    (n,) = struct.unpack("<Q", raw)
+    if n > 100 * 2**20:
+      raise ValueError(f"{path} is not a safetensors file (header length {n} is implausible).")
+    header = json.loads(f.read(n))
+  header.pop("__metadata__", None)
+  return header, 8 + n
+
+
+class SafetensorsFile:
+  """Lazy, memory-mapped access to the tensors of one .safetensors file."""
+
+  def __init__(self, path: str):
+    self.path = path
+    self.header, self._data_start = read_safetensors_header(path)
+    self._mmap = None
+
+  def names(self) -> list[str]:
+    return list(self.header)
+
+  def shape(self, name: str) -> tuple[int, ...]:
+    return tuple(self.header[name]["shape"])
+
+  def get(self, name: str) -> np.ndarray:
+    info = self.header[name]
+    if info["dtype"] not in _ST_DTYPES:
+      raise ValueError(f"{self.path}: tensor {name!r} has unsupported dtype {info['dtype']}.")
+    if self._mmap is None:
+      self._mmap = np.memmap(self.path, dtype=np.uint8, mode="r")
+    begin, end = info["data_offsets"]
+    buf = self._mmap[self._data_start + begin:self._data_start + end]
+    return buf.view(_ST_DTYPES[info["dtype"]]).reshape(info["shape"])
+
+
+def write_safetensors(path: str, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None):
+  """Writes a .safetensors file (header padded to 8 bytes, tensors in the given order)."""
+  header: dict[str, Any] = {}
+  offset = 0
+  arrays = []
+  for name, x in tensors.items():
+    x = np.ascontiguousarray(x)
+    if x.dtype not in _ST_NAMES:
+      raise ValueError(f"tensor {name!r}: dtype {x.dtype} cannot be stored in safetensors.")
+    header[name] = {"dtype": _ST_NAMES[x.dtype], "shape": list(x.shape),
+                    "data_offsets": [offset, offset + x.nbytes]}
+    offset += x.nbytes
+    arrays.append(x)
+  if metadata:
+    header["__metadata__"] = metadata
+  blob = json.dumps(header, separators=(",", ":")).encode()
+  blob += b" " * (-len(blob) % 8)
+  with open(path, "wb") as f:
+    f.write(struct.pack("<Q", len(blob)))
+    f.write(blob)
+    for x in arrays:
+      f.write(x.tobytes())
+
+
+# ----------------------------------------------------------------------------------- load
+def _checkpoint_files(hf_dir: str) -> list[str]:
+  index = os.path.join(hf_dir, "model.safetensors.index.json")
+  if os.path.exists(index):
+    with open(index) as f:
+      weight_map = json.load(f).get("weight_map")
+    if not weight_map:
+      raise ValueError(f"{index} has no `weight_map`.")
+    files = sorted(set(weight_map.values()))
+    missing = [name for name in files if not os.path.exists(os.path.join(hf_dir, name))]
+    if missing:
+      raise FileNotFoundError(f"{index} lists shard files that are not in {hf_dir}: {missing}.")
+    return [os.path.join(hf_dir, name) for name in files]
+  single = os.path.join(hf_dir, "model.safetensors")
+  if os.path.exists(single):
+    return [single]
+  present = sorted(os.listdir(hf_dir))
+  hint = (" It holds PyTorch .bin weights: convert them to safetensors first "
+          "(transformers: model.save_pretrained(dir, safe_serialization=True))."
+          if any(name.endswith(".bin") for name in present) else "")
+  raise FileNotFoundError(
+      f"No model.safetensors or model.safetensors.index.json in {hf_dir} (found: {present}).{hint}")
+
+
+def check_tensors(config: ModelConfig, available: dict[str, tuple[int, ...]]) -> None:
+  """Raises one ValueError naming every missing, unexpected and mis-shaped tensor."""
+  expected = expected_tensors(config)
+  missing = [name for name in expected if name not in available]
+  unexpected = [name for name in available if name not in expected
+                and not name.endswith(_IGNORED_SUFFIXES)
+                and not (name == "lm_head.weight" and config.tie_word_embeddings)]
+  misshaped = [f"{name}: checkpoint {tuple(available[name])}, config expects {expected[name][2]}"
+               for name in expected if name in available and tuple(available[name]) != expected[name][2]]
+  problems = []
+  if missing:
+    problems.append(f"missing tensors ({len(missing)}): {_short(missing)}")
+  if unexpected:
+    problems.append(f"unexpected tensors ({len(unexpected)}): {_short(unexpected)}")
+  if misshaped:
+    problems.append(f"mis-shaped tensors ({len(misshaped)}): {_short(misshaped)}")
+  if problems:
+    raise ValueError("Checkpoint does not match its config.json (" + config.name + "): "
+                     + "; ".join(problems) + ". Check that config.json and the weights come from "
+                     "the same model.")
+
+
+def _short(items: list[str], limit: int = 8) -> str:
+  shown = ", ".join(items[:limit])
+  return shown + (f", ... (+{len(items) - limit} more)" if len(items) > limit else "")
+
+
+def load_pretrained(hf_dir: str | os.PathLike, dtype: str | None = "float32", mesh=None,
+                    rules=None) -> tuple[ModelConfig, Params]:
+  """Loads a Hugging Face Qwen2/2.5/3 directory into (ModelConfig, params).
+
+  `dtype` sets both the parameter storage and the compute dtype ("float32" or "bfloat16"; None
+  keeps the checkpoint's). With a `mesh`, every parameter is placed with its NamedSharding
+  (sharding.py rules) as it is converted, so the full model is never replicated on one device.
+  """
+  hf_dir = os.fspath(hf_dir)
+  if not os.path.isdir(hf_dir):
+    raise FileNotFoundError(f"Model directory {hf_dir!r} does not exist.")
+  overrides = {} if dtype is None else {"dtype": dtype, "param_dtype": dtype}
+  config = ModelConfig.from_hf_config(hf_dir, **overrides)
+  files = [SafetensorsFile(p) for p in _checkpoint_files(hf_dir)]
+  where = {name: f for f in files for name in f.names()}
+  check_tensors(config, {name: f.shape(name) for name, f in where.items()})
+
+  specs = param_specs(config)
+  np_dtype = np.dtype(config.jnp_param_dtype)
+  shardings = None
+  if mesh is not None:
+    from sdar_jax import sharding as sharding_lib
+    shardings = sharding_lib.param_shardings(config, mesh, rules)
+
+  def convert(hf_name: str, kind: str, shape: tuple[int, ...]) -> np.ndarray:
+    return _to_ours(kind, where[hf_name].get(hf_name), shape).astype(np_dtype)
+
+  def place(x: np.ndarray, path: tuple[str, ...]):
+    if shardings is None:
+      return jax.device_put(x)
+    sharding = shardings[path[0]] if len(path) == 1 else shardings[path[0]][path[1]]
+    return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
+
+  params: Params = {"layers": {}}
+  for hf_name, ours, kind in TOP_TABLE:
+    if ours in specs:
+      params[ours] = place(convert(hf_name, kind, specs[ours].shape), (ours,))
+  for hf_suffix, ours, kind in LAYER_TABLE:
+    if ours not in specs["layers"]:
+      continue
+    shape = specs["layers"][ours].shape[1:]
+    stacked = np.stack([convert(f"model.layers.{i}.{hf_suffix}", kind, shape)
+                        for i in range(config.num_layers)])
+    params["layers"][ours] = place(stacked, ("layers", ours))
+  return config, params
+
+
+# ----------------------------------------------------------------------------------- save
+def to_hf_tensors(config: ModelConfig, params: Params) -> Iterable[tuple[str, np.ndarray]]:
+  """Yields (HF name, array in HF layout) for every tensor, in checkpoint order."""
+  host = jax.device_get(params)
+  for hf_name, ours, kind in TOP_TABLE:
+    if ours == "lm_head" and config.tie_word_embeddings:
+      continue
+    yield hf_name, _to_hf(kind, np.asarray(host[ours]))
+  for i in range(config.num_layers):
+    for hf_suffix, ours, kind in LAYER_TABLE:
+      if ours in host["layers"]:
+        yield f"model.layers.{i}.{hf_suffix}", _to_hf(kind, np.asarray(host["layers"][ours][i]))
+
+
+def save_pretrained(config: ModelConfig, params: Params, out_dir: str | os.PathLike,
+                    max_shard_bytes: int = 4 * 2**30, tokenizer_dir: str | os.PathLike | None = None
+                    ) -> str:
+  """Writes a transformers-loadable directory: config.json, generation_config.json, safetensors
+  (sharded with an index above `max_shard_bytes`) and, optionally, the tokenizer files.
+
+  The directory is assembled next to `out_dir` and renamed into place, so a crash never leaves a
+  half-written model behind.
+  """
+  out_dir = os.path.abspath(os.fspath(out_dir))
+  parent = os.path.dirname(out_dir)
+  os.makedirs(parent, exist_ok=True)
+  tmp = tempfile.mkdtemp(prefix=".tmp-" + os.path.basename(out_dir) + "-", dir=parent)
+  try:
+    with open(os.path.join(tmp, "config.json"), "w") as f:
+      json.dump(config.to_hf_config(), f, indent=2)
+    with open(os.path.join(tmp, "generation_config.json"), "w") as f:
+      json.dump({"bos_token_id": 151643, "eos_token_id": [151645, 151643], "pad_token_id": 151643}, f,
+                indent=2)
+    shards: list[dict[str, np.ndarray]] = [{}]
+    size = 0
+    for name, x in to_hf_tensors(config, params):
+      if shards[-1] and size + x.nbytes > max_shard_bytes:
+        shards.append({})
+        size = 0
+      shards[-1][name] = x
+      size += x.nbytes
+    meta = {"format": "pt"}
+    if len(shards) == 1:
+      write_safetensors(os.path.join(tmp, "model.safetensors"), shards[0], meta)
+    else:
+      weight_map, total = {}, 0
+      for k, shard in enumerate(shards):
+        fname = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
+        write_safetensors(os.path.join(tmp, fname), shard, meta)
+        for name, x in shard.items():
+          weight_map[name] = fname
+          total += x.nbytes
+      with open(os.path.join(tmp, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+    if tokenizer_dir is not None:
+      for fname in os.listdir(tokenizer_dir):
+        if fname.startswith(("tokenizer", "vocab", "merges", "special_tokens", "added_tokens")):
+          shutil.copy(os.path.join(tokenizer_dir, fname), tmp)
+    if os.path.exists(out_dir):
+      shutil.rmtree(out_dir)
+    os.replace(tmp, out_dir)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+  return out_dir

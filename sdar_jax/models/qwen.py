@@ -1,0 +1,291 @@
+"""One decoder for Qwen2 / Qwen2.5 and Qwen3, as pure functions of a parameter pytree.
+
+The parameters are a nested dict of arrays; the decoder layers are stacked on a leading `layers`
+axis and run with `lax.scan`, so compile time does not grow with depth. Nothing here holds state:
+`jax.jit` sees plain functions of (params, tokens), which is what the sampler and the train step
+compile (DESIGN.md: no module graph traversal in any per-step hot path).
+
+Parameter layout (D hidden, N q heads, K kv heads, H head_dim, F mlp, V vocab, L layers):
+
+    embed [V, D]                       final_norm [D]              lm_head [D, V] (untied only)
+    layers/attn_norm [L, D]            layers/mlp_norm [L, D]
+    layers/q_proj [L, D, N, H]         layers/q_bias [L, N, H]     (qkv_bias)
+    layers/k_proj [L, D, K, H]         layers/k_bias [L, K, H]     (qkv_bias)
+    layers/v_proj [L, D, K, H]         layers/v_bias [L, K, H]     (qkv_bias)
+    layers/o_proj [L, N, H, D]         layers/o_bias [L, D]        (o_bias)
+    layers/q_norm [L, H]               layers/k_norm [L, H]        (qk_norm, Qwen3)
+    layers/gate_proj [L, D, F]         layers/up_proj [L, D, F]    layers/down_proj [L, F, D]
+
+Numerics follow transformers' Qwen2/Qwen3 modules: RMSNorm in float32 then cast back, rotate-half
+RoPE with float32 tables, softmax in float32, logits in float32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from sdar_jax.models.config import ModelConfig
+
+Params = dict[str, Any]
+
+# Large finite negative for masked attention scores: a query whose keys are all masked (a left-pad
+# position) gets a uniform, finite distribution instead of NaN.
+_MASKED = -1e30
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamSpec:
+  shape: tuple[int, ...]
+  axes: tuple[str | None, ...]  # logical axis names, mapped to mesh axes by sharding.py
+  init: str  # "normal" | "ones" | "zeros"
+
+
+def param_specs(config: ModelConfig) -> dict[str, Any]:
+  """Shape, logical axes and initialiser of every parameter, as a pytree shaped like the params."""
+  c = config
+  L, D, N, K, H, F, V = (c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim,
+                         c.intermediate_size, c.vocab_size)
+  layers = {
+      "attn_norm": ParamSpec((L, D), ("layers", "norm"), "ones"),
+      "q_proj": ParamSpec((L, D, N, H), ("layers", "embed", "q_heads", "head_dim"), "normal"),
+      "k_proj": ParamSpec((L, D, K, H), ("layers", "embed", "kv_heads", "head_dim"), "normal"),
+      "v_proj": ParamSpec((L, D, K, H), ("layers", "embed", "kv_heads", "head_dim"), "normal"),
+      "o_proj": ParamSpec((L, N, H, D), ("layers", "q_heads", "head_dim", "embed"), "normal"),
+      "mlp_norm": ParamSpec((L, D), ("layers", "norm"), "ones"),
+      "gate_proj": ParamSpec((L, D, F), ("layers", "embed", "mlp"), "normal"),
+      "up_proj": ParamSpec((L, D, F), ("layers", "embed", "mlp"), "normal"),
+      "down_proj": ParamSpec((L, F, D), ("layers", "mlp", "embed"), "normal"),
+  }
+  if c.qkv_bias:
+    layers["q_bias"] = ParamSpec((L, N, H), ("layers", "q_heads", "head_dim"), "zeros")
+    layers["k_bias"] = ParamSpec((L, K, H), ("layers", "kv_heads", "head_dim"), "zeros")
+    layers["v_bias"] = ParamSpec((L, K, H), ("layers", "kv_heads", "head_dim"), "zeros")
+  if c.o_bias:
+    layers["o_bias"] = ParamSpec((L, D), ("layers", "norm"), "zeros")
+  if c.qk_norm:
+    layers["q_norm"] = ParamSpec((L, H), ("layers", "head_dim"), "ones")
+    layers["k_norm"] = ParamSpec((L, H), ("layers", "head_dim"), "ones")
+  specs = {
+      "embed": ParamSpec((V, D), ("vocab", "embed"), "normal"),
+      "layers": layers,
+      "final_norm": ParamSpec((D,), ("norm",), "ones"),
+  }
+  if not c.tie_word_embeddings:
+    specs["lm_head"] = ParamSpec((D, V), ("embed", "vocab"), "normal")
+  return specs
+
+
+def _is_spec(x) -> bool:
+  return isinstance(x, ParamSpec)
+
+
+def param_logical_axes(config: ModelConfig) -> dict[str, Any]:
+  """Logical axis names per parameter (same tree as the params)."""
+  return jax.tree.map(lambda s: s.axes, param_specs(config), is_leaf=_is_spec)
+
+
+def param_shapes(config: ModelConfig) -> dict[str, Any]:
+  """`jax.ShapeDtypeStruct` per parameter (same tree as the params)."""
+  dtype = config.jnp_param_dtype
+  return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, dtype), param_specs(config),
+                      is_leaf=_is_spec)
+
+
+def init_params(config: ModelConfig, rng: jax.Array, std: float = 0.02) -> Params:
+  """Random parameters: N(0, std) matrices (transformers' initializer_range), unit norms, zero biases."""
+  specs = param_specs(config)
+  leaves, treedef = jax.tree.flatten(specs, is_leaf=_is_spec)
+  keys = jax.random.split(rng, len(leaves))
+  dtype = config.jnp_param_dtype
+
+  def make(spec: ParamSpec, key):
+    if spec.init == "ones":
+      return jnp.ones(spec.shape, dtype)
+    if spec.init == "zeros":
+      return jnp.zeros(spec.shape, dtype)
+    return (std * jax.random.normal(key, spec.shape, jnp.float32)).astype(dtype)
+
+  return jax.tree.unflatten(treedef, [make(s, k) for s, k in zip(leaves, keys)])
+
+
+# --------------------------------------------------------------------------------------- pieces
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+  dtype = x.dtype
+  x32 = x.astype(jnp.float32)
+  y = x32 * lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  return weight.astype(dtype) * y.astype(dtype)
+
+
+def rope_tables(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+  """cos/sin [B, T, head_dim] (float32) for integer positions [B, T]."""
+  exponents = np.arange(0, head_dim, 2, dtype=np.float32) / head_dim
+  inv_freq = jnp.asarray(1.0 / (theta ** exponents), jnp.float32)
+  freqs = positions.astype(jnp.float32)[..., None] * inv_freq
+  angles = jnp.concatenate([freqs, freqs], axis=-1)
+  return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+  """Rotate-half RoPE on [B, T, heads, H]."""
+  half = x.shape[-1] // 2
+  rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+  cos = cos[:, :, None, :].astype(x.dtype)
+  sin = sin[:, :, None, :].astype(x.dtype)
+  return x * cos + rotated * sin
+
+
+def positions_from_mask(attention_mask: jax.Array) -> jax.Array:
+  """Left padding: real tokens get positions 0, 1, ...; pads get 0."""
+  mask = attention_mask.astype(jnp.int32)
+  return jnp.maximum(jnp.cumsum(mask, axis=-1) - 1, 0)
+
+
+class KVCache(NamedTuple):
+  """Keys/values of every layer: k, v [L, B, S, K, H]; `valid` [B, S] marks written, real slots;
+  `index` is the next slot to write (the same for every row: prompts are left-padded)."""
+
+  k: jax.Array
+  v: jax.Array
+  valid: jax.Array
+  index: jax.Array
+
+  @classmethod
+  def empty(cls, config: ModelConfig, batch: int, size: int) -> "KVCache":
+    shape = (config.num_layers, batch, size, config.num_kv_heads, config.head_dim)
+    return cls(jnp.zeros(shape, config.jnp_dtype), jnp.zeros(shape, config.jnp_dtype),
+               jnp.zeros((batch, size), jnp.bool_), jnp.zeros((), jnp.int32))
+
+  def write(self, k_new: jax.Array, v_new: jax.Array, valid_new: jax.Array) -> "KVCache":
+    """Append T new slots (k/v [L, B, T, K, H], valid [B, T]) at `index`."""
+    i = self.index
+    k = lax.dynamic_update_slice(self.k, k_new.astype(self.k.dtype), (0, 0, i, 0, 0))
+    v = lax.dynamic_update_slice(self.v, v_new.astype(self.v.dtype), (0, 0, i, 0, 0))
+    valid = lax.dynamic_update_slice(self.valid, valid_new.astype(jnp.bool_), (0, i))
+    return KVCache(k, v, valid, i + k_new.shape[2])
+
+
+def _attention(q, k, v, mask, cache_k=None, cache_v=None, cache_mask=None):
+  """Grouped-query attention of new queries q [B,T,N,H] over the new keys k/v [B,T,K,H] (masked by
+  `mask` [B,T,T]) and, when given, over cached keys [B,S,K,H] (masked by `cache_mask` [B,S]).
+  Both parts share one float32 softmax, so no cache copy is needed to attend over cache + new."""
+  B, T, N, H = q.shape
+  K = k.shape[2]
+  q = q.reshape(B, T, K, N // K, H)
+  scale = H ** -0.5
+  scores = jnp.einsum("btkgh,bskh->bkgts", q, k, preferred_element_type=jnp.float32) * scale
+  scores = jnp.where(mask[:, None, None], scores, _MASKED)
+  if cache_k is None:
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskh->btkgh", probs, v)
+  else:
+    S = cache_k.shape[1]
+    cached = jnp.einsum("btkgh,bskh->bkgts", q, cache_k, preferred_element_type=jnp.float32) * scale
+    cached = jnp.where(cache_mask[:, None, None, None, :], cached, _MASKED)
+    probs = jax.nn.softmax(jnp.concatenate([cached, scores], axis=-1), axis=-1).astype(v.dtype)
+    out = (jnp.einsum("bkgts,bskh->btkgh", probs[..., :S], cache_v)
+           + jnp.einsum("bkgts,bskh->btkgh", probs[..., S:], v))
+  return out.reshape(B, T, N, H)
+
+
+def _layer(config: ModelConfig, p: Params, x, cos, sin, mask, cache_kv, cache_mask):
+  eps = config.rms_norm_eps
+  dt = x.dtype
+  h = rms_norm(x, p["attn_norm"], eps)
+  q = jnp.einsum("btd,dnh->btnh", h, p["q_proj"].astype(dt))
+  k = jnp.einsum("btd,dkh->btkh", h, p["k_proj"].astype(dt))
+  v = jnp.einsum("btd,dkh->btkh", h, p["v_proj"].astype(dt))
+  if config.qkv_bias:
+    q = q + p["q_bias"].astype(dt)
+    k = k + p["k_bias"].astype(dt)
+    v = v + p["v_bias"].astype(dt)
+  if config.qk_norm:
+    q = rms_norm(q, p["q_norm"], eps)
+    k = rms_norm(k, p["k_norm"], eps)
+  q = apply_rope(q, cos, sin)
+  k = apply_rope(k, cos, sin)
+  cache_k, cache_v = cache_kv if cache_kv is not None else (None, None)
+  attn = _attention(q, k, v, mask, cache_k, cache_v, cache_mask)
+  out = jnp.einsum("btnh,nhd->btd", attn, p["o_proj"].astype(dt))
+  if config.o_bias:
+    out = out + p["o_bias"].astype(dt)
+  x = x + out
+  h = rms_norm(x, p["mlp_norm"], eps)
+  gate = jnp.einsum("btd,df->btf", h, p["gate_proj"].astype(dt))
+  up = jnp.einsum("btd,df->btf", h, p["up_proj"].astype(dt))
+  x = x + jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, p["down_proj"].astype(dt))
+  return x, (k, v)
+
+
+def apply(config: ModelConfig, params: Params, tokens: jax.Array, positions: jax.Array,
+          attention_mask: jax.Array, cache: KVCache | None = None
+          ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+  """Runs the decoder on new tokens [B, T] and returns (final-normed hidden [B, T, D], new k/v).
+
+  `attention_mask` [B, T] marks real new tokens (0 = padding); new tokens attend causally to the
+  real new tokens before them and, when `cache` is given, to every valid cached slot. The new
+  k/v come back as [L, B, T, K, H]; `KVCache.write` appends them (the caller decides when).
+  """
+  dt = config.jnp_dtype
+  x = jnp.take(params["embed"], tokens, axis=0).astype(dt)
+  cos, sin = rope_tables(positions, config.head_dim, config.rope_theta)
+  T = tokens.shape[1]
+  causal = jnp.tril(jnp.ones((T, T), jnp.bool_))
+  mask = causal[None] & attention_mask.astype(jnp.bool_)[:, None, :]
+
+  def body(x, layer_inputs):
+    layer_params, cache_kv = layer_inputs
+    return _layer(config, layer_params, x, cos, sin, mask, cache_kv,
+                  None if cache is None else cache.valid)
+
+  if config.remat:
+    body = jax.checkpoint(body, policy=jax.checkpoint_policies.nothing_saveable)
+  xs = (params["layers"], None if cache is None else (cache.k, cache.v))
+  x, new_kv = lax.scan(body, x, xs)
+  return rms_norm(x, params["final_norm"], config.rms_norm_eps), new_kv
+
+
+def lm_head_weight(config: ModelConfig, params: Params) -> jax.Array:
+  """[D, V] output projection (the transposed embedding when tied)."""
+  return params["embed"].T if config.tie_word_embeddings else params["lm_head"]
+
+
+def logits_from_hidden(config: ModelConfig, params: Params, hidden: jax.Array) -> jax.Array:
+  """Float32 logits [..., V] from final-normed hidden states [..., D]."""
+  w = lm_head_weight(config, params).astype(hidden.dtype)
+  return jnp.einsum("...d,dv->...v", hidden, w, preferred_element_type=jnp.float32)
+
+
+def hidden_states(config: ModelConfig, params: Params, tokens: jax.Array,
+                  attention_mask: jax.Array | None = None) -> jax.Array:
+  """Final-normed hidden states [B, T, D] of a (left-padded) batch."""
+  if attention_mask is None:
+    attention_mask = jnp.ones(tokens.shape, jnp.int32)
+  h, _ = apply(config, params, tokens, positions_from_mask(attention_mask), attention_mask)
+  return h
+
+
+def _forward(config: ModelConfig, params: Params, tokens: jax.Array,
+             attention_mask: jax.Array | None = None) -> jax.Array:
+  return logits_from_hidden(config, params, hidden_states(config, params, tokens, attention_mask))
+
+
+_forward_jit = jax.jit(_forward, static_argnums=0)
+
+
+def forward(config: ModelConfig, params: Params, tokens, attention_mask=None) -> jax.Array:
+  """Logits [B, T, V] (float32) of int tokens [B, T]; `attention_mask` [B, T] allows left padding
+  (positions follow the mask). Jitted; the config is a static argument."""
+  tokens = jnp.asarray(tokens, jnp.int32)
+  if tokens.ndim != 2:
+    raise ValueError(f"tokens must be [batch, time], got shape {tokens.shape}.")
+  if attention_mask is not None:
+    attention_mask = jnp.asarray(attention_mask, jnp.int32)
+    if attention_mask.shape != tokens.shape:
+      raise ValueError(f"attention_mask shape {attention_mask.shape} != tokens shape {tokens.shape}.")
+  return _forward_jit(config, params, tokens, attention_mask)

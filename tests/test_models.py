@@ -1,0 +1,176 @@
+"""Our Flax/JAX Qwen2 and Qwen3 against transformers' PyTorch implementation on the same weights."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from sdar_jax.models import ModelConfig, forward, init_params, load_pretrained, save_pretrained
+from sdar_jax.models import hf_io
+from tests import hf_fixtures
+
+LENGTHS = [11, 4, 7, 1]  # ragged, left-padded; one single-token row
+
+CASES = [("qwen2", False), ("qwen2", True), ("qwen3", False), ("qwen3", True)]
+
+
+@pytest.fixture(scope="module", params=CASES, ids=[f"{f}-{'tied' if t else 'untied'}" for f, t in CASES])
+def hf_case(request, tmp_path_factory):
+  family, tied = request.param
+  model = hf_fixtures.make_hf_model(family, tied, seed=len(family) + tied)
+  path = hf_fixtures.save_hf_model(model, tmp_path_factory.mktemp(f"{family}{tied}"))
+  return family, tied, model, path
+
+
+def _real_positions_max_abs(a, b, mask):
+  sel = mask.astype(bool)
+  return float(np.max(np.abs(a[sel] - b[sel])))
+
+
+def test_logits_match_transformers_fp32(hf_case):
+  family, tied, model, path = hf_case
+  config, params = load_pretrained(path, dtype="float32")
+  assert config.family == family and config.tie_word_embeddings == tied
+  tokens, mask = hf_fixtures.ragged_batch(config.vocab_size, LENGTHS)
+  ref = hf_fixtures.hf_logits(model, tokens, mask)
+  ours = np.asarray(forward(config, params, tokens, mask))
+  # The weights are wide enough that the distributions are far from uniform.
+  probs = jax.nn.softmax(ref[mask.astype(bool)], axis=-1)
+  assert float(np.max(probs)) > 0.3
+  assert float(np.std(ref[mask.astype(bool)])) > 1.0
+  assert _real_positions_max_abs(ours, ref, mask) < 1e-4
+
+
+def test_left_padding_does_not_change_real_tokens(hf_case):
+  _, _, _, path = hf_case
+  config, params = load_pretrained(path)
+  tokens, mask = hf_fixtures.ragged_batch(config.vocab_size, LENGTHS)
+  batched = np.asarray(forward(config, params, tokens, mask))
+  for i, n in enumerate(LENGTHS):
+    alone = np.asarray(forward(config, params, tokens[i:i + 1, -n:]))
+    np.testing.assert_allclose(batched[i, -n:], alone[0], atol=1e-4, rtol=0)
+
+
+def test_save_then_transformers_load_gives_same_logits(hf_case, tmp_path):
+  _, _, model, path = hf_case
+  config, params = load_pretrained(path)
+  out = save_pretrained(config, params, tmp_path / "exported")
+  reloaded = transformers.AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager").float().eval()
+  tokens, mask = hf_fixtures.ragged_batch(config.vocab_size, LENGTHS, seed=3)
+  a = hf_fixtures.hf_logits(model, tokens, mask)
+  b = hf_fixtures.hf_logits(reloaded, tokens, mask)
+  assert _real_positions_max_abs(a, b, mask) == 0.0
+
+
+def test_bf16_forward_within_documented_bound(hf_case):
+  family, tied, model, path = hf_case
+  config32, params32 = load_pretrained(path, dtype="float32")
+  config16, params16 = load_pretrained(path, dtype="bfloat16")
+  assert params16["embed"].dtype == jnp.bfloat16
+  tokens, mask = hf_fixtures.ragged_batch(config32.vocab_size, LENGTHS)
+  ref = np.asarray(forward(config32, params32, tokens, mask))
+  low = np.asarray(forward(config16, params16, tokens, mask))
+  assert low.dtype == np.float32
+  sel = mask.astype(bool)
+  # Documented bound (README): bf16 logits within 5% of the fp32 logit scale (max-abs), and the
+  # same argmax on at least 90% of real positions.
+  scale = float(np.max(np.abs(ref[sel])))
+  assert _real_positions_max_abs(low, ref, mask) < 0.05 * scale
+  agree = np.mean(np.argmax(low[sel], -1) == np.argmax(ref[sel], -1))
+  assert agree >= 0.9
+
+
+def test_sharded_checkpoint_roundtrip(tmp_path):
+  config = ModelConfig.tiny("qwen3", vocab_size=256, hidden_size=64, intermediate_size=128,
+                            num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16)
+  params = init_params(config, jax.random.key(1))
+  out = save_pretrained(config, params, tmp_path / "sharded", max_shard_bytes=100_000)
+  assert os.path.exists(os.path.join(out, "model.safetensors.index.json"))
+  shards = [f for f in os.listdir(out) if f.endswith(".safetensors")]
+  assert len(shards) > 1
+  config2, params2 = load_pretrained(out)
+  assert config2.head_dim == 16 and config2.num_layers == 2
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), params, params2)
+  # transformers reads the same sharded directory and agrees with our forward.
+  hf = transformers.AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager").float().eval()
+  tokens, mask = hf_fixtures.ragged_batch(256, [5, 3])
+  np.testing.assert_allclose(np.asarray(forward(config, params, tokens, mask))[mask.astype(bool)],
+                             hf_fixtures.hf_logits(hf, tokens, mask)[mask.astype(bool)], atol=1e-4)
+
+
+def _small_dir(tmp_path, family="qwen2", tied=False):
+  model = hf_fixtures.make_hf_model(family, tied, num_hidden_layers=1)
+  return hf_fixtures.save_hf_model(model, tmp_path / "m")
+
+
+def test_missing_unexpected_and_misshaped_tensors_are_named(tmp_path):
+  path = _small_dir(tmp_path)
+  f = hf_io.SafetensorsFile(os.path.join(path, "model.safetensors"))
+  tensors = {n: np.array(f.get(n)) for n in f.names()}
+  del f
+  tensors.pop("model.layers.0.self_attn.k_proj.bias")
+  tensors["model.layers.0.mlp.extra.weight"] = np.zeros((2, 2), np.float32)
+  tensors["model.norm.weight"] = np.zeros((7,), np.float32)
+  hf_io.write_safetensors(os.path.join(path, "model.safetensors"), tensors)
+  with pytest.raises(ValueError) as err:
+    load_pretrained(path)
+  msg = str(err.value)
+  assert "model.layers.0.self_attn.k_proj.bias" in msg
+  assert "model.layers.0.mlp.extra.weight" in msg
+  assert "model.norm.weight: checkpoint (7,), config expects (64,)" in msg
+
+
+def test_unsupported_architecture_is_refused(tmp_path):
+  path = _small_dir(tmp_path)
+  cfg_path = os.path.join(path, "config.json")
+  cfg = json.load(open(cfg_path))
+  cfg["model_type"], cfg["architectures"] = "llama", ["LlamaForCausalLM"]
+  json.dump(cfg, open(cfg_path, "w"))
+  with pytest.raises(ValueError, match="Unsupported architecture.*llama"):
+    load_pretrained(path)
+
+
+def test_missing_weights_file_is_explained(tmp_path):
+  path = _small_dir(tmp_path)
+  os.remove(os.path.join(path, "model.safetensors"))
+  with pytest.raises(FileNotFoundError, match="No model.safetensors"):
+    load_pretrained(path)
+
+
+def test_rope_theta_from_either_layout():
+  base = hf_fixtures.hf_config("qwen3", False).to_dict()
+  base.pop("rope_theta", None)
+  base["rope_parameters"] = {"rope_theta": 5e6, "rope_type": "default"}
+  assert ModelConfig.from_hf_config(base).rope_theta == 5e6
+  base.pop("rope_parameters")
+  base["rope_theta"] = 1234.0
+  assert ModelConfig.from_hf_config(base).rope_theta == 1234.0
+  base["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0}
+  with pytest.raises(NotImplementedError, match="yarn"):
+    ModelConfig.from_hf_config(base)
+
+
+def test_presets_match_published_sizes():
+  # Published parameter counts (billions, rounded as in the model names / model cards).
+  expected = {"qwen2.5-0.5b": 0.49, "qwen2.5-1.5b": 1.54, "qwen2.5-3b": 3.09, "qwen2.5-7b": 7.62,
+              "qwen3-0.6b": 0.60, "qwen3-1.7b": 1.72, "qwen3-4b": 4.02, "qwen3-8b": 8.19}
+  for name, billions in expected.items():
+    assert abs(ModelConfig.preset(name).num_params / 1e9 - billions) < 0.01, name
+  assert ModelConfig.preset("Qwen2.5-3B-Instruct").tie_word_embeddings
+  assert ModelConfig.preset("qwen3-0.6b").head_dim * 16 != 1024
+  with pytest.raises(ValueError, match="known presets"):
+    ModelConfig.preset("qwen4-1b")
+
+
+def test_init_params_std_and_structure():
+  config = ModelConfig.tiny("qwen2", vocab_size=128, num_layers=2)
+  params = init_params(config, jax.random.key(0))
+  assert set(params["layers"]) >= {"q_bias", "k_bias", "v_bias"}
+  assert "q_norm" not in params["layers"]
+  assert abs(float(jnp.std(params["layers"]["up_proj"])) - 0.02) < 0.001
+  assert float(jnp.min(params["final_norm"])) == 1.0
