@@ -1,0 +1,80 @@
+"""Sharded forward on 8 fake CPU devices equals the single-device forward."""
+
+import warnings
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from sdar_jax import sharding
+from sdar_jax.models import ModelConfig, forward, init_params
+from tests import hf_fixtures
+
+CONFIG = ModelConfig.tiny("qwen3", vocab_size=512, hidden_size=64, intermediate_size=128,
+                          num_layers=2, num_heads=8, num_kv_heads=4, head_dim=16)
+
+
+@pytest.fixture(scope="module")
+def reference():
+  params = init_params(CONFIG, jax.random.key(0), std=0.1)
+  tokens, mask = hf_fixtures.ragged_batch(CONFIG.vocab_size, [9, 3, 6, 1, 9, 2, 5, 7])
+  return params, tokens, mask, np.asarray(forward(CONFIG, params, tokens, mask))
+
+
+def test_eight_fake_devices():
+  assert jax.device_count() == 8
+
+
+@pytest.mark.parametrize("shape", [(8, 1, 1), (2, 4, 1), (1, 2, 4), (2, 2, 2)])
+def test_sharded_forward_equals_unsharded(reference, shape):
+  params, tokens, mask, expected = reference
+  mesh = sharding.make_mesh(shape)
+  sharded = sharding.shard_params(params, CONFIG, mesh)
+  q_spec = sharded["layers"]["q_proj"].sharding.spec
+  if shape[2] > 1:
+    assert "tensor" in jax.tree.leaves(tuple(q_spec))
+  batch = sharding.batch_sharding(mesh)
+  out = forward(CONFIG, sharded, jax.device_put(tokens, batch), jax.device_put(mask, batch))
+  np.testing.assert_allclose(np.asarray(out), expected, atol=2e-5, rtol=0)
+
+
+def test_non_dividing_axis_replicates_with_warning():
+  config = ModelConfig.tiny("qwen2", vocab_size=256, hidden_size=56, intermediate_size=64,
+                            num_layers=1, num_heads=14, num_kv_heads=2, head_dim=4)
+  mesh = sharding.make_mesh((2, 1, 4))
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    shardings = sharding.param_shardings(config, mesh)
+  messages = " ".join(str(w.message) for w in caught)
+  assert "q_heads" in messages and "size 14" in messages
+  assert shardings["layers"]["q_proj"].spec == P(None, None, None, None)
+  assert shardings["layers"]["gate_proj"].spec == P(None, None, "tensor")  # 64 % 4 == 0
+  params = init_params(config, jax.random.key(0), std=0.1)
+  tokens, mask = hf_fixtures.ragged_batch(256, [4, 2])
+  expected = np.asarray(forward(config, params, tokens, mask))
+  placed = jax.device_put(params, shardings)
+  np.testing.assert_allclose(np.asarray(forward(config, placed, tokens, mask)), expected, atol=2e-5)
+
+
+def test_rule_collision_is_refused():
+  rules = [(k, v) for k, v in sharding.DEFAULT_RULES if k != "mlp"] + [("mlp", "fsdp")]
+  mesh = sharding.make_mesh((2, 2, 2))
+  with pytest.raises(ValueError, match="collision.*'fsdp'"):
+    sharding.param_shardings(CONFIG, mesh, rules)
+
+
+def test_duplicate_and_unknown_rules_are_refused():
+  mesh = sharding.make_mesh((8, 1, 1))
+  with pytest.raises(ValueError, match="twice"):
+    sharding.param_shardings(CONFIG, mesh, list(sharding.DEFAULT_RULES) + [("vocab", None)])
+  with pytest.raises(ValueError, match="unknown mesh axes"):
+    sharding.param_shardings(CONFIG, mesh, [("vocab", "model")])
+
+
+def test_mesh_shape_errors_name_the_problem():
+  with pytest.raises(ValueError, match="needs 6 devices but 8"):
+    sharding.make_mesh((3, 2, 1))
+  assert sharding.make_mesh({"data": -1, "tensor": 2}).shape == {"data": 4, "fsdp": 1, "tensor": 2}
+  with pytest.raises(ValueError, match="Unknown mesh axes"):
+    sharding.make_mesh({"model": 8})
