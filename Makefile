@@ -19,8 +19,9 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 
-$(RUNTIME_STAMP): requirements.txt | $(VENV)/bin/python
+$(RUNTIME_STAMP): requirements.txt pyproject.toml | $(VENV)/bin/python
 	$(VENV)/bin/pip install -q -r requirements.txt
+	$(VENV)/bin/pip install -q --no-deps -e .
 	touch $@
 
 $(DEV_STAMP): requirements.txt requirements-dev.txt $(RUNTIME_STAMP)
