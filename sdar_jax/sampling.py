@@ -1,0 +1,463 @@
+"""Rollout sampler: batched generation with a KV cache in one jitted loop, with exact log-probs.
+
+    from sdar_jax.sampling import generate, SamplingParams
+    result = generate(config, params, prompts, SamplingParams(max_new_tokens=64), jax.random.key(0))
+    result.tokens[i], result.logprobs[i], result.finish_reasons[i]
+
+One call = one compiled function: prefill the distinct prompts once (left-padded), gather their
+KV cache rows to every sample (group prefix sharing: a GRPO group of 8 copies of a prompt is
+prefilled once), then a `lax.while_loop` decodes one token per step for the whole batch and exits
+as soon as every row has stopped. Nothing leaves the device per token: stop tokens are a [V]
+table and stop strings are an Aho-Corasick automaton over bytes, lifted on the host to a
+[state, token] table, so a stop string is detected inside the loop exactly (also when it spans
+several tokens).
+
+Shapes are bucketed so a run compiles a bounded number of times: the batch and the number of
+distinct prompts round up to a power of two (and to a multiple of the mesh's batch divisor),
+the prompt length to a power of two (at least 16; beyond 512, a multiple of 512), and
+`max_new_tokens` to a power of two (at least 16; the loop still stops at the exact count).
+`Sampler.num_compilations` counts traces.
+
+Log-probs: the log-prob of each sampled token is `log_softmax(logits / temperature)[token]` of the
+unfiltered distribution (`log_softmax(logits)` when greedy, temperature 0). That is the quantity
+the train step recomputes for the same tokens, so the importance ratio is 1 at staleness 0.
+top-k / top-p only restrict which tokens can be drawn; they do not renormalise the returned
+log-prob (training uses top_p=1, top_k off, where the two coincide).
+
+Random numbers: row i of the padded batch draws step t with `fold_in(fold_in(rng, i), t)`, so a
+row's samples do not depend on the batch bucket or the device mesh.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import math
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import Mesh, NamedSharding
+
+from sdar_jax import sharding
+from sdar_jax.models.config import ModelConfig
+from sdar_jax.models.qwen import KVCache, Params, apply, logits_from_hidden, positions_from_mask
+
+QWEN_STOP_TOKEN_IDS = (151645, 151643)  # <|im_end|>, <|endoftext|>
+FINISH_REASONS = ("length", "stop_token", "stop_string")  # index = the code the loop returns
+
+_MIN_PROMPT_BUCKET = 16
+_PROMPT_POW2_LIMIT = 512  # prompt buckets: powers of two up to here, then multiples of it
+_MIN_NEW_BUCKET = 16
+_MIN_STATE_BUCKET = 16
+
+
+# ------------------------------------------------------------------------------------ parameters
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+  """How to sample. temperature 0 = greedy; top_k 0 or -1 = off; top_p 1 = off."""
+
+  max_new_tokens: int = 512
+  temperature: float = 1.0
+  top_p: float = 1.0
+  top_k: int = 0
+  stop_token_ids: tuple[int, ...] = QWEN_STOP_TOKEN_IDS
+  stop_strings: tuple[str, ...] = ()
+
+  def __post_init__(self):
+    object.__setattr__(self, "stop_token_ids", tuple(int(i) for i in self.stop_token_ids))
+    if isinstance(self.stop_strings, str):
+      raise TypeError(f"stop_strings={self.stop_strings!r} is a str; pass a tuple of strings, "
+                      f"e.g. ({self.stop_strings!r},).")
+    object.__setattr__(self, "stop_strings", tuple(self.stop_strings))
+    if int(self.max_new_tokens) < 0:
+      raise ValueError(f"max_new_tokens={self.max_new_tokens} must be >= 0.")
+    if not self.temperature >= 0:
+      raise ValueError(f"temperature={self.temperature} must be >= 0 (0 = greedy).")
+    if not 0 < self.top_p <= 1:
+      raise ValueError(f"top_p={self.top_p} must be in (0, 1] (1 = off).")
+    if int(self.top_k) < -1:
+      raise ValueError(f"top_k={self.top_k} must be >= 0 (0 or -1 = off).")
+    for s in self.stop_strings:
+      if not isinstance(s, str) or not s:
+        raise ValueError(f"stop_strings contains {s!r}; each stop string must be a non-empty str.")
+
+  @property
+  def greedy(self) -> bool:
+    return self.temperature == 0
+
+
+@dataclasses.dataclass
+class GenerationResult:
+  """Per prompt: generated ids (prompt excluded, cut after the first stop, which is kept), the
+  log-prob of each generated id, and why it ended ("stop_token" | "stop_string" | "length")."""
+
+  tokens: list[list[int]]
+  logprobs: list[list[float]]
+  finish_reasons: list[str]
+  num_prefill_rows: int = 0  # distinct prompts actually prefilled (after prefix sharing)
+  shapes: dict[str, int] = dataclasses.field(default_factory=dict)  # the buckets used
+
+
+# ----------------------------------------------------------------------------------- buckets
+def _pow2_at_least(n: int) -> int:
+  return 1 << max(0, int(n) - 1).bit_length()
+
+
+def batch_bucket(n: int, divisor: int = 1) -> int:
+  """Rows the compiled function runs for `n` real rows: a power of two, a multiple of `divisor`."""
+  b = _pow2_at_least(max(n, divisor))
+  return -(-b // divisor) * divisor
+
+
+def prompt_bucket(n: int) -> int:
+  """Padded prompt length: a power of two >= 16 up to 512, then a multiple of 512."""
+  if n <= _PROMPT_POW2_LIMIT:
+    return max(_MIN_PROMPT_BUCKET, _pow2_at_least(n))
+  return -(-n // _PROMPT_POW2_LIMIT) * _PROMPT_POW2_LIMIT
+
+
+def new_tokens_bucket(n: int) -> int:
+  """Output buffer / cache room for `n` new tokens: a power of two >= 16."""
+  return max(_MIN_NEW_BUCKET, _pow2_at_least(n))
+
+
+# ------------------------------------------------------------------------------- stop strings
+def _aho_corasick(patterns: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
+  """Byte automaton of several patterns: delta [S, 256] (complete transition table) and
+  accept [S] (a pattern ends at this state, directly or through a failure link). State 0 = start."""
+  goto: list[dict[int, int]] = [{}]
+  accept = [False]
+  for pattern in patterns:
+    s = 0
+    for b in pattern:
+      if b not in goto[s]:
+        goto.append({})
+        accept.append(False)
+        goto[s][b] = len(goto) - 1
+      s = goto[s][b]
+    accept[s] = True
+  delta = np.zeros((len(goto), 256), np.int32)
+  fail = [0] * len(goto)
+  queue = collections.deque()
+  for b, t in goto[0].items():
+    delta[0, b] = t
+    queue.append(t)
+  while queue:  # breadth first: a failure target is always shallower, hence already complete
+    s = queue.popleft()
+    accept[s] = accept[s] or accept[fail[s]]
+    delta[s] = delta[fail[s]]
+    for b, t in goto[s].items():
+      if s:
+        fail[t] = int(delta[fail[s], b])
+      delta[s, b] = t
+      queue.append(t)
+  return delta, np.asarray(accept, bool)
+
+
+def stop_string_table(token_bytes: Sequence[bytes], stop_strings: Sequence[str],
+                      num_states: int | None = None) -> np.ndarray:
+  """[states, vocab] int32: `code >> 1` = automaton state after a token's bytes, `code & 1` = a
+  stop string completed while consuming them. Vectorised over the vocabulary; the Python loop
+  runs over byte positions only (tokens sorted by length, so position j touches only the tokens
+  longer than j). `num_states` pads the state axis (padding rows are never reached)."""
+  delta, accept = _aho_corasick([s.encode("utf-8") for s in stop_strings])
+  S, V = delta.shape[0], len(token_bytes)
+  num_states = S if num_states is None else num_states
+  if num_states < S:
+    raise ValueError(f"num_states={num_states} is below the automaton's {S} states.")
+  lengths = np.fromiter((len(b) for b in token_bytes), np.int64, V)
+  order = np.argsort(-lengths, kind="stable")
+  sorted_len = lengths[order]
+  width = max(1, int(sorted_len[0]) if V else 1)
+  data = np.zeros((V, width), np.uint8)
+  flat = np.frombuffer(b"".join(token_bytes[i] for i in order), np.uint8)
+  rows = np.repeat(np.arange(V), sorted_len)
+  starts = np.repeat(np.cumsum(sorted_len) - sorted_len, sorted_len)
+  data[rows, np.arange(flat.size) - starts] = flat
+
+  state = np.broadcast_to(np.arange(S, dtype=np.int32)[:, None], (S, V)).copy()
+  hit = np.zeros((S, V), bool)
+  for j in range(int(sorted_len[0]) if V else 0):
+    n = int(np.searchsorted(-sorted_len, -j, side="left"))  # tokens with length > j
+    nxt = delta[state[:, :n], data[:n, j][None, :]]
+    state[:, :n] = nxt
+    hit[:, :n] |= accept[nxt]
+  table = np.zeros((num_states, V), np.int32)
+  table[:S, order] = state * 2 + hit
+  return table
+
+
+@functools.lru_cache(maxsize=32)
+def _cached_stop_table(tokenizer, vocab_size: int, stop_strings: tuple[str, ...]) -> np.ndarray:
+  token_bytes = tokenizer.all_token_bytes(size=vocab_size)
+  states = 1 + sum(len(s.encode("utf-8")) for s in stop_strings)
+  return stop_string_table(token_bytes, stop_strings, max(_MIN_STATE_BUCKET, _pow2_at_least(states)))
+
+
+# -------------------------------------------------------------------------------- token choice
+def _filter_top_k_top_p(scaled: jax.Array, top_k: int, use_top_p: bool, top_p: jax.Array) -> jax.Array:
+  """Masks to -inf what top-k (then top-p over the renormalised top-k set) excludes. Ties at the
+  cut-off value are kept, so a few more than k tokens can survive on exact ties."""
+  if top_k > 0:
+    vals = lax.top_k(scaled, top_k)[0]  # [B, k], descending
+  else:
+    vals = -jnp.sort(-scaled, axis=-1)
+  cut = vals[:, -1:]
+  if use_top_p:
+    probs = jax.nn.softmax(vals, axis=-1)
+    before = jnp.cumsum(probs, axis=-1) - probs  # mass strictly above each sorted token
+    keep = before < top_p  # the smallest prefix whose mass reaches top_p (the first always kept)
+    cut = jnp.min(jnp.where(keep, vals, jnp.inf), axis=-1, keepdims=True)
+  return jnp.where(scaled >= cut, scaled, -jnp.inf)
+
+
+def _choose(logits: jax.Array, keys: jax.Array, temperature: jax.Array, top_p: jax.Array,
+            greedy: bool, top_k: int, use_top_p: bool) -> tuple[jax.Array, jax.Array]:
+  """Next token [B] and its log-prob [B] under the unfiltered softmax(logits / temperature)."""
+  if greedy:
+    token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    logp = jax.nn.log_softmax(logits, axis=-1)
+  else:
+    scaled = logits / temperature
+    logp = jax.nn.log_softmax(scaled, axis=-1)
+    if top_k > 0 or use_top_p:
+      scaled = _filter_top_k_top_p(scaled, top_k, use_top_p, top_p)
+    token = jax.vmap(jax.random.categorical)(keys, scaled).astype(jnp.int32)
+  return token, jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
+
+
+# ------------------------------------------------------------------------------------ sampler
+class Sampler:
+  """Generation for one model config (and optionally one mesh); caches compiled functions.
+
+  `max_prompt_len` bounds the prompt length (default: the config's max_position_embeddings).
+  `tokenizer` supplies token bytes for stop strings (default: the bundled Qwen tokenizer).
+  """
+
+  def __init__(self, config: ModelConfig, mesh: Mesh | None = None, tokenizer=None,
+               max_prompt_len: int | None = None):
+    self.config = config
+    self.mesh = mesh
+    self._tokenizer = tokenizer
+    self.max_prompt_len = int(max_prompt_len or config.max_position_embeddings)
+    self.num_compilations = 0
+    self._divisor = 1 if mesh is None else sharding.batch_divisor(mesh)
+    self._device_cache: dict[Any, Any] = {}
+    self._run_jit = jax.jit(self._run, static_argnames=(
+        "new_bucket", "greedy", "top_k", "use_top_p", "use_stop_strings"))
+
+  @property
+  def tokenizer(self):
+    if self._tokenizer is None:
+      from sdar_jax.tokenizer import Tokenizer
+      self._tokenizer = Tokenizer.bundled_qwen()
+    return self._tokenizer
+
+  # ---------------------------------------------------------------------------- compiled body
+  def _cache_sharding(self, shape) -> NamedSharding | None:
+    if self.mesh is None:
+      return None
+    axes = ("layers", "batch", "length", "kv_heads", "head_dim")
+    return NamedSharding(self.mesh, sharding.logical_to_spec(axes, shape, self.mesh, name="kv_cache"))
+
+  def _run(self, params: Params, prompt_tokens, prompt_mask, row_source, real_rows, max_new,
+           temperature, top_p, is_stop, stop_table, rng, *, new_bucket: int, greedy: bool,
+           top_k: int, use_top_p: bool, use_stop_strings: bool):
+    self.num_compilations += 1  # runs once per trace, i.e. per compilation
+    config = self.config
+    B = row_source.shape[0]
+    P = prompt_tokens.shape[1]
+    choose = functools.partial(_choose, temperature=temperature, top_p=top_p, greedy=greedy,
+                               top_k=top_k, use_top_p=use_top_p)
+
+    # Prefill the distinct prompts once; only the last position needs logits (left padding).
+    h, (k, v) = apply(config, params, prompt_tokens, positions_from_mask(prompt_mask), prompt_mask)
+    first_logits = logits_from_hidden(config, params, h[:, -1])
+    # Broadcast to every sample of each prompt (group prefix sharing).
+    k, v = jnp.take(k, row_source, axis=1), jnp.take(v, row_source, axis=1)
+    first_logits = jnp.take(first_logits, row_source, axis=0)
+    mask = jnp.take(prompt_mask, row_source, axis=0)
+    cache = KVCache.empty(config, B, P + new_bucket)
+    cache_sharding = self._cache_sharding(cache.k.shape)
+    if cache_sharding is not None:
+      cache = cache._replace(k=lax.with_sharding_constraint(cache.k, cache_sharding),
+                             v=lax.with_sharding_constraint(cache.v, cache_sharding))
+    cache = cache.write(k, v, mask)
+
+    row_keys = jax.vmap(lambda i: jax.random.fold_in(rng, i))(jnp.arange(B))
+    step_keys = lambda step: jax.vmap(jax.random.fold_in, (0, None))(row_keys, step)
+
+    def record(step, token, logp, state, out):
+      """Stores the step's token for the rows still running and updates their stop status."""
+      tokens, logps, done, length, reason = out
+      active = ~done
+      token = jnp.where(active, token, 0)
+      logp = jnp.where(active, logp, 0.0)
+      tokens = lax.dynamic_update_slice(tokens, token[:, None], (0, step))
+      logps = lax.dynamic_update_slice(logps, logp[:, None], (0, step))
+      hit_token = is_stop[token]
+      if use_stop_strings:
+        code = stop_table[state, token]
+        hit_string, state = (code & 1).astype(jnp.bool_), code >> 1
+      else:
+        hit_string = jnp.zeros_like(hit_token)
+      stopped = active & (hit_token | hit_string)
+      reason = jnp.where(stopped, jnp.where(hit_token, 1, 2), reason)
+      length = length + active.astype(jnp.int32)
+      done = done | stopped | (step + 1 >= max_new)
+      return state, (tokens, logps, done, length, reason)
+
+    out = (jnp.zeros((B, new_bucket), jnp.int32), jnp.zeros((B, new_bucket), jnp.float32),
+           ~real_rows, jnp.zeros((B,), jnp.int32), jnp.zeros((B,), jnp.int32))
+    token, logp = choose(first_logits, step_keys(0))
+    state, out = record(0, token, logp, jnp.zeros((B,), jnp.int32), out)
+    position = jnp.sum(mask, axis=-1).astype(jnp.int32)
+    ones = jnp.ones((B, 1), jnp.int32)
+
+    def cond(carry):
+      step, out = carry[0], carry[-1]
+      return (step < max_new) & ~jnp.all(out[2])
+
+    def body(carry):
+      step, cache, token, position, state, out = carry
+      h, (k, v) = apply(config, params, token[:, None], position[:, None], ones, cache)
+      cache = cache.write(k, v, ones)
+      logits = logits_from_hidden(config, params, h[:, 0])
+      token, logp = choose(logits, step_keys(step))
+      state, out = record(step, token, logp, state, out)
+      return step + 1, cache, token, position + 1, state, out
+
+    carry = (jnp.int32(1), cache, token, position, state, out)
+    out = lax.while_loop(cond, body, carry)[-1]
+    tokens, logps, _, length, reason = out
+    return tokens, logps, length, reason
+
+  # ------------------------------------------------------------------------------- host side
+  def _device_table(self, key, make):
+    if key not in self._device_cache:
+      self._device_cache[key] = jax.device_put(make(), self._replicated())
+    return self._device_cache[key]
+
+  def _replicated(self):
+    return None if self.mesh is None else sharding.replicated(self.mesh)
+
+  def _put_batch(self, array: np.ndarray):
+    if self.mesh is None:
+      return jnp.asarray(array)
+    return jax.device_put(array, sharding.batch_sharding(self.mesh, array.ndim))
+
+  def _check_prompts(self, prompts) -> list[tuple[int, ...]]:
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
+      raise TypeError("prompts must be a list of token-id lists (tokenize text first), got "
+                      f"{type(prompts).__name__}.")
+    V = self.config.vocab_size
+    out = []
+    for i, p in enumerate(prompts):
+      p = tuple(int(t) for t in np.asarray(p, np.int64).reshape(-1))
+      if not p:
+        raise ValueError(f"prompts[{i}] is empty; every prompt needs at least one token.")
+      if len(p) > self.max_prompt_len:
+        raise ValueError(
+            f"prompts[{i}] has {len(p)} tokens, more than max_prompt_len={self.max_prompt_len}. "
+            "Fix: shorten the prompt (e.g. keep fewer history turns) or raise max_prompt_len.")
+      bad = [t for t in p if not 0 <= t < V]
+      if bad:
+        raise ValueError(f"prompts[{i}] has token id {bad[0]} outside the vocabulary [0, {V}).")
+      out.append(p)
+    return out
+
+  def generate(self, params: Params, prompts: Sequence[Sequence[int]],
+               sampling: SamplingParams = SamplingParams(), rng: jax.Array | None = None,
+               share_prefix: bool = True) -> GenerationResult:
+    """Samples continuations of `prompts` (token-id lists of any lengths). Identical prompts
+    are prefilled once when `share_prefix` (the result does not depend on it)."""
+    prompts = self._check_prompts(prompts)
+    n = len(prompts)
+    if n == 0 or sampling.max_new_tokens == 0:
+      return GenerationResult([[] for _ in prompts], [[] for _ in prompts], ["length"] * n)
+    if rng is None:
+      if not sampling.greedy:
+        raise ValueError("Sampling with temperature > 0 needs an rng key: pass rng=jax.random.key(seed).")
+      rng = jax.random.key(0)
+
+    # Distinct prompts and which one each row starts from.
+    first_index: dict[tuple[int, ...], int] = {}
+    source = []
+    for i, p in enumerate(prompts):
+      source.append(first_index.setdefault(p, len(first_index)) if share_prefix else i)
+    unique = list(first_index) if share_prefix else prompts
+    U = batch_bucket(len(unique), self._divisor)
+    B = batch_bucket(n, self._divisor)
+    P = prompt_bucket(max(len(p) for p in unique))
+    N = new_tokens_bucket(sampling.max_new_tokens)
+    tokens = np.zeros((U, P), np.int32)
+    mask = np.zeros((U, P), np.int32)
+    for i, p in enumerate(unique):
+      tokens[i, P - len(p):] = p
+      mask[i, P - len(p):] = 1
+    mask[len(unique):, -1] = 1  # dummy rows: one real token keeps them well defined
+    row_source = np.zeros((B,), np.int32)
+    row_source[:n] = source
+    real_rows = np.arange(B) < n
+
+    V = self.config.vocab_size
+    is_stop = self._device_table(("stop_ids", sampling.stop_token_ids), lambda: np.isin(
+        np.arange(V), np.asarray(sampling.stop_token_ids, np.int64)))
+    use_strings = bool(sampling.stop_strings)
+    if use_strings:
+      stop_table = self._device_table(
+          ("stop_strings", sampling.stop_strings),
+          lambda: _cached_stop_table(self.tokenizer, V, sampling.stop_strings))
+    else:
+      stop_table = self._device_table("no_stop_strings", lambda: np.zeros((1, 1), np.int32))
+    top_k = int(sampling.top_k) if sampling.top_k > 0 else 0
+    top_k = min(top_k, V)
+
+    if self.mesh is not None:
+      params = sharding.shard_params(params, self.config, self.mesh)
+    out = self._run_jit(
+        params, self._put_batch(tokens), self._put_batch(mask), self._put_batch(row_source),
+        self._put_batch(real_rows), np.int32(sampling.max_new_tokens),
+        np.float32(sampling.temperature or 1.0), np.float32(sampling.top_p), is_stop, stop_table,
+        rng, new_bucket=N, greedy=sampling.greedy, top_k=0 if sampling.greedy else top_k,
+        use_top_p=not sampling.greedy and sampling.top_p < 1.0, use_stop_strings=use_strings)
+    tokens_out, logps_out, length, reason = jax.device_get(out)
+    return GenerationResult(
+        tokens=[tokens_out[i, :length[i]].tolist() for i in range(n)],
+        logprobs=[logps_out[i, :length[i]].tolist() for i in range(n)],
+        finish_reasons=[FINISH_REASONS[int(reason[i])] for i in range(n)],
+        num_prefill_rows=len(unique),
+        shapes=dict(batch=B, prefill_rows=U, prompt_len=P, new_tokens=N))
+
+  __call__ = generate
+
+
+# --------------------------------------------------------------------------- functional wrapper
+_SAMPLERS: dict[Any, Sampler] = {}
+
+
+def get_sampler(config: ModelConfig, mesh: Mesh | None = None, tokenizer=None,
+                max_prompt_len: int | None = None) -> Sampler:
+  """The cached Sampler for (config, mesh, tokenizer, max_prompt_len)."""
+  key = (config, mesh, tokenizer, max_prompt_len)
+  if key not in _SAMPLERS:
+    _SAMPLERS[key] = Sampler(config, mesh, tokenizer, max_prompt_len)
+  return _SAMPLERS[key]
+
+
+def generate(config: ModelConfig, params: Params, prompts: Sequence[Sequence[int]],
+             sampling: SamplingParams = SamplingParams(), rng: jax.Array | None = None, *,
+             mesh: Mesh | None = None, tokenizer=None, max_prompt_len: int | None = None,
+             share_prefix: bool = True) -> GenerationResult:
+  """`Sampler.generate` with a cached Sampler per (config, mesh, tokenizer, max_prompt_len)."""
+  sampler = get_sampler(config, mesh, tokenizer, max_prompt_len)
+  return sampler.generate(params, prompts, sampling, rng, share_prefix=share_prefix)
+
+
+def num_compilations() -> int:
+  """Compilations of every cached Sampler so far (all configs and meshes)."""
+  return sum(s.num_compilations for s in _SAMPLERS.values())
