@@ -1,0 +1,542 @@
+"""THE compiled update: student + teacher branches of one set of weights, loss composition, AdamW.
+
+One call = one mini-batch = one optimizer update, compiled once per bucket shape:
+
+    step = make_train_step(model_config, algo_config, optimizer, mesh=mesh, micro_batch_size=8)
+    state = step.shard_state(state)
+    state, metrics = step(state, batch)                # batch: a TurnBatch, donated state
+
+Batch layout (`TurnBatch`, every array [B, ...], B turn-samples, R response slots):
+
+    student_tokens [B, Ps+R]  student prompt LEFT-padded to Ps, then the response RIGHT-padded to R
+    teacher_tokens [B, Pt+R]  skills block + the same chat-templated prompt, left-padded to Pt,
+                              then the SAME response tokens
+    *_mask                    1 = real token (left pads and right pads are 0)
+    response_mask  [B, R]     response tokens up to and including the first stop token
+    old_logp       [B, R]     behaviour log-probs from the sampler
+    advantages     [B]        sequence-level GRPO advantages (RLSD makes them token-level here)
+    ref_logp       [B, R]     optional: reference-policy log-probs (KL term without ref params)
+    teacher_logp   [B, R]     optional: teacher log-probs scored at θ_old (teacher_source="rollout")
+
+The index map between the two branches is a static offset: response token r sits at position
+P+r and is predicted by the logits at P+r-1, with P = Ps for the student and Pt for the teacher.
+So only the R hidden states [P-1, P-1+R) go through the lm_head: the [B, T, V] logits of the
+prompt positions are never materialised, and student and teacher log-probs line up slot by slot.
+
+Log-probs are log_softmax(logits / temperature)[token] in float32, exactly what the sampler
+returns, so the importance ratio is 1 at staleness 0; the entropy is that distribution's.
+
+Loss (every term from `sdar_jax.algos`, by config name; a term whose coefficient is 0 is left out):
+
+    loss = pg_coef·PPO(advantage) + lam·distill − entropy_coef·H + kl_coef·KL(kl_kind)
+
+Teacher branch. teacher_source="step": teacher log-probs from the current parameters inside the
+same jit, computed OUTSIDE the differentiated function, so XLA keeps none of its activations for
+the backward pass (and no second copy of the weights exists: the teacher is the same params).
+teacher_source="rollout": `TrainStep.score_teacher(params, batch)` scores them once per iteration
+at θ_old before the first update and they ride in the batch, as the authors' code does. With one
+mini-batch per iteration the two agree exactly; with several, "step" re-scores at the current θ.
+
+Mini-batch accumulation. The batch is split into B / micro_batch_size micro-batches (strided, so
+each stays spread over the data-parallel devices) and scanned; every term is aggregated with the
+GLOBAL token count (and sequence count) of the whole mini-batch, so the summed gradients and the
+summed metrics are exactly those of one big batch (reference §4.8 uses a mean of per-micro-batch
+token-means instead; ours is the natural global token-mean, a documented deviation).
+
+A non-finite loss or gradient norm skips the update: params and optimizer state stay bit-identical,
+`state.step` does not advance, `state.skipped_updates` and metric train/skipped_update count it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, Mapping
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from sdar_jax import algos, sharding
+from sdar_jax.models import ModelConfig, Params, apply, logits_from_hidden, param_shapes
+from sdar_jax.models import positions_from_mask
+from sdar_jax.train_state import TrainState, make_optimizer
+
+Array = jax.Array
+Metrics = dict[str, Array]
+
+TEACHER_SOURCES = ("step", "rollout")
+# Keys of an algo config section that belong to the rollout / advantage side, not to the update.
+_NON_STEP_KEYS = frozenset({"name", "norm_adv_by_std", "invalid_penalty", "skills_in_student"})
+
+
+# ------------------------------------------------------------------------------------ config
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+  """The static description of the update objective (hashable: a jit static)."""
+
+  pg_coef: float = 1.0
+  distill: str = "none"
+  lam: float = 0.0
+  beta: float = 5.0
+  gate: str = "gap"
+  form: str = "reference"
+  advantage: str = "grpo"
+  rlsd_lam0: float = 0.5
+  rlsd_warmdown_steps: int = 100
+  rlsd_clip_eps: float = 0.2
+  entropy_coef: float = 0.001
+  kl_coef: float = 0.01
+  kl_kind: str = "low_var_kl"
+  clip_low: float = 0.2
+  clip_high: float = 0.2
+  clip_c: float = 3.0
+  agg: str = "token-mean"
+  teacher: bool = False  # score the teacher even if no term needs it (for its metrics)
+  teacher_source: str = "step"
+  temperature: float = 1.0
+
+  def __post_init__(self):
+    for field, registry in (("distill", algos.DISTILL_LOSSES), ("gate", algos.GATES),
+                            ("form", algos.SDAR_FORMS), ("advantage", algos.ADVANTAGE_ESTIMATORS),
+                            ("kl_kind", algos.KL_PENALTIES), ("agg", algos.AGG_MODES)):
+      if getattr(self, field) not in registry:
+        raise ValueError(f"algo.{field}={getattr(self, field)!r}; valid: {registry.names()}.")
+    if self.teacher_source not in TEACHER_SOURCES:
+      raise ValueError(f"algo.teacher_source={self.teacher_source!r}; choose one of "
+                       f"{TEACHER_SOURCES}.")
+    if not self.temperature > 0:
+      raise ValueError(f"algo.temperature={self.temperature} must be > 0 (the sampling "
+                       "temperature the behaviour log-probs were taken at).")
+
+  @property
+  def needs_teacher(self) -> bool:
+    return self.teacher or self.distill != "none" or self.advantage == "rlsd"
+
+  @classmethod
+  def from_config(cls, algo: "LossConfig | Mapping[str, Any]", **overrides) -> "LossConfig":
+    """From an algo config section (dict, ConfigDict or `get_preset(name)`). Rollout-side keys
+    (name, norm_adv_by_std, invalid_penalty, skills_in_student) are ignored; any other unknown
+    key is an error, so a typo cannot silently fall back to a default."""
+    if isinstance(algo, LossConfig):
+      return dataclasses.replace(algo, **overrides)
+    items = dict(algo.to_dict() if hasattr(algo, "to_dict") else algo)
+    items.update(overrides)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(items) - known - _NON_STEP_KEYS
+    if unknown:
+      raise ValueError(f"Unknown algo config keys {sorted(unknown)}; the update reads "
+                       f"{sorted(known)} and ignores {sorted(_NON_STEP_KEYS)}.")
+    return cls(**{k: v for k, v in items.items() if k in known})
+
+
+# ------------------------------------------------------------------------------------- batch
+@flax.struct.dataclass
+class TurnBatch:
+  """A fixed-shape batch of turn-samples (layout in the module docstring)."""
+
+  student_tokens: Array
+  student_mask: Array
+  response_mask: Array
+  old_logp: Array
+  advantages: Array
+  teacher_tokens: Array | None = None
+  teacher_mask: Array | None = None
+  ref_logp: Array | None = None
+  teacher_logp: Array | None = None
+
+  @property
+  def batch_size(self) -> int:
+    return self.advantages.shape[0]
+
+  @property
+  def response_len(self) -> int:
+    return self.response_mask.shape[1]
+
+
+# --------------------------------------------------------------------------------- log-probs
+def _head(config: ModelConfig, temperature: float, with_entropy: bool, params: Params,
+          hidden: Array, targets: Array) -> tuple[Array, Array | None]:
+  logits = logits_from_hidden(config, params, hidden)
+  if temperature != 1.0:
+    logits = logits / temperature
+  picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+  logp = picked - jax.nn.logsumexp(logits, axis=-1)
+  return logp, (algos.entropy_from_logits(logits) if with_entropy else None)
+
+
+def response_logprobs(config: ModelConfig, params: Params, tokens: Array, mask: Array,
+                      response_len: int, temperature: float = 1.0, with_entropy: bool = False
+                      ) -> tuple[Array, Array | None]:
+  """Log-probs [B, R] (and entropies [B, R]) of the last `response_len` tokens of `tokens`
+  [B, P+R] (left-padded prompt, then the response), float32; lm_head on R positions only."""
+  prompt_len = tokens.shape[1] - response_len
+  if prompt_len < 1:
+    raise ValueError(f"tokens of length {tokens.shape[1]} leave no prompt before a response of "
+                     f"{response_len} slots; the first response token needs a preceding position.")
+  hidden, _ = apply(config, params, tokens, positions_from_mask(mask), mask)
+  hidden = hidden[:, prompt_len - 1:prompt_len - 1 + response_len]
+  head = functools.partial(_head, config, temperature, with_entropy)
+  if config.remat:  # keep only the [B, R, D] hidden states, recompute the [B, R, V] logits
+    head = jax.checkpoint(head)
+  return head(params, hidden, tokens[:, prompt_len:])
+
+
+def _student_logp(config, loss_config, params, mb: TurnBatch, with_entropy: bool):
+  return response_logprobs(config, params, mb.student_tokens, mb.student_mask, mb.response_len,
+                           loss_config.temperature, with_entropy)
+
+
+def _teacher_logp(config, loss_config, params, mb: TurnBatch) -> Array:
+  logp, _ = response_logprobs(config, params, mb.teacher_tokens, mb.teacher_mask,
+                              mb.response_len, loss_config.temperature)
+  return logp
+
+
+# ------------------------------------------------------------------------------------- loss
+def micro_loss(config: ModelConfig, lc: LossConfig, params: Params, mb: TurnBatch,
+               teacher_logp: Array | None, ref_logp: Array | None, denom: Array,
+               num_seqs: Array, rlsd_lam: Array) -> tuple[Array, Metrics]:
+  """The loss of one micro-batch as its additive share of the mini-batch loss (`denom` and
+  `num_seqs` are the mini-batch's), with additive metric shares. Differentiated w.r.t. params."""
+  mask = mb.response_mask.astype(jnp.float32)
+  logp, entropy = _student_logp(config, lc, params, mb, with_entropy=True)
+  if lc.entropy_coef == 0:
+    entropy = jax.lax.stop_gradient(entropy)  # a metric (and gate input) only
+  agg = dict(agg=lc.agg, denom=denom, num_seqs=num_seqs)
+  adv = algos.token_advantages(lc.advantage, mb.advantages, mask, teacher_logp=teacher_logp,
+                               old_logp=mb.old_logp, lam=rlsd_lam, clip_eps=lc.rlsd_clip_eps)
+  pg, metrics = algos.policy_loss(logp, mb.old_logp, adv, mask, lc.clip_low, lc.clip_high,
+                                  lc.clip_c, **agg)
+  ent, ent_metrics = algos.entropy_loss(entropy, mask, **agg)
+  metrics.update(ent_metrics)
+  loss = jnp.zeros((), jnp.float32)
+  if lc.pg_coef:
+    loss = loss + lc.pg_coef * pg
+  if lc.entropy_coef:
+    loss = loss - lc.entropy_coef * ent
+  if lc.distill != "none":
+    dist, dist_metrics = algos.distill_loss(
+        lc.distill, student_logp=logp, teacher_logp=teacher_logp, old_logp=mb.old_logp,
+        mask=mask, beta=lc.beta, gate=lc.gate, entropy=entropy, form=lc.form, **agg)
+    metrics.update(dist_metrics)
+    if lc.lam:
+      loss = loss + lc.lam * dist
+  if lc.kl_coef:
+    kl, kl_metrics = algos.kl_loss(logp, ref_logp, mask, lc.kl_kind, **agg)
+    metrics.update(kl_metrics)
+    loss = loss + lc.kl_coef * kl
+  if teacher_logp is not None:  # teacher vs behaviour policy (reference's trainer-side metric)
+    metrics["teacher/gap_vs_old_mean"] = algos.masked_mean(teacher_logp - mb.old_logp, mask, denom)
+  metrics["train/loss"] = loss
+  return loss, jax.lax.stop_gradient(metrics)
+
+
+def _split_micro(tree, num_micro: int, constrain: Callable[[Array], Array]):
+  """[B, ...] -> [num_micro, B/num_micro, ...], micro-batch i = rows i, i+num_micro, ... (strided,
+  so a batch sharded in contiguous blocks keeps every micro-batch on every device)."""
+  def one(x):
+    x = x.reshape(x.shape[0] // num_micro, num_micro, *x.shape[1:]).swapaxes(0, 1)
+    return constrain(x)
+  return jax.tree.map(one, tree)
+
+
+def _merge_micro(x: Array) -> Array:
+  """Inverse of `_split_micro` for one array."""
+  return x.swapaxes(0, 1).reshape(x.shape[0] * x.shape[1], *x.shape[2:])
+
+
+def loss_and_grads(config: ModelConfig, lc: LossConfig, params: Params, batch: TurnBatch, *,
+                   micro_batch_size: int | None = None, ref_params: Params | None = None,
+                   iteration: Array | int = 1,
+                   constrain: Callable[[Array], Array] = lambda x: x) -> tuple[Params, Metrics]:
+  """Gradients (float32, summed over micro-batches) and metrics of one mini-batch; traceable.
+
+  `iteration` is the 1-based training iteration (the reference's global step) for the RLSD
+  λ schedule; `constrain` places a [num_micro, mb, ...] array (sharding constraint)."""
+  B = batch.batch_size
+  micro = B if micro_batch_size is None else micro_batch_size
+  num_micro = B // micro
+  denom = algos.token_count(batch.response_mask)
+  num_seqs = algos.seq_count(batch.response_mask)
+  rlsd_lam = (algos.rlsd_lambda(iteration, lc.rlsd_lam0, lc.rlsd_warmdown_steps)
+              if lc.advantage == "rlsd" else jnp.zeros((), jnp.float32))
+  frozen = jax.lax.stop_gradient(params)
+  grad_fn = jax.value_and_grad(functools.partial(micro_loss, config, lc), has_aux=True)
+
+  def one(mb: TurnBatch):
+    teacher_logp = None
+    if lc.needs_teacher:
+      teacher_logp = (mb.teacher_logp if lc.teacher_source == "rollout"
+                      else _teacher_logp(config, lc, frozen, mb))
+    ref_logp = None
+    if lc.kl_coef:
+      ref_logp = (mb.ref_logp if ref_params is None
+                  else _student_logp(config, lc, jax.lax.stop_gradient(ref_params), mb, False)[0])
+    (_, metrics), grads = grad_fn(params, mb, teacher_logp, ref_logp, denom, num_seqs, rlsd_lam)
+    return jax.tree.map(lambda g: g.astype(jnp.float32), grads), metrics
+
+  if num_micro == 1:
+    grads, metrics = one(batch)
+  else:
+    micro_batches = _split_micro(batch, num_micro, constrain)
+    first = jax.tree.map(lambda x: x[0], micro_batches)
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(one, first))
+
+    def body(carry, mb):
+      return jax.tree.map(jnp.add, carry, one(mb)), None
+
+    (grads, metrics), _ = jax.lax.scan(body, zeros, micro_batches)
+  if lc.advantage == "rlsd":
+    metrics["rlsd/lambda"] = rlsd_lam
+  if lc.distill == "sdar":
+    metrics["sdar/coef"] = jnp.asarray(lc.lam, jnp.float32)
+  metrics["train/tokens"] = denom
+  return grads, metrics
+
+
+def apply_update(optimizer: optax.GradientTransformation, state: TrainState, grads: Params,
+                 loss: Array) -> tuple[TrainState, Array, Array]:
+  """One optimizer update, skipped (state bit-identical, counter +1) when the loss or the global
+  gradient norm is not finite. Returns (state, grad_norm, skipped as float32)."""
+  grad_norm = optax.global_norm(grads)
+  finite = jnp.isfinite(grad_norm) & jnp.isfinite(loss)
+  grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
+  updates, new_opt_state = optimizer.update(grads, state.opt_state, state.params)
+  new_params = optax.apply_updates(state.params, updates)
+  keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
+  skipped = (~finite).astype(jnp.int32)
+  state = state.replace(step=state.step + 1 - skipped,
+                        params=jax.tree.map(keep, new_params, state.params),
+                        opt_state=jax.tree.map(keep, new_opt_state, state.opt_state),
+                        skipped_updates=state.skipped_updates + skipped)
+  return state, grad_norm, skipped.astype(jnp.float32)
+
+
+# ------------------------------------------------------------------------------- the builder
+class TrainStep:
+  """The jitted update (and the jitted scoring passes) for one model, objective, optimizer and
+  mesh. `num_traces` counts traces of the update (= compilations: one per bucket shape)."""
+
+  def __init__(self, model_config: ModelConfig, loss_config: LossConfig | Mapping[str, Any],
+               optimizer: optax.GradientTransformation, *, mesh: Mesh | None = None,
+               micro_batch_size: int | None = None,
+               lr_schedule: Callable[[Array], Array] | None = None,
+               rules: sharding.Rules | None = None):
+    self.model_config = model_config
+    self.loss_config = LossConfig.from_config(loss_config)
+    self.optimizer = optimizer
+    self.mesh = mesh
+    self.micro_batch_size = micro_batch_size
+    self.lr_schedule = lr_schedule
+    self.rules = rules
+    self.num_traces = 0
+    self._update_fns: dict[bool, Callable] = {}
+    self._score_fns: dict[str, Callable] = {}
+    if micro_batch_size is not None and micro_batch_size <= 0:
+      raise ValueError(f"micro_batch_size={micro_batch_size} must be a positive integer or None.")
+
+  # ------------------------------------------------------------------------- shardings
+  def param_shardings(self):
+    return None if self.mesh is None else sharding.param_shardings(
+        self.model_config, self.mesh, self.rules)
+
+  def state_shardings(self) -> TrainState | None:
+    """Shardings of the TrainState: params by the rules table, optimizer moments like the params
+    they mirror, everything else replicated."""
+    if self.mesh is None:
+      return None
+    params = self.param_shardings()
+    rep = sharding.replicated(self.mesh)
+    abstract_opt = jax.eval_shape(self.optimizer.init, param_shapes(self.model_config))
+    opt = optax.tree_map_params(self.optimizer, lambda _, s: s, abstract_opt, params,
+                                transform_non_params=lambda _: rep)
+    return TrainState(step=rep, params=params, opt_state=opt, rng=rep, skipped_updates=rep)
+
+  def _batch_sharding(self) -> NamedSharding | None:
+    return None if self.mesh is None else sharding.batch_sharding(self.mesh, 1, self.rules)
+
+  def shard_state(self, state: TrainState) -> TrainState:
+    return state if self.mesh is None else jax.device_put(state, self.state_shardings())
+
+  def shard_params(self, params: Params) -> Params:
+    return params if self.mesh is None else jax.device_put(params, self.param_shardings())
+
+  def shard_batch(self, batch: TurnBatch) -> TurnBatch:
+    return batch if self.mesh is None else jax.device_put(batch, self._batch_sharding())
+
+  def _constrain_micro(self, x: Array) -> Array:
+    if self.mesh is None:
+      return x
+    lead = self._batch_sharding().spec[0]
+    return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, P(None, lead)))
+
+  # --------------------------------------------------------------------------- checks
+  def _micro(self, batch_size: int) -> int:
+    micro = batch_size if self.micro_batch_size is None else self.micro_batch_size
+    if batch_size % micro:
+      raise ValueError(f"Batch of {batch_size} turn-samples does not split into micro-batches of "
+                       f"train.micro_batch_size={micro}; pad the batch to a multiple of it.")
+    if self.mesh is not None:
+      div = sharding.batch_divisor(self.mesh, self.rules)
+      if micro % div:
+        raise ValueError(f"Micro-batch of {micro} samples cannot be sharded over the mesh's batch "
+                         f"axes (size {div}); make train.micro_batch_size a multiple of {div}.")
+    return micro
+
+  def check_batch(self, batch: TurnBatch, ref_params: Params | None = None,
+                  for_update: bool = True) -> None:
+    """Shape / presence checks on the host, with errors that say what to pass."""
+    lc = self.loss_config
+    B, R = batch.response_mask.shape
+    expect = {"student_mask": batch.student_tokens.shape, "old_logp": (B, R),
+              "advantages": (B,)}
+    if batch.student_tokens.shape[0] != B or batch.student_tokens.shape[1] <= R:
+      raise ValueError(f"student_tokens shape {batch.student_tokens.shape} must be [B={B}, Ps+R] "
+                       f"with a prompt of at least one token before R={R} response slots.")
+    teacher_in_step = lc.needs_teacher and lc.teacher_source == "step"
+    if for_update and lc.needs_teacher and lc.teacher_source == "rollout":
+      if batch.teacher_logp is None:
+        raise ValueError("algo.teacher_source='rollout' needs batch.teacher_logp: score it once "
+                         "per iteration with TrainStep.score_teacher(params, batch) before the "
+                         "first update, or set algo.teacher_source='step'.")
+      expect["teacher_logp"] = (B, R)
+    if teacher_in_step or not for_update:
+      if batch.teacher_tokens is None or batch.teacher_mask is None:
+        raise ValueError(f"algo (distill={lc.distill!r}, advantage={lc.advantage!r}) scores the "
+                         "teacher: the batch needs teacher_tokens and teacher_mask [B, Pt+R].")
+      if batch.teacher_tokens.shape[0] != B or batch.teacher_tokens.shape[1] <= R:
+        raise ValueError(f"teacher_tokens shape {batch.teacher_tokens.shape} must be "
+                         f"[B={B}, Pt+R] with Pt >= 1 before R={R} response slots.")
+      expect["teacher_mask"] = batch.teacher_tokens.shape
+    if for_update and lc.kl_coef:
+      if ref_params is None and batch.ref_logp is None:
+        raise ValueError(f"algo.kl_coef={lc.kl_coef} needs the reference policy: pass ref_params= "
+                         "(frozen initial params) or batch.ref_logp [B, R]; or set kl_coef=0.")
+      if ref_params is None:
+        expect["ref_logp"] = (B, R)
+    for name, shape in expect.items():
+      got = getattr(batch, name).shape
+      if tuple(got) != tuple(shape):
+        raise ValueError(f"batch.{name} has shape {tuple(got)}, expected {tuple(shape)}.")
+    self._micro(B)
+
+  # --------------------------------------------------------------------------- update
+  def _update_fn(self, with_ref: bool) -> Callable:
+    if with_ref in self._update_fns:
+      return self._update_fns[with_ref]
+    config, lc, optimizer = self.model_config, self.loss_config, self.optimizer
+
+    def update(state: TrainState, batch: TurnBatch, ref_params, iteration):
+      self.num_traces += 1  # runs at trace time only
+      iteration = jnp.where(iteration < 0, state.step + 1, iteration)
+      grads, metrics = loss_and_grads(
+          config, lc, state.params, batch, micro_batch_size=self._micro(batch.batch_size),
+          ref_params=ref_params, iteration=iteration, constrain=self._constrain_micro)
+      lr = None if self.lr_schedule is None else self.lr_schedule(state.step)
+      state, grad_norm, skipped = apply_update(optimizer, state, grads, metrics["train/loss"])
+      metrics["train/grad_norm"] = grad_norm
+      metrics["train/skipped_update"] = skipped
+      if lr is not None:
+        metrics["train/lr"] = jnp.asarray(lr, jnp.float32)
+      return state, metrics
+
+    if self.mesh is None:
+      fn = jax.jit(update, donate_argnums=(0,))
+    else:
+      rep = sharding.replicated(self.mesh)
+      state_sh = self.state_shardings()
+      ref_sh = self.param_shardings() if with_ref else None
+      fn = jax.jit(update, donate_argnums=(0,),
+                   in_shardings=(state_sh, self._batch_sharding(), ref_sh, rep),
+                   out_shardings=(state_sh, rep))
+    self._update_fns[with_ref] = fn
+    return fn
+
+  def _args(self, state, batch, ref_params, iteration):
+    return state, batch, ref_params, jnp.asarray(-1 if iteration is None else iteration, jnp.int32)
+
+  def __call__(self, state: TrainState, batch: TurnBatch, ref_params: Params | None = None,
+               iteration: int | None = None) -> tuple[TrainState, Metrics]:
+    """One update on one mini-batch. `state` is donated (do not reuse it). `iteration` is the
+    1-based training iteration for the RLSD λ schedule (default: state.step + 1, right when each
+    iteration has one mini-batch). `ref_params`: frozen reference for the KL term."""
+    self.check_batch(batch, ref_params)
+    return self._update_fn(ref_params is not None)(*self._args(state, batch, ref_params,
+                                                               iteration))
+
+  def lower(self, state, batch: TurnBatch, ref_params=None, iteration: int | None = None):
+    """`jax.stages.Lowered` of the update (state may be abstract): `.compile().memory_analysis()`."""
+    self.check_batch(batch, ref_params)
+    return self._update_fn(ref_params is not None).lower(
+        *self._args(state, batch, ref_params, iteration))
+
+  # -------------------------------------------------------------------------- scoring
+  def _score_fn(self, branch: str) -> Callable:
+    if branch in self._score_fns:
+      return self._score_fns[branch]
+    config, lc = self.model_config, self.loss_config
+    logp_fn = {"teacher": lambda p, mb: _teacher_logp(config, lc, p, mb),
+               "student": lambda p, mb: _student_logp(config, lc, p, mb, False)[0]}[branch]
+
+    def score(params: Params, batch: TurnBatch) -> Array:
+      num_micro = batch.batch_size // self._micro(batch.batch_size)
+      if num_micro == 1:
+        return logp_fn(params, batch)
+      micro = _split_micro(batch, num_micro, self._constrain_micro)
+      return _merge_micro(jax.lax.map(functools.partial(logp_fn, params), micro))
+
+    if self.mesh is None:
+      fn = jax.jit(score)
+    else:
+      fn = jax.jit(score, in_shardings=(self.param_shardings(), self._batch_sharding()),
+                   out_shardings=self._batch_sharding())
+    self._score_fns[branch] = fn
+    return fn
+
+  def score_teacher(self, params: Params, batch: TurnBatch) -> Array:
+    """Teacher log-probs [B, R] of the batch's responses under the teacher prompts (no grad),
+    micro-batched like the update. Run at θ_old for teacher_source='rollout'."""
+    self.check_batch(batch, for_update=False)
+    return self._score_fn("teacher")(params, _without_logps(batch))
+
+  def score_student(self, params: Params, batch: TurnBatch) -> Array:
+    """Student-prompt log-probs [B, R] under `params` (no grad): behaviour log-probs recomputed
+    after the rollout, or reference log-probs from frozen reference params."""
+    self._micro(batch.batch_size)
+    return self._score_fn("student")(params, _without_logps(batch))
+
+
+def _without_logps(batch: TurnBatch) -> TurnBatch:
+  """Scoring needs only tokens and masks; dropping the optional arrays keeps one compilation."""
+  return batch.replace(ref_logp=None, teacher_logp=None)
+
+
+def lr_schedule_from_optim(optim: Mapping[str, Any]) -> Callable[[Array], Array]:
+  """The learning-rate schedule `train_state.make_optimizer` builds from the same settings (for
+  the train/lr metric): linear warm-up 0 -> lr over warmup_steps, then constant."""
+  lr, warmup = float(optim["lr"]), int(optim.get("warmup_steps", 0))
+  return optax.linear_schedule(0.0, lr, warmup) if warmup > 0 else optax.constant_schedule(lr)
+
+
+def make_train_step(model_config: ModelConfig, loss_config: LossConfig | Mapping[str, Any],
+                    optimizer: optax.GradientTransformation, *, mesh: Mesh | None = None,
+                    micro_batch_size: int | None = None,
+                    lr_schedule: Callable[[Array], Array] | None = None,
+                    rules: sharding.Rules | None = None) -> TrainStep:
+  """Builds the update: `step(state, batch, ref_params=None, iteration=None) -> (state, metrics)`."""
+  return TrainStep(model_config, loss_config, optimizer, mesh=mesh,
+                   micro_batch_size=micro_batch_size, lr_schedule=lr_schedule, rules=rules)
+
+
+def train_step_from_config(model_config: ModelConfig, config, mesh: Mesh | None = None
+                           ) -> TrainStep:
+  """From a run config: `config.algo` (preset fields + teacher_source), `config.optim` (lr,
+  warmup_steps, b1, b2, weight_decay, clip_norm), `config.train.micro_batch_size`."""
+  optim = dict(config.optim)
+  optimizer = make_optimizer(**optim)
+  micro = config.train.get("micro_batch_size") if hasattr(config.train, "get") else None
+  return make_train_step(model_config, config.algo, optimizer, mesh=mesh, micro_batch_size=micro,
+                         lr_schedule=lr_schedule_from_optim(optim))

@@ -1,0 +1,264 @@
+"""The compiled update: index map, loss composition, teacher sources, accumulation, sharding,
+non-finite skip, compilation count. Truth comes from the full-logits `forward` and plain numpy /
+jax.grad formulations written here, never from the step's own helpers."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sdar_jax import sharding
+from sdar_jax.algos import get_preset
+from sdar_jax.models import ModelConfig, forward, init_params
+from sdar_jax.train_state import create_train_state, make_optimizer
+from sdar_jax.train_step import (LossConfig, TurnBatch, loss_and_grads, make_train_step,
+                                 response_logprobs, train_step_from_config)
+
+CONFIG = ModelConfig.tiny("qwen3", vocab_size=256, hidden_size=64, intermediate_size=128,
+                          num_layers=2, num_heads=8, num_kv_heads=4, head_dim=16)
+PS, PT, R = 7, 12, 6  # bucket: student prompt, teacher prompt, response slots
+SDAR = dict(get_preset("sdar"), kl_coef=0.0)
+
+
+@pytest.fixture(scope="module")
+def params():
+  return init_params(CONFIG, jax.random.key(0), std=0.1)
+
+
+def full_logp(params, tokens, mask, response_len, temperature=1.0):
+  """Independent truth: log-probs of the last `response_len` tokens from the full [B,T,V] logits."""
+  logits = np.asarray(forward(CONFIG, params, tokens, mask), np.float64) / temperature
+  logits -= logits.max(-1, keepdims=True)
+  logp_all = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  prompt = tokens.shape[1] - response_len
+  out = np.zeros((tokens.shape[0], response_len))
+  ent = np.zeros_like(out)
+  for r in range(response_len):
+    row = logp_all[:, prompt - 1 + r]
+    out[:, r] = row[np.arange(tokens.shape[0]), tokens[:, prompt + r]]
+    ent[:, r] = -(np.exp(row) * row).sum(-1)
+  return out.astype(np.float32), ent.astype(np.float32)
+
+
+def make_batch(params, B=8, seed=0, ps=PS, pt=PT, r=R, min_prompt=2, nan_row=None):
+  """Left-padded prompts of random lengths, right-padded responses of random lengths; the teacher
+  prompt is a random 'skills' block followed by the same student prompt; old_logp exact."""
+  rng = np.random.default_rng(seed)
+  st = np.zeros((B, ps + r), np.int32)
+  sm = np.zeros_like(st)
+  tt = np.zeros((B, pt + r), np.int32)
+  tm = np.zeros_like(tt)
+  rm = np.zeros((B, r), np.float32)
+  for i in range(B):
+    n_p = int(rng.integers(min_prompt, ps + 1))
+    n_s = int(rng.integers(1, pt - n_p + 1))
+    n_r = int(rng.integers(1, r + 1))
+    prompt = rng.integers(1, CONFIG.vocab_size, n_p)
+    resp = rng.integers(1, CONFIG.vocab_size, n_r)
+    st[i, ps - n_p:ps], sm[i, ps - n_p:ps] = prompt, 1
+    tt[i, pt - n_p - n_s:pt - n_p], tt[i, pt - n_p:pt] = rng.integers(1, CONFIG.vocab_size, n_s), prompt
+    tm[i, pt - n_p - n_s:pt] = 1
+    st[i, ps:ps + n_r], sm[i, ps:ps + n_r] = resp, 1
+    tt[i, pt:pt + n_r], tm[i, pt:pt + n_r] = resp, 1
+    rm[i, :n_r] = 1
+  adv = rng.normal(size=B).astype(np.float32)
+  if nan_row is not None:
+    adv[nan_row] = np.nan
+  old = full_logp(params, st, sm, r)[0] if params is not None else np.zeros((B, r), np.float32)
+  return TurnBatch(student_tokens=st, student_mask=sm, response_mask=rm, old_logp=old,
+                   advantages=adv, teacher_tokens=tt, teacher_mask=tm)
+
+
+def fresh_state(params, optimizer):
+  return create_train_state(jax.tree.map(jnp.copy, params), optimizer)
+
+
+def to_np(tree):
+  return jax.tree.map(np.asarray, tree)
+
+
+# ------------------------------------------------------------------------------- index map
+def test_response_logprobs_match_full_forward(params):
+  batch = make_batch(params, seed=1)
+  logp, ent = jax.jit(lambda p: response_logprobs(
+      CONFIG, p, batch.teacher_tokens, batch.teacher_mask, R, 0.7, True))(params)
+  want_logp, want_ent = full_logp(params, batch.teacher_tokens, batch.teacher_mask, R, 0.7)
+  m = batch.response_mask > 0
+  np.testing.assert_allclose(np.asarray(logp)[m], want_logp[m], atol=2e-5)
+  np.testing.assert_allclose(np.asarray(ent)[m], want_ent[m], atol=2e-5)
+
+
+# ------------------------------------------------------------------ one-device update loop
+@pytest.fixture(scope="module")
+def sdar_step():
+  """SDAR (with the KL term on frozen ref params), AdamW lr 1e-3 with warm-up, micro-batches of 4."""
+  step = train_step_from_config(CONFIG, _run_config(dict(get_preset("sdar")), micro=4,
+                                                    optim=dict(lr=1e-3, warmup_steps=2)))
+  return step, step.optimizer
+
+
+def _run_config(algo, micro, optim):
+  import ml_collections as mlc
+  return mlc.ConfigDict(dict(algo=dict(algo, teacher_source="step"), optim=optim,
+                             train=dict(micro_batch_size=micro)))
+
+
+def test_loss_decreases_on_a_fixed_batch(params, sdar_step):
+  step, optimizer = sdar_step
+  batch = make_batch(params, seed=2)
+  state = fresh_state(params, optimizer)
+  losses, lrs = [], []
+  for _ in range(6):
+    state, metrics = step(state, batch, ref_params=params)
+    losses.append(float(metrics["train/loss"]))
+    lrs.append(float(metrics["train/lr"]))
+    assert float(metrics["train/skipped_update"]) == 0.0
+  assert lrs[:3] == [0.0, pytest.approx(5e-4), pytest.approx(1e-3)]  # warm-up 0 -> lr over 2
+  assert losses[-1] < losses[0] - 0.05, losses
+  assert int(state.step) == 6 and int(state.skipped_updates) == 0
+  m = batch.response_mask
+  assert float(metrics["train/tokens"]) == m.sum()
+
+
+def test_nonfinite_gradient_skips_the_update(params, sdar_step):
+  step, optimizer = sdar_step
+  state, _ = step(fresh_state(params, optimizer), make_batch(params, seed=3), ref_params=params)
+  before = to_np((state.params, state.opt_state))
+  state, metrics = step(state, make_batch(params, seed=4, nan_row=5), ref_params=params)
+  assert float(metrics["train/skipped_update"]) == 1.0
+  assert not np.isfinite(float(metrics["train/grad_norm"]))
+  assert int(state.step) == 1 and int(state.skipped_updates) == 1
+  jax.tree.map(np.testing.assert_array_equal, to_np((state.params, state.opt_state)), before)
+  state, metrics = step(state, make_batch(params, seed=4), ref_params=params)  # recovers
+  assert float(metrics["train/skipped_update"]) == 0.0 and int(state.step) == 2
+
+
+def test_varying_lengths_within_a_bucket_do_not_recompile(params, sdar_step):
+  step, optimizer = sdar_step
+  state = fresh_state(params, optimizer)
+  state, _ = step(state, make_batch(params, seed=5), ref_params=params)
+  traces = step.num_traces
+  for seed in (6, 7):  # other prompt / response lengths, same bucket shapes
+    state, _ = step(state, make_batch(params, seed=seed, min_prompt=seed - 4), ref_params=params)
+  assert step.num_traces == traces
+  state, _ = step(state, make_batch(params, seed=8, r=R + 2), ref_params=params)  # a new bucket
+  assert step.num_traces == traces + 1
+
+
+# ------------------------------------------------------------------------ teacher sources
+def test_step_and_rollout_teacher_sources_agree(params):
+  optimizer = make_optimizer(lr=1e-3)
+  batch = make_batch(params, seed=9)
+  on_step = make_train_step(CONFIG, dict(SDAR, teacher_source="step"), optimizer)
+  on_rollout = make_train_step(CONFIG, dict(SDAR, teacher_source="rollout"), optimizer)
+  teacher_logp = on_rollout.score_teacher(params, batch)
+  want = full_logp(params, batch.teacher_tokens, batch.teacher_mask, R)[0]
+  m = batch.response_mask > 0
+  np.testing.assert_allclose(np.asarray(teacher_logp)[m], want[m], atol=2e-5)
+  state_a, metrics_a = on_step(fresh_state(params, optimizer), batch)
+  with pytest.raises(ValueError, match="teacher_logp"):
+    on_rollout(fresh_state(params, optimizer), batch)
+  state_b, metrics_b = on_rollout(fresh_state(params, optimizer),
+                                  batch.replace(teacher_logp=teacher_logp))
+  assert set(metrics_a) == set(metrics_b) and "sdar/gate_mean" in metrics_a
+  for k in metrics_a:
+    np.testing.assert_allclose(float(metrics_a[k]), float(metrics_b[k]), atol=1e-6, err_msg=k)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6),
+               to_np(state_a.params), to_np(state_b.params))
+
+
+# ---------------------------------------------------------------------- gradient identities
+def close_to_scale(actual, desired, rtol=1e-5):
+  """Equal up to float32 summation order: tolerance relative to the array's largest entry."""
+  np.testing.assert_allclose(actual, desired, rtol=0, atol=rtol * float(np.max(np.abs(desired))) + 1e-9)
+
+
+def test_micro_batch_accumulation_equals_one_batch(params):
+  """RLSD advantages + SDAR term + entropy + KL (from batch ref_logp); ragged responses, so the
+  micro-batches hold different token counts and only a global denominator makes them add up."""
+  lc = LossConfig.from_config(get_preset("sdar"), advantage="rlsd", entropy_coef=0.01,
+                              kl_coef=0.01)
+  batch = make_batch(params, seed=10)
+  batch = batch.replace(ref_logp=batch.old_logp - 0.3 * batch.response_mask)
+
+  def run(micro):
+    fn = jax.jit(lambda p, b: loss_and_grads(CONFIG, lc, p, b, micro_batch_size=micro,
+                                             iteration=3))
+    return to_np(fn(params, batch))
+
+  (g_one, m_one), (g_acc, m_acc) = run(None), run(2)
+  jax.tree.map(close_to_scale, g_acc, g_one)
+  assert set(m_one) == set(m_acc)
+  for k in m_one:
+    np.testing.assert_allclose(m_acc[k], m_one[k], rtol=1e-5, atol=1e-7, err_msg=k)
+  np.testing.assert_allclose(m_one["rlsd/lambda"], 0.5 * (1 - 3 / 100), rtol=1e-6)
+  assert m_one["train/tokens"] == batch.response_mask.sum()
+
+
+def test_sdar_gradient_is_minus_lambda_gate_times_score(params):
+  """pg, entropy and KL off: the step's gradient equals jax.grad of -λ·Σ g·lθ·m / Σm with the
+  gate g = σ(β(lT − lθ)) evaluated as constants from the full-logits forward."""
+  lam, beta = 0.5, 5.0
+  lc = LossConfig(pg_coef=0.0, distill="sdar", lam=lam, beta=beta, entropy_coef=0.0, kl_coef=0.0)
+  batch = make_batch(params, seed=11)
+  remat = CONFIG.replace(remat=True)  # the rematerialised path, against an independent truth
+  grads, metrics = jax.jit(lambda p: loss_and_grads(remat, lc, p, batch, micro_batch_size=4))(params)
+  student = full_logp(params, batch.student_tokens, batch.student_mask, R)[0]
+  teacher = full_logp(params, batch.teacher_tokens, batch.teacher_mask, R)[0]
+  m = batch.response_mask
+  gate = 1.0 / (1.0 + np.exp(-beta * (teacher - student)))
+  prompt = PS
+
+  def surrogate(p):
+    logits = forward(CONFIG, p, batch.student_tokens, batch.student_mask)
+    logp = jax.nn.log_softmax(logits[:, prompt - 1:prompt - 1 + R], axis=-1)
+    lt = jnp.take_along_axis(logp, batch.student_tokens[:, prompt:, None], axis=-1)[..., 0]
+    return -lam * jnp.sum(gate * lt * m) / m.sum()
+
+  want = jax.grad(surrogate)(params)
+  jax.tree.map(close_to_scale, to_np(grads), to_np(want))
+  np.testing.assert_allclose(float(metrics["sdar/gate_mean"]), (gate * m).sum() / m.sum(), rtol=1e-5)
+
+
+# --------------------------------------------------------------------------------- sharding
+@pytest.fixture(scope="module")
+def one_device_update(params):
+  # AdamW's first step is ~lr*sign(g): with eps=1e-8 a gradient entry near 0 turns float32
+  # summation-order noise into a visible parameter difference. eps=1e-4 bounds d(update)/dg by
+  # lr/eps, so parameters compare at the gradients' precision.
+  optimizer = make_optimizer(lr=1e-3, eps=1e-4)
+  batch = make_batch(params, B=16, seed=13)
+  step = make_train_step(CONFIG, SDAR, optimizer, micro_batch_size=8)
+  state, metrics = step(fresh_state(params, optimizer), batch)
+  return optimizer, batch, to_np(state.params), to_np(metrics)
+
+
+@pytest.mark.parametrize("shape", [(8, 1, 1), (2, 2, 2), (1, 2, 4)])
+def test_sharded_step_equals_one_device_step(params, one_device_update, shape):
+  optimizer, batch, want_params, want_metrics = one_device_update
+  mesh = sharding.make_mesh(shape)
+  step = make_train_step(CONFIG, SDAR, optimizer, mesh=mesh, micro_batch_size=8)
+  state = step.shard_state(fresh_state(params, optimizer))
+  state, metrics = step(state, step.shard_batch(batch))
+  q = state.params["layers"]["q_proj"].sharding.spec
+  assert ("tensor" in jax.tree.leaves(tuple(q))) == (shape[2] > 1)
+  for k, v in want_metrics.items():
+    np.testing.assert_allclose(float(metrics[k]), v, rtol=1e-5, atol=1e-6, err_msg=k)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), to_np(state.params),
+               want_params)
+
+
+# ------------------------------------------------------------------------------ host checks
+def test_config_and_batch_errors(params):
+  with pytest.raises(ValueError, match="lamda"):
+    LossConfig.from_config(dict(SDAR, lamda=0.1))
+  with pytest.raises(ValueError, match="teacher_source"):
+    LossConfig(teacher_source="later")
+  step = make_train_step(CONFIG, get_preset("sdar"), make_optimizer(), micro_batch_size=3)
+  batch = make_batch(None, seed=14)
+  with pytest.raises(ValueError, match="ref_params"):
+    step.check_batch(batch)
+  with pytest.raises(ValueError, match="micro_batch_size=3"):
+    step.check_batch(batch, ref_params=params)
+  with pytest.raises(ValueError, match="teacher_tokens"):
+    step.check_batch(batch.replace(teacher_tokens=None), ref_params=params)
