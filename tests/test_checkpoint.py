@@ -11,6 +11,7 @@ import numpy as np
 import optax
 import pytest
 
+from configs import default
 from sdar_jax import sharding
 from sdar_jax.checkpoint import (CheckpointManager, abstract_train_state, export_hf,
                                  model_config_mismatches, train_state_shardings)
@@ -178,13 +179,16 @@ def test_failed_save_keeps_latest_good_checkpoint(tmp_path, monkeypatch):
 def test_async_save_then_restore(tmp_path):
   mesh = sharding.make_mesh((8, 1, 1))
   good = _trained_state(mesh, seed=3)
+  run_config = default.get_config()  # a locked ConfigDict with a linked field
   with CheckpointManager(tmp_path, async_save=True, save_interval_steps=2) as ckpt:
-    assert ckpt.save(2, good, TINY)
+    assert ckpt.save(2, good, TINY, run_config=run_config)
     assert not ckpt.save(3, good, TINY)  # off the interval
     ckpt.wait_until_finished()
     assert ckpt.all_steps() == [2]
-  state, _ = CheckpointManager(tmp_path).restore(target=abstract_train_state(TINY, _optimizer(), mesh))
+  state, meta = CheckpointManager(tmp_path).restore(target=abstract_train_state(TINY, _optimizer(), mesh))
   _assert_trees_equal(state, good)
+  assert meta["run_config"] == run_config.to_dict()
+  assert meta["run_config"]["algo"]["temperature"] == run_config.rollout.temperature
 
 
 def test_export_hf_loads_in_transformers(saved, tmp_path):

@@ -1,0 +1,242 @@
+r"""Building blocks shared by every config file (big_vision style: configs are code).
+
+A config file's `get_config(arg)` reads a short "key=value,..." argument with `parse_arg`, starts
+from `base(model)`, sets `config.env` with one of `alfworld()`, `webshop()`, `search_qa()`,
+`config.algo` with `algo(name)`, applies the environment's differences from the defaults, optionally
+`override(config, local_overrides(env))`, and returns `finalize(config)` (links shared values, locks
+the config so a misspelled key fails in code and on the command line).
+
+Every default cites the reference scripts (reference §6); sizes of the mini / micro batches are in
+turn-samples over the whole mesh.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import ml_collections as mlc
+from ml_collections import config_dict
+
+from configs import models
+from sdar_jax.algos import ALGO_PRESETS, get_preset
+
+ENVS = ("alfworld", "webshop", "search_qa")
+
+
+# ------------------------------------------------------------------------------------ arguments
+def _literal(raw: str) -> Any:
+  """'True'/'false' -> bool, 'None' -> None, ints, floats, else the string itself."""
+  low = raw.lower()
+  if low in ("true", "false"):
+    return low == "true"
+  if low == "none":
+    return None
+  for cast in (int, float):
+    try:
+      return cast(raw)
+    except ValueError:
+      pass
+  return raw
+
+
+def parse_arg(arg: str | None, **defaults: Any) -> mlc.ConfigDict:
+  """Parses a config argument "model=qwen2.5-3b,algo=sdar,local=True" into a locked ConfigDict.
+
+  With `defaults`, only those keys are accepted and each value is converted to its default's type
+  (a bare key means True). Without defaults every value is typed by `_literal`.
+  """
+  values: dict[str, Any] = dict(defaults)
+  for item in filter(None, (p.strip() for p in (arg or "").split(","))):
+    key, sep, raw = item.partition("=")
+    key, raw = key.strip(), raw.strip()
+    if defaults and key not in defaults:
+      raise ValueError(f"unknown config argument {key!r} in {arg!r}; valid arguments: "
+                       f"{sorted(defaults)} (e.g. {','.join(f'{k}={v}' for k, v in defaults.items())})")
+    value: Any = _literal(raw) if sep else True
+    default = defaults.get(key)
+    if isinstance(default, bool):
+      if not isinstance(value, bool):
+        raise ValueError(f"config argument {key}={raw!r} must be True or False")
+    elif isinstance(default, str):
+      value = raw
+    elif isinstance(default, (int, float)) and not isinstance(value, (int, float)):
+      raise ValueError(f"config argument {key}={raw!r} must be a number")
+    elif isinstance(default, float):
+      value = float(value)
+    values[key] = value
+  parsed = mlc.ConfigDict(values)
+  parsed.lock()
+  return parsed
+
+
+# ------------------------------------------------------------------------------------ sections
+def algo(name: str) -> mlc.ConfigDict:
+  """The `config.algo` section: the method preset `name` (sdar_jax.algos.ALGO_PRESETS) plus
+
+  teacher_source: "rollout" = teacher log-probs computed once per step at the rollout weights
+    θ_old and kept through every mini-batch (the reference, §3.4); "step" = recomputed inside the
+    update with the current weights (stop-gradient).
+  temperature: logits are divided by it when scoring tokens; linked to rollout.temperature by
+    `finalize` (sampled and scored at the same temperature, so the importance ratio is exact).
+  """
+  if name not in ALGO_PRESETS:
+    raise ValueError(f"unknown algo {name!r}; valid algos: {sorted(ALGO_PRESETS)}")
+  section = mlc.ConfigDict(get_preset(name))
+  section.teacher_source = "rollout"
+  section.temperature = 1.0
+  return section
+
+
+def base(model: str = "qwen2.5-3b", algo_name: str = "sdar") -> mlc.ConfigDict:
+  """Everything but the environment: model, mesh, optimizer, training loop, rollout, eval,
+  checkpoints, logging and the algorithm (reference defaults)."""
+  config = mlc.ConfigDict()
+  config.model = models.model(model)
+  config.algo = algo(algo_name)
+  # ('data', 'fsdp', 'tensor'); one axis may be -1 = all remaining devices. The batch is sharded
+  # over data x fsdp, so every batch size must divide by that product.
+  config.mesh = mlc.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+  config.optim = mlc.ConfigDict(dict(  # AdamW, reference §1.3
+      lr=1e-6, warmup_steps=0, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.01, clip_norm=1.0))
+  config.train = mlc.ConfigDict(dict(
+      total_steps=150,  # rollout + update iterations (reference: 150 epochs x 1 step)
+      mini_batch_size=256,  # turn-samples per optimizer update (ppo_mini_batch_size)
+      micro_batch_size=32,  # turn-samples per forward/backward (memory knob; same result)
+      seed=0,
+      eval_every=5,  # 0 = never
+      eval_before_train=True,
+      max_staleness=0,  # 0 = synchronous on-policy (the paper); >0 = async with bounded staleness
+  ))
+  config.rollout = mlc.ConfigDict(dict(
+      temperature=1.0, top_p=1.0, top_k=0,  # top_k 0 = off
+      max_new_tokens=512,  # per turn (max_response_length)
+      max_prompt_len=2048,
+      prompt_truncation="error",  # "error" | "left" (keep the last max_prompt_len tokens)
+      val_temperature=0.4,  # 0 = greedy
+  ))
+  config.eval = mlc.ConfigDict(dict(
+      num_tasks=128,  # validation episodes (val_batch_size), group size 1
+      split="valid_seen",
+      skills="without",  # "without" | "with" | "both": skills in the student prompt at eval
+  ))
+  config.checkpoint = mlc.ConfigDict(dict(
+      dir=config_dict.placeholder(str),  # default: <workdir>/checkpoints
+      keep=3, every=10, async_save=True,
+      export_hf=True,  # write the final policy as Hugging Face safetensors
+  ))
+  config.logging = mlc.ConfigDict(dict(
+      dir=config_dict.placeholder(str),  # default: <workdir>
+      every=1, jsonl=True, tensorboard=True, plots=True,
+  ))
+  return config
+
+
+def _skills(rules_version: str = "post_fix") -> mlc.ConfigDict:
+  """Teacher skill retrieval (envs.skills.SkillRetriever). rules_version "pre_fix" = general
+  skills only, what the paper ran for ALFWorld/WebShop; "post_fix" = after the authors' fix."""
+  return mlc.ConfigDict(dict(
+      strategy="rules",  # "rules" | "bm25" | "random" | "none"
+      rules_version=rules_version,
+      top_k=5,  # bm25 / random
+      seed=0,
+      dir=config_dict.placeholder(str),  # default: the skills shipped in envs/skills/<env>
+  ))
+
+
+def _env(name: str, history: int, max_turns: int, group_size: int, tasks_per_step: int,
+         **extra: Any) -> mlc.ConfigDict:
+  section = mlc.ConfigDict(dict(
+      name=name,
+      data_dir=config_dict.placeholder(str),  # None = offline generated data
+      history=history,  # (observation, action) pairs shown in the prompt
+      max_turns=max_turns,
+      group_size=group_size,  # GRPO group: episodes per task
+      tasks_per_step=tasks_per_step,  # distinct tasks per training step
+      num_workers=8,  # env processes
+      seed=0,
+      skills=_skills(),
+      offline=mlc.ConfigDict(dict(num_train=50, num_eval=24, seed=0)),
+  ))
+  for key, value in extra.items():
+    section[key] = value
+  return section
+
+
+def alfworld(history: int = 2, max_turns: int = 50, group_size: int = 8,
+             tasks_per_step: int = 16) -> mlc.ConfigDict:
+  """ALFWorld text games (reference §6.1). offline.num_train / num_eval are games per task type."""
+  return _env("alfworld", history, max_turns, group_size, tasks_per_step, split="train")
+
+
+def webshop(history: int = 2, max_turns: int = 15, group_size: int = 8,
+            tasks_per_step: int = 16) -> mlc.ConfigDict:
+  """WebShop (reference §6.2): the small catalogue, synthetic goals; eval on goals < 500."""
+  return _env("webshop", history, max_turns, group_size, tasks_per_step,
+              use_small=True, human_goals=False, max_page_chars=13000)
+
+
+def search_qa(history: int = 4, max_turns: int = 4, group_size: int = 8,
+              tasks_per_step: int = 128) -> mlc.ConfigDict:
+  """Search-R1 QA (reference §6.3): train on NQ + HotpotQA, BM25 top-3 passages per search."""
+  return _env("search_qa", history, max_turns, group_size, tasks_per_step,
+              train_sources="nq,hotpotqa",
+              eval_sources="nq,triviaqa,popqa,hotpotqa,2wikimultihopqa,musique,bamboogle",
+              retriever="bm25", retrieval_top_k=3,
+              corpus=config_dict.placeholder(str))  # None = the offline corpus
+
+
+# ------------------------------------------------------------------------------------ overrides
+def override(config: mlc.ConfigDict, values: Mapping[str, Any]) -> mlc.ConfigDict:
+  """Sets dotted keys ("algo.beta": 2.0), as sweeps and `local_overrides` do; an unknown key is an
+  error naming it and the valid keys at that level."""
+  for dotted, value in values.items():
+    node = config
+    *parents, leaf = dotted.split(".")
+    for i, key in enumerate(parents):
+      if key not in node or not isinstance(node[key], mlc.ConfigDict):
+        raise KeyError(f"unknown config key {dotted!r}: {'.'.join(parents[:i + 1])!r} is not a "
+                       f"section; sections here: {sorted(k for k in node if isinstance(node[k], mlc.ConfigDict))}")
+      node = node[key]
+    if leaf not in node:
+      raise KeyError(f"unknown config key {dotted!r}; valid keys of "
+                     f"{'.'.join(parents) or 'config'}: {sorted(node)}")
+    node[leaf] = value
+  return config
+
+
+_LOCAL_TURNS = {"alfworld": 8, "webshop": 6, "search_qa": 4}
+
+
+def local_overrides(env: str) -> dict[str, Any]:
+  """The same experiment shrunk to a 2-core CPU: the tiny model, 2 tasks x 4 episodes, short
+  turns, a handful of steps. Keys are dotted paths for `override`."""
+  if env not in ENVS:
+    raise ValueError(f"unknown env {env!r}; valid envs: {ENVS}")
+  return {
+      "model.preset": "tiny", "model.chat_template": "qwen3", "model.dtype": "float32",
+      "model.remat": False,
+      "env.tasks_per_step": 2, "env.group_size": 4, "env.max_turns": _LOCAL_TURNS[env],
+      "env.num_workers": 2, "env.offline.num_train": 4, "env.offline.num_eval": 2,
+      "eval.num_tasks": 4,
+      "rollout.max_new_tokens": 64,
+      "train.total_steps": 4, "train.mini_batch_size": 16, "train.micro_batch_size": 8,
+      "train.eval_every": 2,
+      "checkpoint.every": 2, "checkpoint.async_save": False,
+      "logging.tensorboard": False,
+  }
+
+
+def gate_sweep() -> list[dict[str, Any]]:
+  """β x λ x gate grid around the SDAR defaults (β 5, λ 0.01, gap gate): 4 x 3 x 4 = 48 runs."""
+  return [{"algo.beta": b, "algo.lam": lam, "algo.gate": g}
+          for b in (1.0, 2.5, 5.0, 10.0)
+          for lam in (0.001, 0.01, 0.1)
+          for g in ("gap", "entropy", "soft_or", "constant")]
+
+
+def finalize(config: mlc.ConfigDict) -> mlc.ConfigDict:
+  """Links values that must agree and locks the config (new keys become errors; existing keys,
+  including command-line overrides, stay settable)."""
+  config.algo.temperature = config.rollout.get_ref("temperature")
+  config.lock()
+  return config

@@ -1,0 +1,72 @@
+r"""Model sections of a config: one entry per Qwen model, mapped to `ModelConfig.preset`.
+
+    config.model = models.model("qwen2.5-3b")
+    --config.model.path=/data/Qwen2.5-3B-Instruct      # real weights (config.json + safetensors)
+
+Without `path` the architecture comes from the preset and the weights are random (useful for
+benchmarks and dry runs only). With `path` the checkpoint's config.json is the architecture; the
+preset name must then describe the same model (checked by `sdar_jax.config_validation`).
+`tokenizer_dir` defaults to `path`, else the bundled Qwen tokenizer files.
+
+"tiny" is the offline demo's model: the Qwen3 architecture at toy size, but with the full Qwen
+vocabulary so that the real tokenizer drives it.
+"""
+
+from __future__ import annotations
+
+import ml_collections as mlc
+from ml_collections import config_dict
+
+# name -> (ModelConfig preset, Hugging Face id, chat template family)
+_MODELS: dict[str, tuple[str, str, str]] = {
+    # The three models of the paper's table (reference §8).
+    "qwen2.5-3b": ("qwen2.5-3b", "Qwen/Qwen2.5-3B-Instruct", "qwen2.5"),
+    "qwen2.5-7b": ("qwen2.5-7b", "Qwen/Qwen2.5-7B-Instruct", "qwen2.5"),
+    "qwen3-1.7b": ("qwen3-1.7b", "Qwen/Qwen3-1.7B", "qwen3"),
+    # Other published sizes of the same families.
+    "qwen2.5-0.5b": ("qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B-Instruct", "qwen2.5"),
+    "qwen2.5-1.5b": ("qwen2.5-1.5b", "Qwen/Qwen2.5-1.5B-Instruct", "qwen2.5"),
+    "qwen3-0.6b": ("qwen3-0.6b", "Qwen/Qwen3-0.6B", "qwen3"),
+    "qwen3-4b": ("qwen3-4b", "Qwen/Qwen3-4B", "qwen3"),
+    "qwen3-4b-2507": ("qwen3-4b-2507", "Qwen/Qwen3-4B-Instruct-2507", "qwen3"),
+    "qwen3-8b": ("qwen3-8b", "Qwen/Qwen3-8B", "qwen3"),
+    "tiny": ("tiny", "", "qwen3"),
+}
+
+# The Qwen vocabulary padded as in the published checkpoints: every tokenizer id (151,669) fits.
+QWEN_VOCAB = 151936
+
+
+def names() -> list[str]:
+  """Every model name `model()` accepts."""
+  return sorted(_MODELS)
+
+
+def tiny_arch() -> mlc.ConfigDict:
+  """The demo architecture (ModelConfig.tiny fields): ~9.8M parameters, nearly all embedding."""
+  return mlc.ConfigDict(dict(
+      family="qwen3", vocab_size=QWEN_VOCAB, hidden_size=64, intermediate_size=192, num_layers=2,
+      num_heads=4, num_kv_heads=2, head_dim=16, tie_word_embeddings=True,
+      max_position_embeddings=8192))
+
+
+def model(name: str) -> mlc.ConfigDict:
+  """The `config.model` section for model `name` (see `names()`)."""
+  key = name.lower().removesuffix("-instruct")
+  if key not in _MODELS:
+    raise ValueError(f"unknown model {name!r}; valid models: {names()}")
+  preset, hf_id, chat = _MODELS[key]
+  tiny = key == "tiny"
+  return mlc.ConfigDict(dict(
+      preset=preset,
+      hf_id=hf_id,  # documentation: where `path` comes from (nothing is downloaded)
+      path=config_dict.placeholder(str),  # a local Hugging Face model directory
+      tokenizer_dir=config_dict.placeholder(str),  # default: path, else the bundled Qwen tokenizer
+      chat_template=chat,  # "qwen2.5" | "qwen3"
+      enable_thinking=False,  # Qwen3: the reference disables thinking
+      # Activations in bf16 on accelerators; parameters and AdamW moments in fp32 (the master copy).
+      dtype="float32" if tiny else "bfloat16",
+      param_dtype="float32",
+      remat=not tiny,
+      tiny=tiny_arch(),  # used only when preset == "tiny"
+  ))

@@ -1,0 +1,158 @@
+r"""Training entry point.
+
+  python -m sdar_jax.train                                        # the offline demo (configs/default.py)
+  python -m sdar_jax.train --config=configs/alfworld.py:model=qwen2.5-3b,algo=sdar \
+      --config.model.path=/data/Qwen2.5-3B-Instruct --config.algo.beta=2.0 --workdir=runs/sdar
+  python -m sdar_jax.train --config=configs/paper.py:row=grpo,model=qwen3-1.7b,env=webshop --dry_run
+
+The config is validated before anything is built (sdar_jax.config_validation); an unknown
+`--config.*` key or an impossible value exits with a message naming it. `--dry_run` validates,
+prints the resolved config, builds the mesh and the model's abstract train state (no memory), and
+exits. Otherwise the host loop `sdar_jax.trainer.run(config, workdir)` runs.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.util
+import math
+import os
+import re
+import sys
+import time
+from typing import Any, Sequence
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _REPO not in sys.path:  # config files import `configs.common`
+  sys.path.insert(0, _REPO)
+
+from absl import app, flags  # noqa: E402
+import ml_collections as mlc  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+DEFAULT_CONFIG = os.path.join(_REPO, "configs", "default.py")
+_OVERRIDE = re.compile(r"^--?(?:no)?config\.([^=]+)")
+
+
+def _load_config(spec: str) -> mlc.ConfigDict:
+  """Loads "path/to/file.py[:arg]" the way config_flags does (get_config(arg) or get_config())."""
+  path, _, arg = spec.partition(":")
+  module_spec = importlib.util.spec_from_file_location("_sdar_config_probe", path)
+  if module_spec is None or module_spec.loader is None:
+    raise FileNotFoundError(path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module.get_config(arg) if arg else module.get_config()
+
+
+def _config_spec(argv: Sequence[str]) -> str:
+  spec = DEFAULT_CONFIG
+  for i, arg in enumerate(argv):
+    if arg.startswith(("--config=", "-config=")):
+      spec = arg.split("=", 1)[1]
+    elif arg in ("--config", "-config") and i + 1 < len(argv):
+      spec = argv[i + 1]
+  return spec
+
+
+def unknown_override_keys(config: mlc.ConfigDict, argv: Sequence[str]) -> list[str]:
+  """A message per `--config.<path>` override whose path is not a key of `config`, with the valid
+  keys at that level and the closest match."""
+  problems = []
+  for arg in argv:
+    match = _OVERRIDE.match(arg)
+    if not match:
+      continue
+    path = match.group(1)
+    node: Any = config
+    for depth, key in enumerate(path.split(".")):
+      if not isinstance(node, (mlc.ConfigDict, dict)):
+        break
+      if key not in node:
+        parent = ".".join(["config"] + path.split(".")[:depth])
+        valid = sorted(node.keys())
+        close = difflib.get_close_matches(key, valid, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        problems.append(f"--config.{path}: {parent} has no key {key!r}.{hint} "
+                        f"Valid keys of {parent}: {valid}")
+        break
+      node = node[key]
+  return problems
+
+
+def _check_overrides(argv: Sequence[str]) -> None:
+  """Exits with a clear message when an override names a key the config does not have (before
+  config_flags, whose error for this is a traceback)."""
+  if not any(_OVERRIDE.match(a) for a in argv):
+    return
+  try:
+    config = _load_config(_config_spec(argv))
+  except Exception:  # a broken config file: let config_flags report it
+    return
+  problems = unknown_override_keys(config, argv)
+  if problems:
+    sys.exit("Unknown config key(s):\n  " + "\n  ".join(problems))
+
+
+def _define_flags() -> None:
+  config_flags.DEFINE_config_file(
+      "config", DEFAULT_CONFIG, "Config file, optionally with an argument: path.py[:arg].",
+      lock_config=True)
+  flags.DEFINE_string("workdir", None, "Run directory (checkpoints, logs). Default: "
+                      "runs/<date>-<time>.")
+  flags.DEFINE_bool("dry_run", False, "Validate, print the resolved config, build the mesh and "
+                    "the abstract model/train state, then exit without training.")
+
+
+def _summary(config, model_config, mesh) -> str:
+  import jax
+
+  from sdar_jax.checkpoint import abstract_train_state
+  from sdar_jax.train_state import make_optimizer
+
+  state = abstract_train_state(model_config, make_optimizer(**config.optim), mesh)
+  leaves = jax.tree.leaves(state)
+  total = sum(math.prod(x.shape) * x.dtype.itemsize for x in leaves)
+  per_device = sum(
+      math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in leaves)
+  return (f"model: {model_config.name} ({model_config.family}), {model_config.num_params:,} "
+          f"parameters\nmesh: {dict(mesh.shape)} over {mesh.devices.size} device(s)\n"
+          f"train state: {total / 2**30:.3f} GiB in all, {per_device / 2**30:.3f} GiB per device")
+
+
+def main(argv: Sequence[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  from sdar_jax.config_validation import ConfigError, validate
+  from sdar_jax.sharding import make_mesh
+
+  config = flags.FLAGS.config
+  try:
+    model_config = validate(config)
+  except ConfigError as e:
+    sys.exit(f"Invalid config: {e}")
+  print(config)
+  mesh = make_mesh(dict(config.mesh))
+  if flags.FLAGS.dry_run:
+    print(_summary(config, model_config, mesh))
+    print("dry run: config valid, nothing trained.")
+    return
+  if importlib.util.find_spec("sdar_jax.trainer") is None:
+    sys.exit("trainer not available yet: sdar_jax/trainer.py (the host loop) is not written; "
+             "use --dry_run to check a config.")
+  trainer = importlib.import_module("sdar_jax.trainer")
+  workdir = flags.FLAGS.workdir or os.path.join(
+      "runs", time.strftime("%Y%m%d-%H%M%S"))
+  trainer.run(config, workdir)
+
+
+def cli(argv: Sequence[str] | None = None) -> None:
+  argv = list(sys.argv if argv is None else argv)
+  _check_overrides(argv)
+  _define_flags()
+  app.run(main, argv=argv)
+
+
+if __name__ == "__main__":
+  cli()
