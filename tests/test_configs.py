@@ -108,6 +108,17 @@ def test_every_algo_preset_is_selectable(name):
   validate(config, num_devices=8)
 
 
+@pytest.mark.parametrize("name", sorted(ALGO_PRESETS))
+def test_algo_section_feeds_the_train_step(name):
+  """The update reads config.algo as is: every preset field reaches its LossConfig."""
+  from sdar_jax.train_step import LossConfig
+  config = _local(name)
+  config.algo.teacher_source = "step"
+  loss = LossConfig.from_config(config.algo)
+  for key, value in dataclasses.asdict(loss).items():
+    assert config.algo[key] == value, key
+
+
 @pytest.mark.parametrize("key,names", [
     ("gate", GATES.names()), ("form", SDAR_FORMS.names()), ("agg", AGG_MODES.names()),
     ("kl_kind", KL_PENALTIES.names()), ("advantage", ADVANTAGE_ESTIMATORS.names()),
