@@ -1,0 +1,213 @@
+"""The batched multi-turn loop: prompts -> `sampling.generate` -> projected actions -> `EnvPool.step`.
+
+Every active episode is prompted each turn with one user message built by its environment's
+adapter (task, last `history` (observation, action) pairs, current observation, admissible
+actions), chat-templated, tokenized once, and sampled in one batch. The response ids and their
+log-probs are stored exactly as sampled. When the algorithm needs a teacher, the teacher prompt is
+the privileged skill block followed by the same chat-templated prompt (reference §3.3: the block
+sits before the first template token), tokenized once and stored beside the student prompt.
+Skill-GRPO puts the block inside the student's user message instead (§2.6).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Protocol, Sequence
+
+import jax
+from tqdm import tqdm
+
+from sdar_jax.rollout.trajectory import Episode, Turn
+from sdar_jax.sampling import Sampler, SamplingParams
+from sdar_jax.tokenizer import Tokenizer, apply_chat_template
+
+
+@dataclasses.dataclass
+class EpisodeView:
+  """What an adapter sees of a running episode."""
+
+  task: str
+  task_type: str
+  gamefile: str
+  observation: str
+  admissible: list[str]
+  history: list[tuple[str, str]]  # (observation before the action, action sent), oldest first
+
+
+class EnvAdapter(Protocol):
+  """Environment-specific text: the user message and the output -> action projection."""
+
+  def user_text(self, view: EpisodeView, history_length: int) -> str: ...
+
+  def project(self, text: str) -> tuple[str, bool]: ...
+
+  def skill_query(self, view: EpisodeView) -> str: ...
+
+
+class AlfworldAdapter:
+  """ALFWorld prompts and projection (envs/alfworld, reference §4.2-4.3)."""
+
+  def user_text(self, view: EpisodeView, history_length: int) -> str:
+    from envs.alfworld import build_prompt
+    return build_prompt(view.task, view.history, view.observation, view.admissible,
+                        step=len(view.history), history_length=history_length)
+
+  def project(self, text: str) -> tuple[str, bool]:
+    from envs.alfworld import project_action
+    return project_action(text)
+
+  def skill_query(self, view: EpisodeView) -> str:
+    return f"{view.task} {view.observation}"
+
+
+_ADAPTERS = {"alfworld": AlfworldAdapter}
+
+
+def get_adapter(env_name: str) -> EnvAdapter:
+  if env_name not in _ADAPTERS:
+    raise ValueError(f"No agent-loop adapter for env {env_name!r}; available: {sorted(_ADAPTERS)}.")
+  return _ADAPTERS[env_name]()
+
+
+class PromptTooLongError(ValueError):
+  pass
+
+
+class AgentLoop:
+  """Runs batches of episodes on an `EnvPool` with the current policy parameters.
+
+  Args:
+    pool: an `envs.EnvPool` with at least as many envs as episodes per call.
+    adapter: the environment's `EnvAdapter`.
+    sampler: a `sampling.Sampler` for the policy's model config (and mesh).
+    tokenizer: the policy's tokenizer; `chat_template` its family ("qwen2.5" | "qwen3").
+    sampling: sampling parameters of every turn.
+    max_turns / history_length: episode cap and prompt history window.
+    max_prompt_len / truncation: a student prompt longer than `max_prompt_len` tokens is an error
+      ("error", the reference for ALFWorld/WebShop) or keeps its last tokens ("left").
+    retriever: an `envs.skills.SkillRetriever` (needed for a teacher or Skill-GRPO).
+    with_teacher: build teacher prompts (skill block + the student prompt).
+    skills_in_student: Skill-GRPO: the block goes inside the student's user message.
+  """
+
+  def __init__(self, pool, adapter: EnvAdapter, sampler: Sampler, tokenizer: Tokenizer,
+               chat_template: str, sampling: SamplingParams, max_turns: int,
+               history_length: int = 2, max_prompt_len: int = 2048, truncation: str = "error",
+               retriever=None, with_teacher: bool = False, skills_in_student: bool = False,
+               enable_thinking: bool = False, progress: bool = True):
+    if truncation not in ("error", "left"):
+      raise ValueError(f"rollout.prompt_truncation={truncation!r}; choose 'error' or 'left'.")
+    if (with_teacher or skills_in_student) and retriever is None:
+      raise ValueError("A teacher branch or Skill-GRPO needs a skill retriever (env.skills).")
+    self.pool = pool
+    self.adapter = adapter
+    self.sampler = sampler
+    self.tokenizer = tokenizer
+    self.chat_template = chat_template
+    self.sampling = sampling
+    self.max_turns = max_turns
+    self.history_length = history_length
+    self.max_prompt_len = max_prompt_len
+    self.truncation = truncation
+    self.retriever = retriever
+    self.with_teacher = with_teacher
+    self.skills_in_student = skills_in_student
+    self.enable_thinking = enable_thinking
+    self.progress = progress
+
+  # ------------------------------------------------------------------------------- prompts
+  def _template(self, user: str) -> str:
+    return apply_chat_template([{"role": "user", "content": user}], self.chat_template,
+                               add_generation_prompt=True, enable_thinking=self.enable_thinking)
+
+  def _fit(self, ids: list[int], where: str) -> list[int]:
+    if len(ids) <= self.max_prompt_len:
+      return ids
+    if self.truncation == "left":
+      return ids[-self.max_prompt_len:]
+    raise PromptTooLongError(
+        f"{where}: the prompt has {len(ids)} tokens, more than rollout.max_prompt_len="
+        f"{self.max_prompt_len}. Raise --config.rollout.max_prompt_len, shorten env.history, or set "
+        f"--config.rollout.prompt_truncation=left to keep the last tokens.")
+
+  def build_prompts(self, view: EpisodeView, sample_id: Any, where: str
+                    ) -> tuple[list[int], list[int] | None]:
+    """(student prompt ids, teacher prompt ids or None) for one episode's current turn."""
+    user = self.adapter.user_text(view, self.history_length)
+    block = ""
+    if self.with_teacher or self.skills_in_student:
+      block = self.retriever.privileged_block(task_type=view.task_type, gamefile=view.gamefile,
+                                              query=self.adapter.skill_query(view),
+                                              sample_id=sample_id)
+    if self.skills_in_student:
+      user = block + user
+    student_text = self._template(user)
+    student = self._fit(self.tokenizer.encode(student_text), where)
+    teacher = None
+    if self.with_teacher:
+      teacher = self.tokenizer.encode(block + student_text) if not self.skills_in_student else student
+    return student, teacher
+
+  # ------------------------------------------------------------------------------- rollout
+  def run(self, params, tasks: Sequence[int], group_ids: Sequence[int], rng: jax.Array,
+          policy_version: int = 0, sampling: SamplingParams | None = None,
+          desc: str = "rollout") -> list[Episode]:
+    """Plays one episode per entry of `tasks` on envs 0..len(tasks)-1 and returns them."""
+    sampling = sampling or self.sampling
+    n = len(tasks)
+    if n > len(self.pool):
+      raise ValueError(f"{n} episodes requested but the env pool has {len(self.pool)} envs.")
+    episodes = [Episode(env_index=i, task_id=int(t), group_id=int(g))
+                for i, (t, g) in enumerate(zip(tasks, group_ids))]
+    views: list[EpisodeView | None] = [None] * n
+    for i, result in enumerate(self.pool.reset(list(tasks), list(range(n)))):
+      self._absorb(episodes[i], views, i, result, first=True)
+
+    bar = tqdm(total=self.max_turns, desc=desc, leave=False, disable=not self.progress)
+    for turn in range(self.max_turns):
+      active = [i for i in range(n) if not episodes[i].done]
+      if not active:
+        break
+      prompts = [self.build_prompts(views[i], (episodes[i].group_id, turn), f"env {i} turn {turn}")
+                 for i in active]
+      rng, key = jax.random.split(rng)
+      out = self.sampler.generate(params, [p for p, _ in prompts], sampling, key)
+      texts = self.tokenizer.decode_batch(out.tokens, skip_special_tokens=True)
+      actions = [self.adapter.project(text) for text in texts]
+      results = self.pool.step([a for a, _ in actions], active)
+      for k, i in enumerate(active):
+        view = views[i]
+        episodes[i].turns.append(Turn(
+            prompt_ids=prompts[k][0], teacher_prompt_ids=prompts[k][1],
+            response_ids=out.tokens[k], logprobs=out.logprobs[k], action=actions[k][0],
+            valid=actions[k][1], policy_version=policy_version,
+            finish_reason=out.finish_reasons[k], observation=view.observation))
+        view.history.append((view.observation, actions[k][0]))
+        self._absorb(episodes[i], views, i, results[k], first=False)
+      bar.set_postfix(active=len(active), won=sum(e.won for e in episodes))
+      bar.update(1)
+    bar.close()
+    for ep in episodes:
+      ep.done = True
+    return episodes
+
+  @staticmethod
+  def _absorb(ep: Episode, views: list, i: int, result, first: bool) -> None:
+    info = result.info
+    if result.failed:
+      ep.env_error, ep.done = info.get("env_error", "env failed"), True
+      return
+    if first:
+      ep.task = info.get("task", "")
+      ep.task_type = info.get("task_type", "unknown")
+      ep.gamefile = info.get("gamefile", "")
+      views[i] = EpisodeView(task=ep.task, task_type=ep.task_type, gamefile=ep.gamefile,
+                             observation=result.observation,
+                             admissible=list(info.get("admissible_commands", [])), history=[])
+    else:
+      views[i].observation = result.observation
+      views[i].admissible = list(info.get("admissible_commands", []))
+      ep.reward += float(result.reward)
+    ep.won = bool(info.get("won", False))
+    ep.done = bool(result.done) or ep.won
+    ep.info = {k: v for k, v in info.items() if k != "admissible_commands"}

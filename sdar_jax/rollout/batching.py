@@ -1,0 +1,121 @@
+"""Episodes -> scored turn-samples (GRPO advantages) -> fixed-shape `TurnBatch` arrays.
+
+One training sample per turn (reference §4.7): that turn's prompt (with its history window) and
+that turn's response. Every turn of an episode carries the episode return, minus the invalid-format
+penalty of that turn (§4.4); advantages are normalised over all turn-samples of a GRPO group (§2.1).
+
+Shapes are bucketed so the compiled update sees a bounded set of shapes: prompt lengths use the
+sampler's prompt buckets, response lengths its new-token buckets, and a mini-batch that is not full
+is padded with rows whose masks are all zero (they add no tokens, no gradient, no metric weight).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+
+from sdar_jax import algos
+from sdar_jax.rollout.trajectory import Episode
+from sdar_jax.sampling import new_tokens_bucket, prompt_bucket
+from sdar_jax.train_step import TurnBatch
+
+
+@dataclasses.dataclass
+class TurnSample:
+  prompt_ids: list[int]
+  response_ids: list[int]
+  logprobs: list[float]
+  score: float  # episode return minus this turn's invalid-format penalty
+  advantage: float
+  group_id: int
+  policy_version: int
+  valid: bool
+  task_type: str = "unknown"
+  teacher_prompt_ids: list[int] | None = None
+
+
+def episodes_to_samples(episodes: Sequence[Episode], invalid_penalty: float = 0.1,
+                        norm_adv_by_std: bool = True, eps: float = 1e-6) -> list[TurnSample]:
+  """Turn-samples of every finished episode with GRPO advantages. Episodes whose env failed are
+  left out (their return is unknown), and so are turns with an empty response."""
+  rows = [(ep, turn) for ep in episodes if ep.env_error is None
+          for turn in ep.turns if turn.response_ids]
+  if not rows:
+    return []
+  rewards = np.asarray([ep.reward for ep, _ in rows], np.float32)
+  valid = np.asarray([turn.valid for _, turn in rows], np.float32)
+  scores = np.asarray(algos.apply_invalid_penalty(rewards, valid, invalid_penalty))
+  _, group_index = np.unique(np.asarray([ep.group_id for ep, _ in rows]), return_inverse=True)
+  advantages = np.asarray(algos.grpo_advantages(
+      scores, group_index.astype(np.int32), norm_by_std=norm_adv_by_std, eps=eps,
+      num_groups=int(group_index.max()) + 1))
+  return [TurnSample(prompt_ids=turn.prompt_ids, response_ids=turn.response_ids,
+                     logprobs=turn.logprobs, score=float(s), advantage=float(a),
+                     group_id=ep.group_id, policy_version=turn.policy_version, valid=turn.valid,
+                     task_type=ep.task_type, teacher_prompt_ids=turn.teacher_prompt_ids)
+          for (ep, turn), s, a in zip(rows, scores, advantages)]
+
+
+def plan_minibatches(samples: Sequence[TurnSample], mini_batch_size: int,
+                     rng: np.random.Generator | None = None) -> list[list[TurnSample]]:
+  """Splits the samples into mini-batches of `mini_batch_size` (the last may be short; `pack_batch`
+  pads it). With `rng`, the order is shuffled first (the reference does not shuffle)."""
+  if mini_batch_size < 1:
+    raise ValueError(f"train.mini_batch_size={mini_batch_size} must be >= 1.")
+  order = np.arange(len(samples))
+  if rng is not None:
+    rng.shuffle(order)
+  return [[samples[i] for i in order[k:k + mini_batch_size]]
+          for k in range(0, len(samples), mini_batch_size)]
+
+
+def _left_right(rows: np.ndarray, mask: np.ndarray, i: int, prompt: Sequence[int], P: int,
+                response: Sequence[int]) -> None:
+  rows[i, P - len(prompt):P] = prompt
+  mask[i, P - len(prompt):P] = 1
+  rows[i, P:P + len(response)] = response
+  mask[i, P:P + len(response)] = 1
+
+
+def pack_batch(samples: Sequence[TurnSample], batch_size: int, with_teacher: bool,
+               pad_id: int = 0) -> TurnBatch:
+  """A TurnBatch of exactly `batch_size` rows (numpy arrays; the step places them on the mesh).
+
+  Student rows: prompt left-padded to Ps, response right-padded to R; teacher rows: the teacher
+  prompt left-padded to Pt, then the same response. Ps, Pt, R are bucketed lengths.
+  """
+  if not samples:
+    raise ValueError("pack_batch needs at least one sample.")
+  if len(samples) > batch_size:
+    raise ValueError(f"{len(samples)} samples do not fit a batch of {batch_size}.")
+  if with_teacher and any(s.teacher_prompt_ids is None for s in samples):
+    raise ValueError("The algorithm needs teacher log-probs but some samples have no teacher "
+                     "prompt; the rollout must build teacher prompts (AgentLoop(with_teacher=True)).")
+  Ps = prompt_bucket(max(len(s.prompt_ids) for s in samples))
+  R = new_tokens_bucket(max(len(s.response_ids) for s in samples))
+  B = batch_size
+  student = np.full((B, Ps + R), pad_id, np.int32)
+  student_mask = np.zeros((B, Ps + R), np.int32)
+  response_mask = np.zeros((B, R), np.float32)
+  old_logp = np.zeros((B, R), np.float32)
+  advantages = np.zeros((B,), np.float32)
+  teacher = teacher_mask = None
+  if with_teacher:
+    Pt = prompt_bucket(max(len(s.teacher_prompt_ids) for s in samples))
+    teacher = np.full((B, Pt + R), pad_id, np.int32)
+    teacher_mask = np.zeros((B, Pt + R), np.int32)
+  for i, s in enumerate(samples):
+    n = len(s.response_ids)
+    if len(s.logprobs) != n:
+      raise ValueError(f"sample {i}: {n} response tokens but {len(s.logprobs)} log-probs.")
+    _left_right(student, student_mask, i, s.prompt_ids, Ps, s.response_ids)
+    if with_teacher:
+      _left_right(teacher, teacher_mask, i, s.teacher_prompt_ids, Pt, s.response_ids)
+    response_mask[i, :n] = 1.0
+    old_logp[i, :n] = s.logprobs
+    advantages[i] = s.advantage
+  return TurnBatch(student_tokens=student, student_mask=student_mask, response_mask=response_mask,
+                   old_logp=old_logp, advantages=advantages, teacher_tokens=teacher,
+                   teacher_mask=teacher_mask)

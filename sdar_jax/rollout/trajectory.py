@@ -1,0 +1,51 @@
+"""Records of what happened in a rollout: one `Turn` per model call, one `Episode` per env run."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+
+@dataclasses.dataclass
+class Turn:
+  """One model call inside an episode.
+
+  The response ids are exactly what the sampler produced (never re-tokenized), and `logprobs` are
+  the sampler's log-probs of those ids: the behaviour policy of the PPO ratio.
+  """
+
+  prompt_ids: list[int]  # chat-templated student prompt
+  response_ids: list[int]
+  logprobs: list[float]
+  action: str  # what the env received
+  valid: bool  # the output had the required format
+  policy_version: int  # update count of the params that sampled it
+  teacher_prompt_ids: list[int] | None = None  # privileged skill block + the same prompt
+  finish_reason: str = ""
+  observation: str = ""  # the observation the prompt was built from
+
+
+@dataclasses.dataclass
+class Episode:
+  """One environment run. `group_id` ties the G episodes of one GRPO group (same task)."""
+
+  env_index: int
+  task_id: int
+  group_id: int
+  task_type: str = "unknown"
+  task: str = ""
+  gamefile: str = ""
+  turns: list[Turn] = dataclasses.field(default_factory=list)
+  reward: float = 0.0  # undiscounted sum of env rewards
+  won: bool = False
+  done: bool = False
+  env_error: str | None = None  # the env raised / hung: the episode is lost, not trained on
+  info: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+  @property
+  def length(self) -> int:
+    return len(self.turns)
+
+  @property
+  def valid_action_ratio(self) -> float:
+    return sum(t.valid for t in self.turns) / max(1, len(self.turns))
