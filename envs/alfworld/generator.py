@@ -1,6 +1,7 @@
 """Offline generator of ALFRED-style ALFWorld games for the six task types, checked by the planner.
 
-    python -m envs.alfworld.generator --out data/alfworld_offline --n-per-type 50 --n-eval-per-type 24 --seed 0
+    python -m envs.alfworld.generator --out data/alfworld_offline --n-per-type 50 --n-eval-per-type 24 --seed 0 \
+        --workers 8
 
 Writes, per split (train / valid_seen / valid_unseen), the ALFWorld data layout
 ``<out>/<split>/<task_type>-<Object>-None-<Receptacle>-<scene>/trial_<split>_s<seed>_<n>/``
@@ -32,8 +33,8 @@ from envs.alfworld.catalog import (LAMPS, OBJECTS, ROOMS, STATE_RECEPTACLE, Obje
 from envs.alfworld.problem import GameSpec, Receptacle, Thing, pddl_problem
 from envs.alfworld.tasks import TASK_TYPES, extract_task
 
-__all__ = ["SPLITS", "GeneratedGame", "scene_layout", "sample_spec", "solve_in_engine", "generate_split",
-           "generate", "main"]
+__all__ = ["SPLITS", "GeneratedGame", "scene_layout", "sample_spec", "solve_in_engine", "generate_game",
+           "generate_split", "generate", "main"]
 
 SPLITS = ("train", "valid_seen", "valid_unseen")
 MAX_PLAN_STEPS = 40   # keep games well inside the 50-step episode limit
@@ -224,43 +225,74 @@ def _game_dir(out_dir: str, split: str, spec: GameSpec, trial: str) -> str:
     return os.path.join(out_dir, split, f"{spec.task_type}-{spec.object_target}-None-{target}-{spec.scene}", trial)
 
 
+def generate_game(out_dir: str, split: str, task_type: str, index: int, seed: int = 0,
+                  engine: Any = None) -> GeneratedGame:
+    """Draws game `index` of `task_type` for `split` until the planner solves it; writes and returns it."""
+    engine = engine or _worker_engine()
+    rng = random.Random(f"{seed}:{split}:{task_type}:{index}")
+    trial = f"trial_{split}_s{seed}_{index:05d}"
+    for _ in range(MAX_ATTEMPTS):
+        spec = sample_spec(task_type, split, rng)
+        if spec is None:
+            continue
+        game_dir = _game_dir(out_dir, split, spec, trial)
+        gamefile = os.path.join(game_dir, "game.tw-pddl")
+        problem = pddl_problem(spec, name=f"{trial}_{task_type}")
+        engine_lib.write_game_file(gamefile, engine_lib.game_json(problem, spec.task_desc))
+        steps = solve_in_engine(engine, gamefile)
+        if steps is None:
+            os.remove(gamefile)
+            os.rmdir(game_dir)
+            continue
+        actions = [s["action"] for s in steps]
+        engine_lib.write_game_file(gamefile, engine_lib.game_json(
+            problem, spec.task_desc, walkthrough=actions, extra={"task_type": task_type}))
+        with open(os.path.join(game_dir, "traj_data.json"), "w") as f:
+            json.dump(_traj_data(spec, split, trial, seed, index, actions), f, indent=1)
+        return GeneratedGame(split, gamefile, task_type, extract_task(steps[0]["observation"]), steps)
+    raise RuntimeError(f"no solvable {task_type} game for {split} index {index} after {MAX_ATTEMPTS} "
+                       f"draws (seed {seed}); the catalog cannot host this task type")
+
+
+_ENGINE: Any = None
+
+
+def _worker_engine() -> Any:
+    global _ENGINE
+    if _ENGINE is None:
+        _ENGINE = engine_lib.start_engine()
+    return _ENGINE
+
+
+def _generate_job(job: tuple[str, str, str, int, int]) -> GeneratedGame:
+    return generate_game(*job)
+
+
 def generate_split(out_dir: str, split: str, n_per_type: int, seed: int = 0,
-                   task_types: Iterable[str] = TASK_TYPES, engine: Any = None, progress: bool = True) -> list[GeneratedGame]:
-    """Generates and checks `n_per_type` games of each task type for `split`; writes them under `out_dir`."""
+                   task_types: Iterable[str] = TASK_TYPES, engine: Any = None, progress: bool = True,
+                   workers: int = 1) -> list[GeneratedGame]:
+    """Generates and checks `n_per_type` games of each task type for `split`; writes them under `out_dir`.
+
+    `workers` > 1 spreads the games over that many processes; the output does not depend on it.
+    """
     from tqdm import tqdm
 
-    engine = engine or engine_lib.start_engine()
-    task_types = list(task_types)
-    games: list[GeneratedGame] = []
-    bar = tqdm(total=n_per_type * len(task_types), desc=f"alfworld {split}", disable=not progress, leave=False)
-    for task_type in task_types:
-        for index in range(n_per_type):
-            rng = random.Random(f"{seed}:{split}:{task_type}:{index}")
-            trial = f"trial_{split}_s{seed}_{index:05d}"
-            for _ in range(MAX_ATTEMPTS):
-                spec = sample_spec(task_type, split, rng)
-                if spec is None:
-                    continue
-                game_dir = _game_dir(out_dir, split, spec, trial)
-                gamefile = os.path.join(game_dir, "game.tw-pddl")
-                problem = pddl_problem(spec, name=f"{trial}_{task_type}")
-                engine_lib.write_game_file(gamefile, engine_lib.game_json(problem, spec.task_desc))
-                steps = solve_in_engine(engine, gamefile)
-                if steps is None:
-                    os.remove(gamefile)
-                    os.rmdir(game_dir)
-                    continue
-                actions = [s["action"] for s in steps]
-                engine_lib.write_game_file(gamefile, engine_lib.game_json(
-                    problem, spec.task_desc, walkthrough=actions, extra={"task_type": task_type}))
-                with open(os.path.join(game_dir, "traj_data.json"), "w") as f:
-                    json.dump(_traj_data(spec, split, trial, seed, index, actions), f, indent=1)
-                games.append(GeneratedGame(split, gamefile, task_type, extract_task(steps[0]["observation"]), steps))
-                break
-            else:
-                raise RuntimeError(f"no solvable {task_type} game for {split} index {index} after {MAX_ATTEMPTS} "
-                                   f"draws (seed {seed}); the catalog cannot host this task type")
+    jobs = [(out_dir, split, t, i, seed) for t in task_types for i in range(n_per_type)]
+    bar = tqdm(total=len(jobs), desc=f"alfworld {split}", disable=not progress, leave=False)
+    if workers <= 1:
+        games = []
+        for job in jobs:
+            games.append(generate_game(*job, engine=engine))
             bar.update(1)
+    else:
+        import concurrent.futures
+        import multiprocessing
+
+        with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            games = []
+            for game in pool.map(_generate_job, jobs, chunksize=max(1, len(jobs) // (4 * workers))):
+                games.append(game)
+                bar.update(1)
     bar.close()
     _write_walkthroughs(out_dir, split, games)
     return games
@@ -277,11 +309,12 @@ def _write_walkthroughs(out_dir: str, split: str, games: Sequence[GeneratedGame]
 
 
 def generate(out_dir: str, n_per_type: int, n_eval_per_type: int, seed: int = 0,
-             task_types: Iterable[str] = TASK_TYPES, progress: bool = True) -> dict[str, list[GeneratedGame]]:
+             task_types: Iterable[str] = TASK_TYPES, progress: bool = True, workers: int = 1) -> dict[str, list[GeneratedGame]]:
     """All three splits: `n_per_type` train games and `n_eval_per_type` per validation split, per task type."""
-    engine = engine_lib.start_engine()
+    engine = engine_lib.start_engine() if workers <= 1 else None
     sizes = {"train": n_per_type, "valid_seen": n_eval_per_type, "valid_unseen": n_eval_per_type}
-    return {split: generate_split(out_dir, split, n, seed, task_types, engine, progress) for split, n in sizes.items()}
+    return {split: generate_split(out_dir, split, n, seed, list(task_types), engine, progress, workers)
+            for split, n in sizes.items()}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -291,8 +324,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--n-eval-per-type", type=int, default=24, help="valid_seen and valid_unseen games per task type")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--task-types", nargs="*", default=list(TASK_TYPES), choices=TASK_TYPES)
+    parser.add_argument("--workers", type=int, default=1, help="generator processes (output does not depend on it)")
     args = parser.parse_args(argv)
-    result = generate(args.out, args.n_per_type, args.n_eval_per_type, args.seed, args.task_types)
+    result = generate(args.out, args.n_per_type, args.n_eval_per_type, args.seed, args.task_types,
+                      workers=args.workers)
     for split, games in result.items():
         print(f"{split}: {len(games)} games, walkthroughs in {os.path.join(args.out, 'walkthroughs', split + '.jsonl')}")
 
