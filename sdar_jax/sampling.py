@@ -44,7 +44,8 @@ from jax.sharding import Mesh, NamedSharding
 
 from sdar_jax import sharding
 from sdar_jax.models.config import ModelConfig
-from sdar_jax.models.qwen import KVCache, Params, apply, logits_from_hidden, positions_from_mask
+from sdar_jax.models.qwen import (Params, apply, apply_rope, logits_from_hidden, positions_from_mask,
+                                  rms_norm, rope_tables)
 
 QWEN_STOP_TOKEN_IDS = (151645, 151643)  # <|im_end|>, <|endoftext|>
 FINISH_REASONS = ("length", "stop_token", "stop_string")  # index = the code the loop returns
@@ -53,6 +54,7 @@ _MIN_PROMPT_BUCKET = 16
 _PROMPT_POW2_LIMIT = 512  # prompt buckets: powers of two up to here, then multiples of it
 _MIN_NEW_BUCKET = 16
 _MIN_STATE_BUCKET = 16
+_MASKED = -1e30  # as models.qwen: a masked score, finite so an all-masked row stays finite
 
 
 # ------------------------------------------------------------------------------------ parameters
@@ -230,6 +232,49 @@ def _choose(logits: jax.Array, keys: jax.Array, temperature: jax.Array, top_p: j
   return token, jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
 
 
+# ------------------------------------------------------------------------------- decode layer
+def _decode_layer(config: ModelConfig, p: Params, x: jax.Array, cos: jax.Array, sin: jax.Array,
+                  k_cache: jax.Array, v_cache: jax.Array, valid: jax.Array, slot: jax.Array):
+  """One decoder layer for one new token per row: x [B, D]; this layer's cache k/v [B, K, S, H];
+  `valid` [B, S] already marks `slot`, where the new key/value are written before attending.
+
+  The same computation as models.qwen's layer (tests compare the log-probs with `forward`), with
+  the cache laid out [B, K, S, H] so both attention products are plain batched matmuls: the
+  [L, B, S, K, H] layout costs a transpose copy of every layer's cache at every step on CPU."""
+  eps = config.rms_norm_eps
+  dt = x.dtype
+  B = x.shape[0]
+  N, K, H = config.num_heads, config.num_kv_heads, config.head_dim
+  h = rms_norm(x, p["attn_norm"], eps)
+  q = jnp.einsum("bd,dnh->bnh", h, p["q_proj"].astype(dt))
+  k = jnp.einsum("bd,dkh->bkh", h, p["k_proj"].astype(dt))
+  v = jnp.einsum("bd,dkh->bkh", h, p["v_proj"].astype(dt))
+  if config.qkv_bias:
+    q = q + p["q_bias"].astype(dt)
+    k = k + p["k_bias"].astype(dt)
+    v = v + p["v_bias"].astype(dt)
+  if config.qk_norm:
+    q = rms_norm(q, p["q_norm"], eps)
+    k = rms_norm(k, p["k_norm"], eps)
+  q = apply_rope(q[:, None], cos, sin)[:, 0]
+  k = apply_rope(k[:, None], cos, sin)[:, 0]
+  k_cache = lax.dynamic_update_slice(k_cache, k[:, :, None].astype(k_cache.dtype), (0, 0, slot, 0))
+  v_cache = lax.dynamic_update_slice(v_cache, v[:, :, None].astype(v_cache.dtype), (0, 0, slot, 0))
+  q = q.reshape(B, K, N // K, H)  # query head n = kv head n // (N / K), as in the model
+  scores = jnp.einsum("bkgh,bksh->bkgs", q, k_cache, preferred_element_type=jnp.float32) * H ** -0.5
+  scores = jnp.where(valid[:, None, None, :], scores, _MASKED)
+  probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+  attn = jnp.einsum("bkgs,bksh->bkgh", probs, v_cache).reshape(B, N * H)
+  out = attn @ p["o_proj"].reshape(N * H, -1).astype(dt)
+  if config.o_bias:
+    out = out + p["o_bias"].astype(dt)
+  x = x + out
+  h = rms_norm(x, p["mlp_norm"], eps)
+  gate = h @ p["gate_proj"].astype(dt)
+  up = h @ p["up_proj"].astype(dt)
+  return x + (jax.nn.silu(gate) * up) @ p["down_proj"].astype(dt), k_cache, v_cache
+
+
 # ------------------------------------------------------------------------------------ sampler
 class Sampler:
   """Generation for one model config (and optionally one mesh); caches compiled functions.
@@ -258,11 +303,11 @@ class Sampler:
     return self._tokenizer
 
   # ---------------------------------------------------------------------------- compiled body
-  def _cache_sharding(self, shape) -> NamedSharding | None:
+  def _constrain(self, x: jax.Array, axes: tuple[str | None, ...]) -> jax.Array:
     if self.mesh is None:
-      return None
-    axes = ("layers", "batch", "length", "kv_heads", "head_dim")
-    return NamedSharding(self.mesh, sharding.logical_to_spec(axes, shape, self.mesh, name="kv_cache"))
+      return x
+    spec = sharding.logical_to_spec(axes, x.shape, self.mesh, name="kv_cache")
+    return lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
 
   def _run(self, params: Params, prompt_tokens, prompt_mask, row_source, real_rows, max_new,
            temperature, top_p, is_stop, stop_table, rng, *, new_bucket: int, greedy: bool,
@@ -277,16 +322,20 @@ class Sampler:
     # Prefill the distinct prompts once; only the last position needs logits (left padding).
     h, (k, v) = apply(config, params, prompt_tokens, positions_from_mask(prompt_mask), prompt_mask)
     first_logits = logits_from_hidden(config, params, h[:, -1])
-    # Broadcast to every sample of each prompt (group prefix sharing).
-    k, v = jnp.take(k, row_source, axis=1), jnp.take(v, row_source, axis=1)
+    # Broadcast to every sample of each prompt (group prefix sharing), in the decode layout.
     first_logits = jnp.take(first_logits, row_source, axis=0)
     mask = jnp.take(prompt_mask, row_source, axis=0)
-    cache = KVCache.empty(config, B, P + new_bucket)
-    cache_sharding = self._cache_sharding(cache.k.shape)
-    if cache_sharding is not None:
-      cache = cache._replace(k=lax.with_sharding_constraint(cache.k, cache_sharding),
-                             v=lax.with_sharding_constraint(cache.v, cache_sharding))
-    cache = cache.write(k, v, mask)
+    pad = ((0, 0), (0, 0), (0, new_bucket), (0, 0))
+    cache_axes = ("batch", "kv_heads", "length", "head_dim")
+    caches = []
+    for layer in range(config.num_layers):
+      kl, vl = (jnp.take(x[layer], row_source, axis=0).transpose(0, 2, 1, 3) for x in (k, v))
+      caches.append((self._constrain(jnp.pad(kl, pad), cache_axes),
+                     self._constrain(jnp.pad(vl, pad), cache_axes)))
+    valid = jnp.pad(mask.astype(jnp.bool_), ((0, 0), (0, new_bucket)))
+    # Per-layer weights sliced once per call: the unrolled decode layers then index nothing
+    # per step (a scan over stacked layers copies every weight slice at every step on CPU).
+    layers = [jax.tree.map(lambda a, i=i: a[i], params["layers"]) for i in range(config.num_layers)]
 
     row_keys = jax.vmap(lambda i: jax.random.fold_in(rng, i))(jnp.arange(B))
     step_keys = lambda step: jax.vmap(jax.random.fold_in, (0, None))(row_keys, step)
@@ -316,22 +365,27 @@ class Sampler:
     token, logp = choose(first_logits, step_keys(0))
     state, out = record(0, token, logp, jnp.zeros((B,), jnp.int32), out)
     position = jnp.sum(mask, axis=-1).astype(jnp.int32)
-    ones = jnp.ones((B, 1), jnp.int32)
 
     def cond(carry):
       step, out = carry[0], carry[-1]
       return (step < max_new) & ~jnp.all(out[2])
 
     def body(carry):
-      step, cache, token, position, state, out = carry
-      h, (k, v) = apply(config, params, token[:, None], position[:, None], ones, cache)
-      cache = cache.write(k, v, ones)
-      logits = logits_from_hidden(config, params, h[:, 0])
-      token, logp = choose(logits, step_keys(step))
+      step, caches, valid, token, position, state, out = carry
+      slot = P + step - 1  # cache slot of the token fed at this step
+      valid = lax.dynamic_update_slice(valid, jnp.ones((B, 1), jnp.bool_), (0, slot))
+      x = jnp.take(params["embed"], token, axis=0).astype(config.jnp_dtype)
+      cos, sin = rope_tables(position[:, None], config.head_dim, config.rope_theta)
+      new_caches = []
+      for p, (k_cache, v_cache) in zip(layers, caches):
+        x, k_cache, v_cache = _decode_layer(config, p, x, cos, sin, k_cache, v_cache, valid, slot)
+        new_caches.append((k_cache, v_cache))
+      h = rms_norm(x, params["final_norm"], config.rms_norm_eps)
+      token, logp = choose(logits_from_hidden(config, params, h), step_keys(step))
       state, out = record(step, token, logp, state, out)
-      return step + 1, cache, token, position + 1, state, out
+      return step + 1, new_caches, valid, token, position + 1, state, out
 
-    carry = (jnp.int32(1), cache, token, position, state, out)
+    carry = (jnp.int32(1), caches, valid, token, position, state, out)
     out = lax.while_loop(cond, body, carry)[-1]
     tokens, logps, _, length, reason = out
     return tokens, logps, length, reason
