@@ -455,7 +455,8 @@ class TrainStep:
     self._update_fns[with_ref] = fn
     return fn
 
-  def _args(self, state, batch, ref_params, iteration):
+  def call_args(self, state, batch, ref_params=None, iteration=None) -> tuple:
+    """The positional arguments of the jitted update (for `lower(...).compile()` callers)."""
     return state, batch, ref_params, jnp.asarray(-1 if iteration is None else iteration, jnp.int32)
 
   def __call__(self, state: TrainState, batch: TurnBatch, ref_params: Params | None = None,
@@ -464,14 +465,15 @@ class TrainStep:
     1-based training iteration for the RLSD λ schedule (default: state.step + 1, right when each
     iteration has one mini-batch). `ref_params`: frozen reference for the KL term."""
     self.check_batch(batch, ref_params)
-    return self._update_fn(ref_params is not None)(*self._args(state, batch, ref_params,
-                                                               iteration))
+    return self._update_fn(ref_params is not None)(*self.call_args(state, batch, ref_params,
+                                                                   iteration))
 
   def lower(self, state, batch: TurnBatch, ref_params=None, iteration: int | None = None):
-    """`jax.stages.Lowered` of the update (state may be abstract): `.compile().memory_analysis()`."""
+    """`jax.stages.Lowered` of the update (state may be abstract). `.compile()` gives an executable
+    with `.memory_analysis()`, called as `compiled(*step.call_args(state, batch, ref_params))`."""
     self.check_batch(batch, ref_params)
     return self._update_fn(ref_params is not None).lower(
-        *self._args(state, batch, ref_params, iteration))
+        *self.call_args(state, batch, ref_params, iteration))
 
   # -------------------------------------------------------------------------- scoring
   def _score_fn(self, branch: str) -> Callable:
