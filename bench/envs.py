@@ -6,6 +6,7 @@ Without --data-dir it first generates one checked game per task type into a temp
 Each pool resets every env (env i plays game i % #games), then plays `--steps` rounds of a random
 admissible action (not "help") in every env; an env that finishes is reset outside the timing.
 steps/s = env steps / wall time of the stepping rounds (resets excluded, shown separately).
+A second table runs the same loop on the trivial "dummy" env: the pool's own overhead (IPC, batching).
 """
 from __future__ import annotations
 
@@ -23,12 +24,12 @@ from envs.alfworld import collect_game_files  # noqa: E402
 from envs.alfworld.generator import generate_split  # noqa: E402
 
 
-def bench_pool(game_files: list[str], num_envs: int, steps: int, workers: int | None, seed: int = 0) -> dict:
+def bench_pool(env_name: str, env_kwargs: dict, num_tasks: int, num_envs: int, steps: int, workers: int | None,
+               seed: int = 0) -> dict:
     rng = random.Random(seed)
     num_workers = min(num_envs, workers if workers is not None else (os.cpu_count() or 1))
-    with EnvPool("alfworld", num_envs, env_kwargs={"game_files": game_files}, num_workers=num_workers,
-                 timeout_s=600) as pool:
-        tasks = [i % len(game_files) for i in range(num_envs)]
+    with EnvPool(env_name, num_envs, env_kwargs=env_kwargs, num_workers=num_workers, timeout_s=600) as pool:
+        tasks = [i % num_tasks for i in range(num_envs)]
         start = time.perf_counter()
         results = pool.reset(tasks=tasks)
         reset_s = time.perf_counter() - start
@@ -66,11 +67,15 @@ def main() -> None:
             print(f"generated 6 planner-checked games in {time.perf_counter() - start:.1f}s")
         game_files = collect_game_files(data_dir, args.split)
         print(f"{len(game_files)} games, {os.cpu_count()} CPUs, {args.steps} rounds of random admissible actions")
-        print(f"{'envs':>5} {'workers':>7} {'reset s':>8} {'env steps':>9} {'steps/s':>8} {'failures':>8}")
-        for size in args.sizes:
-            row = bench_pool(game_files, size, args.steps, args.workers)
-            print(f"{row['envs']:>5} {row['workers']:>7} {row['reset_s']:>8.2f} {row['env_steps']:>9} "
-                  f"{row['steps_per_s']:>8.1f} {row['failures']:>8}")
+        for title, name, kwargs, num_tasks in (("alfworld (real engine)", "alfworld", {"game_files": game_files},
+                                                len(game_files)),
+                                               ("dummy (pool overhead only)", "dummy", {}, 8)):
+            print(f"\n{title}")
+            print(f"{'envs':>5} {'workers':>7} {'reset s':>8} {'env steps':>9} {'steps/s':>9} {'failures':>8}")
+            for size in args.sizes:
+                row = bench_pool(name, kwargs, num_tasks, size, args.steps, args.workers)
+                print(f"{row['envs']:>5} {row['workers']:>7} {row['reset_s']:>8.2f} {row['env_steps']:>9} "
+                      f"{row['steps_per_s']:>9.1f} {row['failures']:>8}")
 
 
 if __name__ == "__main__":

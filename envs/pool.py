@@ -22,6 +22,7 @@ debugging).
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import multiprocessing.connection as mp_connection
 import time
 import traceback
@@ -145,7 +146,7 @@ class EnvPool:
       env_name: a registered environment name (see `envs.make`).
       num_envs: how many envs.
       env_kwargs: keyword arguments for every env (a dict), or one dict per env (a list).
-      num_workers: worker processes (default: min(num_envs, 4)); 0 runs the envs in this process.
+      num_workers: worker processes (default: min(num_envs, CPU count)); 0 runs the envs in this process.
       timeout_s: the longest one env may take for one reset or step before its worker is killed.
       start_method: multiprocessing start method for the workers.
     """
@@ -162,7 +163,7 @@ class EnvPool:
                 raise ValueError(f"env_kwargs has {len(kwargs_list)} entries for num_envs={num_envs}; "
                                  "pass one dict for all envs or exactly one per env")
         if num_workers is None:
-            num_workers = min(num_envs, 4)
+            num_workers = min(num_envs, os.cpu_count() or 1)
         if not 0 <= num_workers <= num_envs:
             raise ValueError(f"num_workers must be in [0, num_envs={num_envs}], got {num_workers}")
         self.env_name = env_name

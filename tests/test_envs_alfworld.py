@@ -13,7 +13,7 @@ from envs.alfworld import AlfworldEnv, collect_game_files, project_action
 from envs.alfworld import generator
 from envs.alfworld.catalog import ROOMS, scene_numbers
 from envs.alfworld.problem import pddl_problem
-from envs.alfworld.tasks import TASK_TYPES, extract_task, task_type_from_path
+from envs.alfworld.tasks import TASK_TYPES, extract_task, success_rates, task_type_from_path
 
 
 @pytest.fixture(scope="module")
@@ -194,3 +194,11 @@ def test_generated_games_are_varied_and_sensible():
                 assert any(t.type == spec.toggle_target for t in spec.things)
     assert set(rooms) == set(ROOMS)
     assert len(objects) >= 25 and len(targets) >= 12 and len(receptacles) >= 25
+
+
+def test_success_rates_per_task_type_and_overall():
+    episodes = [("pick_heat_then_place_in_recep", True), ("pick_heat_then_place_in_recep", False),
+                ("pick_two_obj_and_place", True), ("look_at_obj_in_light", False)]
+    assert success_rates(episodes) == {"heat_success_rate": 0.5, "pick2_success_rate": 1.0,
+                                       "look_success_rate": 0.0, "success_rate": 0.5}
+    assert success_rates([]) == {}

@@ -14,11 +14,12 @@ from typing import Sequence
 from envs.alfworld.env import MAX_STEPS, WIN_REWARD, AlfworldEnv, collect_game_files
 from envs.alfworld.projection import project_action, project_actions
 from envs.alfworld.prompts import build_prompt
-from envs.alfworld.tasks import SHORT_NAMES, TASK_TYPES, extract_task
+from envs.alfworld.tasks import SHORT_NAMES, TASK_TYPES, extract_task, success_rates
 from envs.base import register
 
 __all__ = ["AlfworldEnv", "collect_game_files", "make_alfworld", "build_prompt", "project_action",
-           "project_actions", "extract_task", "TASK_TYPES", "SHORT_NAMES", "MAX_STEPS", "WIN_REWARD"]
+           "project_actions", "extract_task", "success_rates", "TASK_TYPES", "SHORT_NAMES", "MAX_STEPS",
+           "WIN_REWARD"]
 
 
 @register("alfworld")

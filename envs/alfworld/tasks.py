@@ -4,8 +4,9 @@ from __future__ import annotations
 import json
 import os
 import re
+from typing import Iterable
 
-__all__ = ["TASK_TYPES", "SHORT_NAMES", "task_type_from_path", "task_type_of_game", "extract_task"]
+__all__ = ["TASK_TYPES", "SHORT_NAMES", "task_type_from_path", "task_type_of_game", "extract_task", "success_rates"]
 
 # The names ALFRED/ALFWorld use in `traj_data.json["task_type"]` and in game directory names.
 TASK_TYPES = (
@@ -61,3 +62,24 @@ def extract_task(initial_observation: str) -> str:
     """The task sentence from a game's first observation ("... Your task is to: put a mug in cabinet.")."""
     match = _TASK_LINE.search(initial_observation)
     return match.group(1).strip() if match else ""
+
+
+def success_rates(episodes: Iterable[tuple[str, bool]]) -> dict[str, float]:
+    """Success rates from (task_type, won) per episode, keyed like the reference's validation metrics.
+
+    "success_rate" is over all episodes (the table's "Avg", not a mean of the columns); one
+    "<short>_success_rate" per task type that occurred (pick, look, clean, heat, cool, pick2).
+    """
+    totals: dict[str, list[int]] = {}
+    everything = [0, 0]
+    for task_type, won in episodes:
+        key = f"{SHORT_NAMES.get(task_type, task_type)}_success_rate"
+        counts = totals.setdefault(key, [0, 0])
+        counts[0] += int(bool(won))
+        counts[1] += 1
+        everything[0] += int(bool(won))
+        everything[1] += 1
+    rates = {key: wins / n for key, (wins, n) in sorted(totals.items())}
+    if everything[1]:
+        rates["success_rate"] = everything[0] / everything[1]
+    return rates
