@@ -431,3 +431,13 @@ def test_every_loss_runs_under_jit_and_equals_eager():
         np.testing.assert_allclose(
             jax.tree.leaves(jitted(*args)), jax.tree.leaves(fn(*args, **static)),
             rtol=1e-6, err_msg=name)
+
+
+def test_grpo_constant_group_gives_exactly_zero_advantages():
+    # 64 turn-samples that all scored -0.1 (every turn invalid, no win): summing -0.1 in float32
+    # is not exact, and (rounding noise) / (0 + 1e-6) would be O(1e-2) advantages.
+    scores = np.full((64,), -0.1, np.float32)
+    scores[40:] = np.float32(10.0 - 0.1)  # a second group, also constant
+    groups = np.array([0] * 40 + [1] * 24, np.int32)
+    adv = np.asarray(grpo_advantages(scores, groups))
+    assert np.all(adv == 0.0)

@@ -65,8 +65,13 @@ def grpo_group_stats(
     w = jnp.ones_like(scores) if sample_mask is None else jnp.asarray(sample_mask, jnp.float32)
 
     count = jax.ops.segment_sum(w, seg, n_seg)
-    total = jax.ops.segment_sum(scores * w, seg, n_seg)
-    mean = total / jnp.maximum(count, 1.0)
+    # Shift each group by one of its own scores before summing: a group whose scores are all
+    # equal (e.g. every episode failed) then has a mean equal to that score bit for bit, so its
+    # advantages are exactly 0 instead of rounding noise divided by (0 + eps).
+    shift = jax.ops.segment_max(jnp.where(w > 0, scores, -jnp.inf), seg, n_seg)
+    shift = jnp.where(jnp.isfinite(shift), shift, 0.0)
+    total = jax.ops.segment_sum((scores - shift[seg]) * w, seg, n_seg)
+    mean = shift + total / jnp.maximum(count, 1.0)
     dev = (scores - mean[seg]) * w  # two-pass variance: accurate in float32
     sq = jax.ops.segment_sum(dev * dev, seg, n_seg)
     std = jnp.sqrt(sq / jnp.maximum(count - 1.0, 1.0))
