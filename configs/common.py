@@ -204,7 +204,7 @@ def override(config: mlc.ConfigDict, values: Mapping[str, Any]) -> mlc.ConfigDic
   return config
 
 
-_LOCAL_TURNS = {"alfworld": 8, "webshop": 6, "search_qa": 4}
+_LOCAL_TURNS = {"alfworld": 6, "webshop": 6, "search_qa": 4}
 
 
 def local_overrides(env: str) -> dict[str, Any]:
@@ -217,11 +217,12 @@ def local_overrides(env: str) -> dict[str, Any]:
       "model.remat": False,
       "env.tasks_per_step": 2, "env.group_size": 4, "env.max_turns": _LOCAL_TURNS[env],
       "env.num_workers": 2, "env.offline.num_train": 4, "env.offline.num_eval": 2,
+      "env.skills.rules_version": "pre_fix",  # general skills: what the paper ran, shorter prompts
       "eval.num_tasks": 4,
-      "rollout.max_new_tokens": 64,
-      "train.total_steps": 4, "train.mini_batch_size": 16, "train.micro_batch_size": 8,
-      "train.eval_every": 2,
-      "checkpoint.every": 2, "checkpoint.async_save": False,
+      "rollout.max_new_tokens": 48,
+      "train.total_steps": 3, "train.mini_batch_size": 24, "train.micro_batch_size": 8,
+      "train.eval_every": 3,
+      "checkpoint.every": 3, "checkpoint.async_save": False,
       "logging.tensorboard": False,
   }
 

@@ -27,7 +27,7 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO not in sys.path:  # config files import `configs.common`
   sys.path.insert(0, _REPO)
 
-from absl import app, flags  # noqa: E402
+from absl import app, flags, logging  # noqa: E402
 import ml_collections as mlc  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
@@ -124,6 +124,7 @@ def _summary(config, model_config, mesh) -> str:
 def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint step at INFO
   from sdar_jax.config_validation import ConfigError, validate
   from sdar_jax.sharding import make_mesh
 

@@ -198,7 +198,7 @@ def test_scoring_temperature_follows_the_rollout():
     ({"env.name": "minecraft"}, ["env.name='minecraft'", "'search_qa'"]),
     ({"model.preset": "qwen9"}, ["model.preset='qwen9'", "qwen2.5-3b"]),
     ({"model.tiny.vocab_size": 512}, ["model.tiny.vocab_size=512", "151669"]),
-    ({"rollout.max_prompt_len": 8192}, ["max_prompt_len + max_new_tokens = 8256",
+    ({"rollout.max_prompt_len": 8192}, ["max_prompt_len + max_new_tokens = 8240",
                                         "max_position_embeddings=8192"]),
     ({"env.data_dir": "/no/such/dir"}, ["env.data_dir='/no/such/dir'", "no such directory"]),
     ({"optim.b2": 1.0}, ["optim.b2=1.0"]),
