@@ -1,9 +1,10 @@
 """Update throughput and memory: our jitted train step vs transformers' PyTorch, same weights.
 
     .venv/bin/python bench/train_step.py [--repeats 7]               # the CPU comparison
-    .venv/bin/python bench/train_step.py --mfu                       # Qwen2.5-3B-shaped bf16 MFU (GPU/TPU)
+    .venv/bin/python bench/train_step.py --mfu                       # Qwen2.5-3B bf16 MFU (GPU/TPU)
     .venv/bin/python bench/train_step.py --mfu --model tiny --batch 4 --prompt 32 \
         --teacher-prompt 48 --response 32 --repeats 2 --peak-tflops 1   # MFU path, CPU dry run
+    JAX_PLATFORMS=cpu .venv/bin/python bench/train_step.py --mfu --compile-only   # 3B: compiles?
 
 Comparison (default): the peers.md train_step workload. Model vocab 4096, hidden 256, inter 768,
 4 layers, 8 heads, 4 kv heads, head_dim 32, fp32; B=8, T=256 = prompt 64 + completion 192, each
@@ -11,18 +12,21 @@ completion of random length 96-192, right-padded with id 0.
 * student: forward, loss = -sum(mask * log p(completion token)), backward (grads of all params);
 * teacher: a no-grad forward of a second [8, 256] batch (other prompt, same completion) giving the
   completion log-probs.
-tokens/s = processed positions (8*256 student + 8*256 teacher when on) / median step time.
+tokens/s = processed positions (8*256 student + 8*256 teacher when on) / median step time; the
+variants are timed in interleaved rounds so that background load hits all of them alike; "cpu s"
+is the median process CPU time (all threads) per step, a load-independent cost figure.
 transformers: eager torch, sdpa attention, full [B, T, V] logits (as a transformers user writes it),
 no attention mask, use_cache=False, zero_grad(set_to_none=True). Ours: one jit of value_and_grad +
 a stop_gradient teacher call (`response_logprobs`: the lm_head runs on the 192 completion slots
 only). Also our full update (`TrainStep`: SDAR loss, AdamW, non-finite guard) with the teacher on
 (SDAR) and off (GRPO). Peak memory: ours from XLA's compiled memory analysis (arguments + outputs +
 temporaries - aliased/donated); torch: the peak process RSS during its first step (sampled every
-millisecond) minus the RSS just before it (approximate: allocator slack and caching included).
+millisecond) minus the RSS just before it, after malloc_trim (approximate: allocator slack).
 
 MFU (--mfu): the full update of a Qwen2.5-3B-shaped model (bf16 compute, fp32 master weights,
 random init), teacher on. Model FLOPs per update =
-  3 * F(student) + F(teacher),   F(x) = B * [2 * N_body * T_x + 2 * D * V * R + 4 * L * H_q * d_h * T_x^2]
+  3 * F(student) + F(teacher),
+  F(x) = B * [2 * N_body * T_x + 2 * D * V * R + 4 * L * H_q * d_h * T_x^2]
 (N_body: decoder-layer parameters; the lm_head is counted on the R response slots it runs on; the
 attention term counts the full T^2 score and value matmuls that the kernel computes). MFU = FLOPs /
 median time / peak bf16 FLOP/s of the device kind (table below, or --peak-tflops).
@@ -31,6 +35,8 @@ median time / peak bf16 FLOP/s of the device kind (table below, or --peak-tflops
 from __future__ import annotations
 
 import argparse
+import ctypes
+import gc
 import os
 import statistics
 import sys
@@ -77,6 +83,14 @@ def _peak_bytes(compiled) -> int:
           - m.alias_size_in_bytes)
 
 
+def _trim_heap() -> None:
+  """Returns freed heap pages to the OS (glibc), so an RSS baseline holds no cached free memory."""
+  try:
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+  except (OSError, AttributeError):
+    pass
+
+
 def _rss_bytes() -> int:
   with open("/proc/self/statm") as f:
     return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -119,7 +133,8 @@ def make_batch(rng: np.random.Generator, vocab: int, B: int, ps: int, pt: int, r
   st = np.concatenate([rng.integers(1, vocab, (B, ps)), comp], 1).astype(np.int32)
   tt = np.concatenate([rng.integers(1, vocab, (B, pt)), comp], 1).astype(np.int32)
   return TurnBatch(student_tokens=st, student_mask=np.ones_like(st), response_mask=mask,
-                   old_logp=np.zeros((B, r), np.float32), advantages=rng.normal(size=B).astype(np.float32),
+                   old_logp=np.zeros((B, r), np.float32),
+                   advantages=rng.normal(size=B).astype(np.float32),
                    teacher_tokens=tt, teacher_mask=np.ones_like(tt))
 
 
@@ -139,7 +154,7 @@ def ours_grad_step(config: ModelConfig, teacher: bool):
   return jax.jit(step)
 
 
-def run_ours_grad(config, params, batch, teacher: bool, repeats: int) -> dict:
+def prepare_ours_grad(config, params, batch, teacher: bool) -> dict:
   start = time.perf_counter()
   compiled = ours_grad_step(config, teacher).lower(params, batch).compile()
   compile_s = time.perf_counter() - start
@@ -147,15 +162,15 @@ def run_ours_grad(config, params, batch, teacher: bool, repeats: int) -> dict:
   start = time.perf_counter()
   out = call()
   first = time.perf_counter() - start
-  return dict(median=_median_time(call, repeats), first=first, compile=compile_s,
-              peak=_peak_bytes(compiled), out=out)
+  return dict(call=call, first=first, compile=compile_s, peak=_peak_bytes(compiled), out=out)
 
 
-def run_ours_update(config, params, batch, algo: dict, repeats: int, lr: float = 1e-6,
-                    micro_batch_size: int | None = None) -> dict:
+def prepare_ours_update(config, params, batch, algo: dict, lr: float = 1e-6,
+                        micro_batch_size: int | None = None, copy_params: bool = True) -> dict:
+  """Compiles and runs once the full update; `copy_params=False` donates `params` to the state."""
   optimizer = make_optimizer(lr=lr)
   step = make_train_step(config, algo, optimizer, micro_batch_size=micro_batch_size)
-  state = create_train_state(jax.tree.map(jnp.copy, params), optimizer)
+  state = create_train_state(jax.tree.map(jnp.copy, params) if copy_params else params, optimizer)
   batch = batch.replace(old_logp=step.score_student(state.params, batch))
   start = time.perf_counter()
   compiled = step.lower(state, batch).compile()
@@ -170,12 +185,12 @@ def run_ours_update(config, params, batch, algo: dict, repeats: int, lr: float =
   start = time.perf_counter()
   metrics = call()
   first = time.perf_counter() - start
-  return dict(median=_median_time(call, repeats), first=first, compile=compile_s,
-              peak=_peak_bytes(compiled), metrics=metrics)
+  return dict(call=call, first=first, compile=compile_s, peak=_peak_bytes(compiled),
+              metrics=metrics)
 
 
 # ----------------------------------------------------------------------------- torch
-def run_torch(model, batch: TurnBatch, teacher: bool, repeats: int) -> dict:
+def prepare_torch(model, batch: TurnBatch, teacher: bool) -> dict:
   import torch
 
   ps = batch.student_tokens.shape[1] - batch.response_len
@@ -199,13 +214,14 @@ def run_torch(model, batch: TurnBatch, teacher: bool, repeats: int) -> dict:
         tlp = completion_logp(model(input_ids=t_ids, use_cache=False).logits, t_ids, pt)
     return loss.detach(), tlp
 
+  gc.collect()
+  _trim_heap()
   rss_before = _rss_bytes()
   with _RssSampler() as sampler:
     start = time.perf_counter()
     out = call()
     first = time.perf_counter() - start
-  return dict(median=_median_time(call, repeats), first=first, peak=sampler.peak - rss_before,
-              out=out)
+  return dict(call=call, first=first, peak=sampler.peak - rss_before, out=out)
 
 
 def compare(args) -> None:
@@ -228,21 +244,30 @@ def compare(args) -> None:
                      args.prompt, args.response, args.response // 2)
   B, T = batch.student_tokens.shape
 
-  rows = []
   # torch first, so JAX's buffers and thread pools do not move the RSS under it.
-  t_off = run_torch(hf, batch, False, args.repeats)
-  t_on = run_torch(hf, batch, True, args.repeats)
-  o_on = run_ours_grad(config, params, batch, True, args.repeats)
-  o_off = run_ours_grad(config, params, batch, False, args.repeats)
-  rows += [("sdar-jax", "fwd+bwd + teacher fwd", 2, o_on), ("sdar-jax", "fwd+bwd (teacher off)", 1, o_off),
-           ("transformers", "fwd+bwd + teacher fwd", 2, t_on),
-           ("transformers", "fwd+bwd (teacher off)", 1, t_off)]
-  sdar = dict(get_preset("sdar"), kl_coef=0.0)
-  grpo = dict(get_preset("grpo"), kl_coef=0.0)
-  u_on = run_ours_update(config, params, batch, sdar, args.repeats)
-  u_off = run_ours_update(config, params, batch, grpo, args.repeats)
-  rows += [("sdar-jax", "update SDAR (teacher on)", 2, u_on),
-           ("sdar-jax", "update GRPO (teacher off)", 1, u_off)]
+  t_off = prepare_torch(hf, batch, False)
+  t_on = prepare_torch(hf, batch, True)
+  o_on = prepare_ours_grad(config, params, batch, True)
+  o_off = prepare_ours_grad(config, params, batch, False)
+  u_on = prepare_ours_update(config, params, batch, dict(get_preset("sdar"), kl_coef=0.0))
+  u_off = prepare_ours_update(config, params, batch, dict(get_preset("grpo"), kl_coef=0.0))
+  rows = [("sdar-jax", "fwd+bwd + teacher fwd", 2, o_on),
+          ("transformers", "fwd+bwd + teacher fwd", 2, t_on),
+          ("sdar-jax", "fwd+bwd (teacher off)", 1, o_off),
+          ("transformers", "fwd+bwd (teacher off)", 1, t_off),
+          ("sdar-jax", "update SDAR (teacher on)", 2, u_on),
+          ("sdar-jax", "update GRPO (teacher off)", 1, u_off)]
+  # Interleaved rounds: every variant sees the same background load (this machine is shared).
+  times = [[] for _ in rows]
+  cpu_times = [[] for _ in rows]
+  for _ in range(args.repeats):
+    for i, (_, _, _, r) in enumerate(rows):
+      start, cpu_start = time.perf_counter(), time.process_time()
+      r["call"]()
+      times[i].append(time.perf_counter() - start)
+      cpu_times[i].append(time.process_time() - cpu_start)
+  for (_, _, _, r), ts, cs in zip(rows, times, cpu_times):
+    r["median"], r["cpu"] = statistics.median(ts), statistics.median(cs)
 
   ours_loss, _, ours_tlp = o_on["out"]
   torch_loss, torch_tlp = t_on["out"]
@@ -252,13 +277,13 @@ def compare(args) -> None:
         f"lengths {args.response // 2}-{args.response}), vocab {config.vocab_size}, fp32; "
         f"{jax.device_count()} {jax.devices()[0].platform} device(s), torch threads "
         f"{torch.get_num_threads()}, repeats {args.repeats}")
-  print(f"{'peer':<14}{'variant':<28}{'median s':>10}{'tokens/s':>10}{'first s':>9}"
+  print(f"{'peer':<14}{'variant':<28}{'median s':>10}{'tokens/s':>10}{'cpu s':>8}{'first s':>9}"
         f"{'compile s':>11}{'peak memory':>14}")
   for peer, variant, branches, r in rows:
     tokens = branches * B * T
     compile_s = f"{r['compile']:.2f}" if "compile" in r else "-"
     print(f"{peer:<14}{variant:<28}{r['median']:>10.4f}{tokens / r['median']:>10.0f}"
-          f"{r['first']:>9.2f}{compile_s:>11}{_mib(r['peak']):>14}")
+          f"{r['cpu']:>8.2f}{r['first']:>9.2f}{compile_s:>11}{_mib(r['peak']):>14}")
   print(f"parity: student loss ours {float(ours_loss):.4f} vs torch {float(torch_loss):.4f}; "
         f"teacher log-probs max |diff| {tlp_diff:.2e}")
   print(f"speed-up (fwd+bwd + teacher): {t_on['median'] / o_on['median']:.2f}x; "
@@ -289,6 +314,21 @@ def peak_flops(device) -> float | None:
   return None
 
 
+def compile_only(config: ModelConfig, batch: TurnBatch, algo: dict, micro: int | None) -> None:
+  """Lowers and compiles the update on abstract arrays (nothing allocated): checks that a size
+  compiles and prints XLA's memory estimate on this backend, without running it."""
+  optimizer = make_optimizer(lr=1e-6)
+  step = make_train_step(config, algo, optimizer, micro_batch_size=micro)
+  state = jax.eval_shape(lambda: create_train_state(init_params(config, jax.random.key(0)),
+                                                    optimizer))
+  start = time.perf_counter()
+  m = step.lower(state, batch).compile().memory_analysis()
+  print(f"compile-only {config.name} ({config.num_params / 1e9:.2f} B params) on "
+        f"{jax.devices()[0].device_kind}: {time.perf_counter() - start:.1f} s; arguments "
+        f"{_mib(m.argument_size_in_bytes)}, temporaries {_mib(m.temp_size_in_bytes)}, outputs "
+        f"{_mib(m.output_size_in_bytes)}, donated {_mib(m.alias_size_in_bytes)}")
+
+
 def mfu(args) -> None:
   if args.model == "tiny":
     config = ModelConfig.tiny("qwen2", dtype="bfloat16", param_dtype=args.param_dtype)
@@ -296,16 +336,22 @@ def mfu(args) -> None:
     config = ModelConfig.preset(args.model, dtype="bfloat16", param_dtype=args.param_dtype)
   config = config.replace(remat=args.remat)
   B, ps, pt, r = args.batch, args.prompt, args.teacher_prompt, args.response
+  batch = make_batch(np.random.default_rng(0), config.vocab_size, B, ps, pt, r, r)
+  algo = dict(get_preset("sdar"), kl_coef=0.0)
+  if args.compile_only:
+    compile_only(config, batch, algo, args.micro_batch)
+    return
   params = jax.jit(init_params, static_argnums=0)(config, jax.random.key(0))
-  batch = jax.device_put(make_batch(np.random.default_rng(0), config.vocab_size, B, ps, pt, r, r))
-  result = run_ours_update(config, params, batch, dict(get_preset("sdar"), kl_coef=0.0),
-                           args.repeats, micro_batch_size=args.micro_batch)
+  result = prepare_ours_update(config, params, jax.device_put(batch), algo,
+                               micro_batch_size=args.micro_batch, copy_params=False)
   del params
+  result["median"] = _median_time(result["call"], args.repeats)
   flops = update_flops(config, B, ps + r, pt + r, r)
   achieved = flops / result["median"]
   device = jax.devices()[0]
   peak = args.peak_tflops * 1e12 if args.peak_tflops else peak_flops(device)
-  print(f"MFU bench: {config.name} ({config.num_params / 1e9:.2f} B params), compute {config.dtype}, "
+  print(f"MFU bench: {config.name} ({config.num_params / 1e9:.2f} B params), "
+        f"compute {config.dtype}, "
         f"params {config.param_dtype}, remat {config.remat}; B={B}, student {ps}+{r}, teacher "
         f"{pt}+{r}, micro-batch {args.micro_batch or B}; device {device.device_kind}")
   print(f"update: median {result['median']:.4f} s, first call {result['first']:.2f} s, compile "
@@ -323,7 +369,9 @@ def main():
   parser.add_argument("--model", default="qwen2.5-3b", help="--mfu: a preset name or 'tiny'")
   parser.add_argument("--param-dtype", default="float32", help="--mfu: master weight dtype")
   parser.add_argument("--remat", action="store_true", help="--mfu: rematerialise layers")
-  parser.add_argument("--micro-batch", type=int, default=None, help="--mfu: micro-batch size (4)")
+  parser.add_argument("--micro-batch", type=int, default=None, help="--mfu: micro-batch size (2)")
+  parser.add_argument("--compile-only", action="store_true",
+                      help="--mfu: compile on abstract arrays and print the memory estimate")
   parser.add_argument("--peak-tflops", type=float, default=None, help="--mfu: override the peak")
   parser.add_argument("--batch", type=int, default=None)
   parser.add_argument("--prompt", type=int, default=None)
@@ -331,7 +379,8 @@ def main():
   parser.add_argument("--response", type=int, default=None)
   parser.add_argument("--repeats", type=int, default=None)
   args = parser.parse_args()
-  defaults = (dict(batch=16, prompt=512, teacher_prompt=1024, response=512, repeats=5, micro_batch=4) if args.mfu
+  defaults = (dict(batch=16, prompt=512, teacher_prompt=1024, response=512, repeats=5,
+                   micro_batch=2) if args.mfu
               else dict(batch=8, prompt=64, teacher_prompt=64, response=192, repeats=7))
   for k, v in defaults.items():
     if getattr(args, k) is None:

@@ -16,7 +16,7 @@ Batch layout (`TurnBatch`, every array [B, ...], B turn-samples, R response slot
     old_logp       [B, R]     behaviour log-probs from the sampler
     advantages     [B]        sequence-level GRPO advantages (RLSD makes them token-level here)
     ref_logp       [B, R]     optional: reference-policy log-probs (KL term without ref params)
-    teacher_logp   [B, R]     optional: teacher log-probs scored at θ_old (teacher_source="rollout")
+    teacher_logp   [B, R]     optional: teacher log-probs scored at θ_old ("rollout" source)
 
 The index map between the two branches is a static offset: response token r sits at position
 P+r and is predicted by the logits at P+r-1, with P = Ps for the student and Pt for the teacher.
@@ -528,7 +528,7 @@ def make_train_step(model_config: ModelConfig, loss_config: LossConfig | Mapping
                     micro_batch_size: int | None = None,
                     lr_schedule: Callable[[Array], Array] | None = None,
                     rules: sharding.Rules | None = None) -> TrainStep:
-  """Builds the update: `step(state, batch, ref_params=None, iteration=None) -> (state, metrics)`."""
+  """The update: `step(state, batch, ref_params=None, iteration=None) -> (state, metrics)`."""
   return TrainStep(model_config, loss_config, optimizer, mesh=mesh,
                    micro_batch_size=micro_batch_size, lr_schedule=lr_schedule, rules=rules)
 

@@ -56,7 +56,8 @@ def make_batch(params, B=8, seed=0, ps=PS, pt=PT, r=R, min_prompt=2, nan_row=Non
     prompt = rng.integers(1, CONFIG.vocab_size, n_p)
     resp = rng.integers(1, CONFIG.vocab_size, n_r)
     st[i, ps - n_p:ps], sm[i, ps - n_p:ps] = prompt, 1
-    tt[i, pt - n_p - n_s:pt - n_p], tt[i, pt - n_p:pt] = rng.integers(1, CONFIG.vocab_size, n_s), prompt
+    tt[i, pt - n_p - n_s:pt - n_p] = rng.integers(1, CONFIG.vocab_size, n_s)  # the skills block
+    tt[i, pt - n_p:pt] = prompt
     tm[i, pt - n_p - n_s:pt] = 1
     st[i, ps:ps + n_r], sm[i, ps:ps + n_r] = resp, 1
     tt[i, pt:pt + n_r], tm[i, pt:pt + n_r] = resp, 1
@@ -91,7 +92,7 @@ def test_response_logprobs_match_full_forward(params):
 # ------------------------------------------------------------------ one-device update loop
 @pytest.fixture(scope="module")
 def sdar_step():
-  """SDAR (with the KL term on frozen ref params), AdamW lr 1e-3 with warm-up, micro-batches of 4."""
+  """SDAR (KL term on frozen ref params), AdamW lr 1e-3 with warm-up, micro-batches of 4."""
   step = train_step_from_config(CONFIG, _run_config(dict(get_preset("sdar")), micro=4,
                                                     optim=dict(lr=1e-3, warmup_steps=2)))
   return step, step.optimizer
@@ -170,7 +171,8 @@ def test_step_and_rollout_teacher_sources_agree(params):
 # ---------------------------------------------------------------------- gradient identities
 def close_to_scale(actual, desired, rtol=1e-5):
   """Equal up to float32 summation order: tolerance relative to the array's largest entry."""
-  np.testing.assert_allclose(actual, desired, rtol=0, atol=rtol * float(np.max(np.abs(desired))) + 1e-9)
+  scale = float(np.max(np.abs(desired)))
+  np.testing.assert_allclose(actual, desired, rtol=0, atol=rtol * scale + 1e-9)
 
 
 def test_micro_batch_accumulation_equals_one_batch(params):
@@ -202,7 +204,8 @@ def test_sdar_gradient_is_minus_lambda_gate_times_score(params):
   lc = LossConfig(pg_coef=0.0, distill="sdar", lam=lam, beta=beta, entropy_coef=0.0, kl_coef=0.0)
   batch = make_batch(params, seed=11)
   remat = CONFIG.replace(remat=True)  # the rematerialised path, against an independent truth
-  grads, metrics = jax.jit(lambda p: loss_and_grads(remat, lc, p, batch, micro_batch_size=4))(params)
+  grads, metrics = jax.jit(
+      lambda p: loss_and_grads(remat, lc, p, batch, micro_batch_size=4))(params)
   student = full_logp(params, batch.student_tokens, batch.student_mask, R)[0]
   teacher = full_logp(params, batch.teacher_tokens, batch.teacher_mask, R)[0]
   m = batch.response_mask
@@ -217,7 +220,8 @@ def test_sdar_gradient_is_minus_lambda_gate_times_score(params):
 
   want = jax.grad(surrogate)(params)
   jax.tree.map(close_to_scale, to_np(grads), to_np(want))
-  np.testing.assert_allclose(float(metrics["sdar/gate_mean"]), (gate * m).sum() / m.sum(), rtol=1e-5)
+  np.testing.assert_allclose(float(metrics["sdar/gate_mean"]), (gate * m).sum() / m.sum(),
+                             rtol=1e-5)
 
 
 # --------------------------------------------------------------------------------- sharding
