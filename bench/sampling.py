@@ -1,19 +1,24 @@
 """Rollout generation throughput: our sampler vs transformers' generate vs google-tunix's Sampler.
 
-    .venv/bin/python bench/sampling.py [--repeats 5] [--no-tunix]
+    .venv/bin/python bench/sampling.py [--repeats 7] [--devices 2] [--no-tunix]
 
-All three peers load one shared random Qwen3 checkpoint (HF safetensors in a temp dir; the
-peers.md workload: vocab 4096, hidden 256, intermediate 768, 4 layers, 8 heads, 4 kv heads,
-head_dim 32, untied, fp32; weights N(0, 0.02), norm scales 1 + 0.1 N(0, 1)) and decode the same
-16 prompts x 64 random tokens greedily for exactly 64 new tokens (no stop token).
-tokens/s = 16 * 64 generated tokens / median wall time of one whole call (prefill included),
-after a first call that includes JAX compilation (printed separately).
+All peers load one shared random Qwen3 checkpoint (HF safetensors in a temp dir; the peers.md
+workload: vocab 4096, hidden 256, intermediate 768, 4 layers, 8 heads, 4 kv heads, head_dim 32,
+untied, fp32; weights N(0, 0.02), norm scales 1 + 0.1 N(0, 1)) and decode the same 16 prompts x
+64 random tokens greedily for exactly 64 new tokens (no stop token).
+tokens/s = 16 * 64 generated tokens / median wall time of one whole call (prefill included).
+transformers runs with torch's default threads ("hf_torch", the reference of the ratios) and
+pinned to one thread ("hf_torch 1thr": on a CPU shared with other work, torch's spinning
+threads can make the default much slower).
+Each peer is called once first (for JAX: compilation; printed as "first call"), then the timed
+repeats run round-robin over the peers, so load from other processes hits every peer alike.
+`--devices N` adds a row for our sampler on a data-parallel mesh of N CPU devices (XLA runs
+each device on its own thread; one device runs the small decode matmuls on one core).
 
 Group prefix sharing: 2 distinct prompts x 8 copies (GRPO group size 8), the same batch with
 sharing on (2 prefill rows) and off (16 prefill rows), at prompt length 64 and a longer one.
 
 Tunix is optional (requirements-bench.txt has the install recipe); without it the table says so.
-Numbers on a shared 2-core CPU are noisy: compare peers within one run.
 """
 
 from __future__ import annotations
@@ -21,9 +26,22 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import tempfile
 import time
 
+
+def _set_device_count(argv) -> None:
+  """--devices must take effect before jax is imported."""
+  for i, arg in enumerate(argv):
+    n = arg.split("=", 1)[1] if arg.startswith("--devices=") else (
+        argv[i + 1] if arg == "--devices" and i + 1 < len(argv) else None)
+    if n and int(n) > 1:
+      os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                                 + f" --xla_force_host_platform_device_count={int(n)}")
+
+
+_set_device_count(sys.argv)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
@@ -31,6 +49,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
+from sdar_jax import sharding  # noqa: E402
 from sdar_jax.models import load_pretrained  # noqa: E402
 from sdar_jax.sampling import Sampler, SamplingParams  # noqa: E402
 
@@ -54,40 +73,52 @@ def write_checkpoint(path: str, seed: int = 0):
   return model
 
 
-def timed(fn, repeats: int) -> tuple[float, float, object]:
-  """(first-call seconds, median seconds of `repeats` further calls, last output)."""
-  t = time.perf_counter()
-  out = fn()
-  first = time.perf_counter() - t
-  times = []
-  for _ in range(repeats):
+def interleaved(calls: dict, repeats: int) -> dict:
+  """name -> (first-call s, median s, last output); repeats run round-robin over the calls."""
+  first, outputs, times = {}, {}, {name: [] for name in calls}
+  for name, call in calls.items():
     t = time.perf_counter()
-    out = fn()
-    times.append(time.perf_counter() - t)
-  return first, statistics.median(times), out
+    outputs[name] = call()
+    first[name] = time.perf_counter() - t
+  for _ in range(repeats):
+    for name, call in calls.items():
+      t = time.perf_counter()
+      outputs[name] = call()
+      times[name].append(time.perf_counter() - t)
+  return {name: (first[name], statistics.median(times[name]), outputs[name]) for name in calls}
 
 
 # ------------------------------------------------------------------------------------ peers
-def run_ours(path, prompts, new, repeats):
+def ours(path, prompts, new, devices=1):
+  """A call of our sampler (greedy) returning [batch, new] tokens, and the Sampler."""
   config, params = load_pretrained(path)
-  sampler = Sampler(config)
+  mesh = None
+  if devices > 1:
+    mesh = sharding.make_mesh((devices, 1, 1))
+    params = sharding.shard_params(params, config, mesh)
+  sampler = Sampler(config, mesh)
   sp = SamplingParams(max_new_tokens=new, temperature=0.0, stop_token_ids=())
   lists = prompts.tolist()
-  first, median, result = timed(lambda: sampler.generate(params, lists, sp), repeats)
-  return first, median, np.asarray(result.tokens), sampler
+  return (lambda: np.asarray(sampler.generate(params, lists, sp).tokens)), sampler
 
 
-def run_hf(model, prompts, new, repeats):
+def hf(model, prompts, new, threads: int | None = None):
+  """A call of transformers' greedy generate; `threads` pins torch's thread count for the call."""
   ids = torch.tensor(prompts, dtype=torch.long)
   mask = torch.ones_like(ids)
 
   def call():
-    with torch.inference_mode():
-      return model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=new,
-                            min_new_tokens=new, eos_token_id=None, pad_token_id=0)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or before)
+    try:
+      with torch.inference_mode():
+        out = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=new,
+                             min_new_tokens=new, eos_token_id=None, pad_token_id=0)
+    finally:
+      torch.set_num_threads(before)
+    return out[:, prompts.shape[1]:].numpy()
 
-  first, median, out = timed(call, repeats)
-  return first, median, out[:, prompts.shape[1]:].numpy()
+  return call
 
 
 class _IdsTokenizer:
@@ -109,13 +140,15 @@ class _IdsTokenizer:
     return 0
 
 
-def run_tunix(path, prompts, new, repeats):
+def tunix(path, prompts, new):
+  """A call of Tunix's Sampler (greedy), or a string saying why it cannot run."""
   try:
     from tunix.generate import sampler as tunix_sampler
     from tunix.models.qwen3 import model as tunix_model
     from tunix.models.qwen3 import params as tunix_params
   except ImportError as err:
-    return f"not installed ({err.name}); see requirements-bench.txt"
+    return (f"not installed (no module {err.name!r}): .venv/bin/pip install -r "
+            "requirements-bench.txt && .venv/bin/pip install --no-deps google-tunix==0.1.7")
   c = HF_CONFIG
   config = tunix_model.ModelConfig(
       num_layers=c["num_hidden_layers"], vocab_size=c["vocab_size"], embed_dim=c["hidden_size"],
@@ -129,11 +162,11 @@ def run_tunix(path, prompts, new, repeats):
   texts = [" ".join(map(str, row)) for row in prompts.tolist()]
 
   def call():
-    return sampler(texts, max_generation_steps=new, max_prompt_length=prompts.shape[1],
-                   temperature=0.0, eos_tokens=[-1])
+    out = sampler(texts, max_generation_steps=new, max_prompt_length=prompts.shape[1],
+                  temperature=0.0, eos_tokens=[-1])
+    return np.stack([np.asarray(t[:new]) for t in out.tokens])
 
-  first, median, out = timed(call, repeats)
-  return first, median, np.stack([np.asarray(t[:new]) for t in out.tokens])
+  return call
 
 
 # ------------------------------------------------------------------------------------- main
@@ -142,56 +175,66 @@ def main():
   parser.add_argument("--batch", type=int, default=16)
   parser.add_argument("--prompt-len", type=int, default=64)
   parser.add_argument("--new", type=int, default=64)
-  parser.add_argument("--repeats", type=int, default=5)
+  parser.add_argument("--repeats", type=int, default=7)
   parser.add_argument("--group", type=int, default=8)
   parser.add_argument("--long-prompt", type=int, default=512)
+  parser.add_argument("--devices", type=int, default=1,
+                      help="also run ours on a data-parallel mesh of this many CPU devices")
   parser.add_argument("--no-tunix", action="store_true")
   args = parser.parse_args()
-  print(f"jax {jax.__version__} on {jax.devices()[0].platform}, torch {torch.__version__} "
-        f"({torch.get_num_threads()} threads), {os.cpu_count()} CPUs")
+  print(f"jax {jax.__version__} ({jax.device_count()} {jax.devices()[0].platform} devices), "
+        f"torch {torch.__version__} ({torch.get_num_threads()} threads), {os.cpu_count()} CPUs, "
+        f"load average {os.getloadavg()[0]:.1f}")
 
   rng = np.random.default_rng(0)
   prompts = rng.integers(1, HF_CONFIG["vocab_size"], (args.batch, args.prompt_len)).astype(np.int32)
   generated = args.batch * args.new
-  rows = []
   with tempfile.TemporaryDirectory() as path:
     hf_model = write_checkpoint(path)
-    ours = run_ours(path, prompts, args.new, args.repeats)
-    hf = run_hf(hf_model, prompts, args.new, args.repeats)
-    tunix = "skipped (--no-tunix)" if args.no_tunix else run_tunix(path, prompts, args.new, args.repeats)
-    rows = [("sdar_jax", ours[:3]), ("hf_torch", hf), ("tunix", tunix)]
+    ours_call, sampler = ours(path, prompts, args.new)
+    calls = {"sdar_jax": ours_call, "hf_torch": hf(hf_model, prompts, args.new),
+             "hf_torch 1thr": hf(hf_model, prompts, args.new, threads=1)}
+    if args.devices > 1:
+      calls[f"sdar_jax dp{args.devices}"] = ours(path, prompts, args.new, args.devices)[0]
+    tunix_call = "skipped (--no-tunix)" if args.no_tunix else tunix(path, prompts, args.new)
+    if callable(tunix_call):
+      calls["tunix"] = tunix_call
+    results = interleaved(calls, args.repeats)
 
-    print(f"\ngenerate: {args.batch} prompts x {args.prompt_len} tokens, {args.new} new tokens, greedy")
-    print(f"{'peer':<10} {'median s/call':>14} {'tokens/s':>10} {'vs hf':>7} {'first call s':>13}")
-    for name, r in rows:
-      if isinstance(r, str):
-        print(f"{name:<10} {r}")
-        continue
-      print(f"{name:<10} {r[1]:>14.4f} {generated / r[1]:>10.0f} {hf[1] / r[1]:>6.2f}x {r[0]:>13.2f}")
-    if not isinstance(tunix, str):
-      print(f"sdar_jax vs tunix: {tunix[1] / ours[1]:.2f}x")
-    for name, r in rows:
-      if not isinstance(r, str) and name != "hf_torch":
-        same = int((r[2] == hf[2]).sum())
-        print(f"sanity: {name} greedy tokens equal to transformers': {same}/{hf[2].size}")
-    print(f"sdar_jax compilations: {ours[3].num_compilations}")
+    print(f"\ngenerate: {args.batch} prompts x {args.prompt_len} tokens, {args.new} new tokens, "
+          f"greedy; median of {args.repeats} interleaved repeats")
+    print(f"{'peer':<14} {'median s/call':>14} {'tokens/s':>10} {'vs hf':>7} {'first call s':>13}")
+    base = results["hf_torch"][1]
+    for name, (first, median, _) in results.items():
+      print(f"{name:<14} {median:>14.4f} {generated / median:>10.0f} {base / median:>6.2f}x {first:>13.2f}")
+    if not callable(tunix_call):
+      print(f"{'tunix':<14} {tunix_call}")
+    else:
+      for name in results:
+        if name.startswith("sdar_jax"):
+          print(f"{name} vs tunix: {results['tunix'][1] / results[name][1]:.2f}x")
+    reference = results["hf_torch"][2]
+    for name, (_, _, tokens) in results.items():
+      if not name.startswith("hf_torch"):
+        print(f"sanity: {name} greedy tokens equal to transformers': "
+              f"{int((tokens == reference).sum())}/{reference.size}")
+    print(f"sdar_jax compilations: {sampler.num_compilations}")
 
-    # Group prefix sharing: G copies of B/G distinct prompts, sharing on vs off.
-    sampler = ours[3]
+    # Group prefix sharing: `group` copies of batch/group distinct prompts, sharing on vs off.
     config, params = load_pretrained(path)
     sp = SamplingParams(max_new_tokens=args.new, temperature=1.0, stop_token_ids=())
+    key = jax.random.key(0)
     print(f"\ngroup prefix sharing: {args.batch // args.group} prompts x {args.group} copies, "
           f"{args.new} new tokens, temperature 1")
     for length in (args.prompt_len, args.long_prompt):
       distinct = rng.integers(1, HF_CONFIG["vocab_size"], (args.batch // args.group, length))
       grouped = [distinct[i // args.group].tolist() for i in range(args.batch)]
-      key = jax.random.key(0)
-      results = {}
-      for share in (True, False):
-        results[share] = timed(lambda: sampler.generate(params, grouped, sp, key, share), args.repeats)
-      same = results[True][2].tokens == results[False][2].tokens
-      print(f"prompt {length:>4}: shared {results[True][1]:.4f} s, unshared {results[False][1]:.4f} s, "
-            f"speedup {results[False][1] / results[True][1]:.2f}x (identical samples: {same})")
+      shared = interleaved({
+          share: (lambda share=share: sampler.generate(params, grouped, sp, key, share))
+          for share in (True, False)}, args.repeats)
+      same = shared[True][2].tokens == shared[False][2].tokens
+      print(f"prompt {length:>4}: shared {shared[True][1]:.4f} s, unshared {shared[False][1]:.4f} s, "
+            f"speedup {shared[False][1] / shared[True][1]:.2f}x (identical samples: {same})")
 
 
 if __name__ == "__main__":

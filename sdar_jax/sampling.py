@@ -16,7 +16,15 @@ Shapes are bucketed so a run compiles a bounded number of times: the batch and t
 distinct prompts round up to a power of two (and to a multiple of the mesh's batch divisor),
 the prompt length to a power of two (at least 16; beyond 512, a multiple of 512), and
 `max_new_tokens` to a power of two (at least 16; the loop still stops at the exact count).
+Greedy vs sampling, top_k (its value), top_p on/off and stop strings on/off are compile-time
+choices; temperature, top_p's value, max_new_tokens and the stop sets are runtime values.
 `Sampler.num_compilations` counts traces.
+
+Prefill runs the model's `apply` on the distinct prompts. Decode runs a decode-specialised copy of
+the layer (`_decode_layer`: same maths, the cache laid out [B, K, S, H] for plain batched matmuls)
+with the layers unrolled over per-layer weight slices taken once per call, which holds one extra
+copy of the decoder weights while generating (a scan over the stacked layers would copy every
+weight slice at every step on CPU).
 
 Log-probs: the log-prob of each sampled token is `log_softmax(logits / temperature)[token]` of the
 unfiltered distribution (`log_softmax(logits)` when greedy, temperature 0). That is the quantity
@@ -33,7 +41,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-import math
 from typing import Any, Sequence
 
 import jax

@@ -53,9 +53,14 @@ def qwen3(tmp_path_factory):
 
 def _hf_greedy(hf, prompts, new, eos=None):
   tokens, mask = _left_pad(prompts)
-  with torch.no_grad():
-    out = hf.generate(torch.tensor(tokens, dtype=torch.long), attention_mask=torch.tensor(mask),
-                      max_new_tokens=new, do_sample=False, eos_token_id=eos, pad_token_id=0)
+  threads = torch.get_num_threads()
+  torch.set_num_threads(1)  # tiny model: threads only add spin-waiting on a busy CPU
+  try:
+    with torch.no_grad():
+      out = hf.generate(torch.tensor(tokens, dtype=torch.long), attention_mask=torch.tensor(mask),
+                        max_new_tokens=new, do_sample=False, eos_token_id=eos, pad_token_id=0)
+  finally:
+    torch.set_num_threads(threads)
   return out[:, tokens.shape[1]:].numpy()
 
 
