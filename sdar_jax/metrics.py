@@ -72,7 +72,7 @@ class MetricsLogger:
           self._tb.add_scalar(name, x, step)
       self._tb.flush()
     if echo:
-      shown = "  ".join(f"{k.split('/')[-1]}={row[k]:.4g}" for k in self.console_keys if k in row)
+      shown = "  ".join(f"{k}={row[k]:.4g}" for k in self.console_keys if k in row)
       print(f"[step {step}] {shown}", flush=True)
     return row
 
