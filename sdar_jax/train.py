@@ -101,6 +101,8 @@ def _define_flags() -> None:
       lock_config=True)
   flags.DEFINE_string("workdir", None, "Run directory (checkpoints, logs). Default: "
                       "runs/<date>-<time>.")
+  flags.DEFINE_bool("distributed", False, "Multi-host (TPU pod slice, multi-node GPU): call "
+                    "jax.distributed.initialize() before anything touches the devices.")
   flags.DEFINE_bool("dry_run", False, "Validate, print the resolved config, build the mesh and "
                     "the abstract model/train state, then exit without training.")
 
@@ -128,6 +130,9 @@ def main(argv: Sequence[str]) -> None:
   from sdar_jax.config_validation import ConfigError, validate
   from sdar_jax.sharding import make_mesh
 
+  if flags.FLAGS.distributed:
+    import jax
+    jax.distributed.initialize()
   config = flags.FLAGS.config
   try:
     model_config = validate(config)

@@ -43,6 +43,11 @@ from sdar_jax.train_state import create_train_state
 from sdar_jax.train_step import TrainStep, train_step_from_config
 
 _PAD_FALLBACK = 0
+_HOST_LOOP_ENVS = ("alfworld",)
+# eval.skills -> [(metric prefix, skills in the student prompt)]; Skill-GRPO's table rows read
+# "val" without skills and "val_with_skill" with them (reference §2.6).
+_EVAL_MODES = {"without": (("val", False),), "with": (("val", True),),
+               "both": (("val", False), ("val_with_skill", True))}
 
 
 # ------------------------------------------------------------------------------------ building
@@ -145,6 +150,11 @@ class Trainer:
   def __init__(self, config, workdir: str):
     import envs
 
+    if config.env.name not in _HOST_LOOP_ENVS:
+      raise NotImplementedError(
+          f"env.name={config.env.name!r}: the host loop runs {_HOST_LOOP_ENVS} so far; the "
+          f"WebShop and Search-QA environments are not implemented yet (their configs validate and "
+          f"--dry_run works).")
     self.config = config
     self.workdir = os.path.abspath(workdir)
     os.makedirs(self.workdir, exist_ok=True)
@@ -187,7 +197,8 @@ class Trainer:
                   enable_thinking=config.model.enable_thinking)
     self.loop = AgentLoop(self.pool, sampling=sampling, with_teacher=self.with_teacher,
                           skills_in_student=config.algo.skills_in_student, **common)
-    self.eval_loop = self.eval_pool = None
+    self.eval_loops: list[tuple[str, AgentLoop]] = []
+    self.eval_pool = None
     if self.eval_games:
       n_eval = min(config.eval.num_tasks, len(self.eval_games))
       self.eval_pool = envs.EnvPool(env.name, n_eval, dict(game_files=self.eval_games,
@@ -195,8 +206,9 @@ class Trainer:
                                                            max_steps=env.max_turns),
                                     num_workers=min(env.num_workers, n_eval))
       val_sampling = dataclasses.replace(sampling, temperature=config.rollout.val_temperature)
-      self.eval_loop = AgentLoop(self.eval_pool, sampling=val_sampling,
-                                 skills_in_student=config.eval.skills == "with", **common)
+      self.eval_loops = [(prefix, AgentLoop(self.eval_pool, sampling=val_sampling,
+                                            skills_in_student=with_skills, **common))
+                         for prefix, with_skills in _EVAL_MODES[config.eval.skills]]
     self.replay = ReplayQueue(max_staleness=config.train.max_staleness)
     self.logger = MetricsLogger(config.logging.get("dir") or self.workdir,
                                 jsonl=config.logging.jsonl, tensorboard=config.logging.tensorboard)
@@ -244,11 +256,14 @@ class Trainer:
     return key
 
   def evaluate(self) -> dict[str, float]:
-    n = len(self.eval_pool)
-    tasks = list(range(n))
-    episodes = self.eval_loop.run(self.state.params, tasks, tasks, self._next_key(),
-                                  policy_version=self.loop_state.iteration, desc="eval")
-    return rollout_metrics(episodes, prefix="val")
+    """Validation episodes (group size 1, one per eval game up to eval.num_tasks) per eval mode."""
+    tasks = list(range(len(self.eval_pool)))
+    metrics = {}
+    for prefix, loop in self.eval_loops:
+      episodes = loop.run(self.state.params, tasks, tasks, self._next_key(),
+                          policy_version=self.loop_state.iteration, desc=prefix)
+      metrics.update(rollout_metrics(episodes, prefix=prefix))
+    return metrics
 
   def train_iteration(self) -> dict[str, float]:
     it = self.loop_state.iteration
@@ -293,13 +308,13 @@ class Trainer:
     total = cfg.train.total_steps
     resumed = self.maybe_restore()
     last: dict[str, float] = {}
-    if self.eval_loop is not None and cfg.train.eval_before_train and not resumed:
+    if self.eval_loops and cfg.train.eval_before_train and not resumed:
       last = self.logger.log(self.loop_state.iteration, self.evaluate())
     while self.loop_state.iteration < total:
       metrics = self.train_iteration()
       self.loop_state.iteration += 1
       it = self.loop_state.iteration
-      if self.eval_loop is not None and cfg.train.eval_every and (
+      if self.eval_loops and cfg.train.eval_every and (
           it % cfg.train.eval_every == 0 or it == total):
         metrics.update(self.evaluate())
       last = self.logger.log(it, metrics)
