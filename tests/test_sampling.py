@@ -128,18 +128,13 @@ def test_group_prefix_sharing_prefills_once_and_changes_nothing(qwen3):
 
 # ------------------------------------------------------------------------------ distribution
 @pytest.fixture(scope="module")
-def tiny_vocab():
+def tiny_vocab(tmp_path_factory):
   hf = hf_fixtures.make_hf_model("qwen3", tied=False, seed=12, vocab_size=24, num_hidden_layers=1,
                                  num_key_value_heads=1)
-  config, params = load_pretrained(hf_fixtures.save_hf_model(hf, _tmpdir("tiny_vocab")))
+  config, params = load_pretrained(hf_fixtures.save_hf_model(hf, tmp_path_factory.mktemp("tiny")))
   prompt = [23, 22, 16, 23, 21]  # a high-entropy next-token distribution for this model
   logits = np.asarray(forward(config, params, np.asarray([prompt], np.int32)), np.float64)[0, -1]
   return config, params, prompt, logits
-
-
-def _tmpdir(name):
-  import tempfile
-  return tempfile.mkdtemp(prefix=name)
 
 
 def _softmax(x):
