@@ -10,7 +10,7 @@ prefilled once), then a `lax.while_loop` decodes one token per step for the whol
 as soon as every row has stopped. Nothing leaves the device per token: stop tokens are a [V]
 table and stop strings are an Aho-Corasick automaton over bytes, lifted on the host to a
 [state, token] table, so a stop string is detected inside the loop exactly (also when it spans
-several tokens).
+several tokens; only generated text is matched, not the prompt).
 
 Shapes are bucketed so a run compiles a bounded number of times: the batch and the number of
 distinct prompts round up to a power of two (and to a multiple of the mesh's batch divisor),
@@ -425,6 +425,8 @@ class Sampler:
     return jax.device_put(array, sharding.batch_sharding(self.mesh, array.ndim))
 
   def _check_prompts(self, prompts) -> list[tuple[int, ...]]:
+    if isinstance(prompts, np.ndarray) and prompts.ndim == 2:
+      prompts = list(prompts)
     if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
       raise TypeError("prompts must be a list of token-id lists (tokenize text first), got "
                       f"{type(prompts).__name__}.")

@@ -326,3 +326,7 @@ def test_prompt_errors_name_the_problem(qwen3):
   with pytest.raises(TypeError, match="tuple of strings"):
     SamplingParams(stop_strings="</action>")
   assert sampler.generate(params, [[1, 2]], SamplingParams(0)).tokens == [[]]
+  with pytest.raises(TypeError, match="token-id lists"):
+    sampler.generate(params, "a prompt", GREEDY)
+  as_array = sampler.generate(params, np.asarray([[5, 6, 7]]), GREEDY)
+  assert as_array.tokens == sampler.generate(params, [[5, 6, 7]], GREEDY).tokens
