@@ -232,6 +232,33 @@ def _argmax(x: jax.Array) -> jax.Array:
   return jnp.min(jnp.where(x == best, iota, x.shape[-1]), axis=-1)
 
 
+_SAMPLE_BLOCK = 256
+
+
+def _categorical(keys: jax.Array, logits: jax.Array) -> jax.Array:
+  """One draw per row from softmax(logits) [B, V] (-inf = impossible) by inverting the CDF with
+  one uniform per row. Blocked: prefix sums over V/256 block masses pick the block, then over the
+  256 tokens inside it, so each row costs one exp pass over V instead of Gumbel-max's V random
+  numbers and 2V logarithms (about 5x cheaper on CPU). Never returns a zero-probability token."""
+  B, V = logits.shape
+  nb = -(-V // _SAMPLE_BLOCK)
+  probs = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))  # unnormalised, max term 1
+  probs = jnp.pad(probs, ((0, 0), (0, nb * _SAMPLE_BLOCK - V))).reshape(B, nb, _SAMPLE_BLOCK)
+  mass = jnp.sum(probs, axis=-1)  # [B, nb]
+  upto = jnp.cumsum(mass, axis=-1)
+  target = jax.vmap(jax.random.uniform)(keys) * upto[:, -1]  # in [0, total)
+
+  def last_positive(x):  # index of the last entry > 0 (rounding can overshoot past it)
+    return jnp.max(jnp.where(x > 0, lax.broadcasted_iota(jnp.int32, x.shape, 1), 0), axis=-1)
+
+  block = jnp.minimum(jnp.sum(upto <= target[:, None], axis=-1), last_positive(mass))
+  before = jnp.take_along_axis(upto - mass, block[:, None], axis=1)[:, 0]
+  inside = jnp.take_along_axis(probs, block[:, None, None], axis=1)[:, 0]  # [B, 256]
+  index = jnp.sum(jnp.cumsum(inside, axis=-1) <= (target - before)[:, None], axis=-1)
+  index = jnp.minimum(index, last_positive(inside))
+  return (block * _SAMPLE_BLOCK + index).astype(jnp.int32)
+
+
 def _choose(logits: jax.Array, keys: jax.Array, temperature: jax.Array, top_p: jax.Array,
             greedy: bool, top_k: int, use_top_p: bool) -> tuple[jax.Array, jax.Array]:
   """Next token [B] and its log-prob [B] under the unfiltered softmax(logits / temperature)."""
@@ -239,10 +266,9 @@ def _choose(logits: jax.Array, keys: jax.Array, temperature: jax.Array, top_p: j
   if greedy:
     token = _argmax(logits)
   elif top_k > 0 or use_top_p:
-    filtered = _filter_top_k_top_p(scaled, top_k, use_top_p, top_p)
-    token = jax.vmap(jax.random.categorical)(keys, filtered).astype(jnp.int32)
+    token = _categorical(keys, _filter_top_k_top_p(scaled, top_k, use_top_p, top_p))
   else:
-    token = jax.vmap(jax.random.categorical)(keys, scaled).astype(jnp.int32)
+    token = _categorical(keys, scaled)
   # log_softmax at the chosen token only: no [B, V] log-prob array per step.
   picked = jnp.take_along_axis(scaled, token[:, None], axis=-1)[:, 0]
   return token, picked - jax.nn.logsumexp(scaled, axis=-1)

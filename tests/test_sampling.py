@@ -11,8 +11,8 @@ import torch
 
 from sdar_jax import sharding
 from sdar_jax.models import forward, load_pretrained
-from sdar_jax.sampling import (Sampler, SamplingParams, generate, get_sampler, num_compilations,
-                               stop_string_table)
+from sdar_jax.sampling import (Sampler, SamplingParams, _categorical, generate, get_sampler,
+                               num_compilations, stop_string_table)
 from sdar_jax.tokenizer import Tokenizer
 from tests import hf_fixtures
 
@@ -203,6 +203,22 @@ def test_top_p_cuts_to_the_nucleus(tiny_vocab, top_k):
   probs = np.zeros_like(logits)
   probs[nucleus] = _softmax(logits[nucleus] / T)
   assert _chi2_pvalue(samples, probs) > 1e-3
+
+
+def test_blocked_inverse_cdf_draws_the_distribution():
+  """Mass in a few tokens spread over blocks (incl. the last, partial block), zeros elsewhere."""
+  V, n = 1000, 20000  # 4 blocks of 256, the last one partial
+  probs = np.zeros(V)
+  probs[[0, 300, 301, 511, 512, 999]] = [0.05, 0.3, 0.1, 0.2, 0.15, 0.2]
+  with np.errstate(divide="ignore"):
+    logits = np.log(probs).astype(np.float32)
+  keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(4), i))(np.arange(n))
+  samples = np.asarray(jax.jit(_categorical)(keys, np.broadcast_to(logits, (n, V))))
+  assert set(samples.tolist()) <= set(np.flatnonzero(probs).tolist())
+  assert _chi2_pvalue(samples, probs) > 1e-3
+  swapped = probs.copy()
+  swapped[[300, 999]] = probs[[999, 300]]
+  assert _chi2_pvalue(samples, swapped) < 1e-6  # the test can tell 0.3 from 0.2
 
 
 # ---------------------------------------------------------------------------------- stops
