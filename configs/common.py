@@ -107,6 +107,11 @@ def base(model: str = "qwen2.5-3b", algo_name: str = "sdar") -> mlc.ConfigDict:
       eval_before_train=True,
       max_staleness=0,  # 0 = synchronous on-policy (the paper); >0 = async with bounded staleness
   ))
+  config.warm_start = mlc.ConfigDict(dict(  # expert SFT before RL (sdar_jax/warm_start.py)
+      steps=0,  # 0 = off (the reference starts from instruction-tuned checkpoints)
+      lr=1e-5, batch_size=16,
+      split="train",  # walkthroughs/<split>.jsonl of the (generated) data directory
+  ))
   config.rollout = mlc.ConfigDict(dict(
       temperature=1.0, top_p=1.0, top_k=0,  # top_k 0 = off
       max_new_tokens=512,  # per turn (max_response_length)
@@ -222,6 +227,9 @@ def local_overrides(env: str) -> dict[str, Any]:
       "rollout.max_new_tokens": 48,
       "train.total_steps": 3, "train.mini_batch_size": 24, "train.micro_batch_size": 8,
       "train.eval_every": 3,
+      # A random tiny model never wins, so GRPO would see no reward: a short expert warm start
+      # on the generated games' walkthroughs gives it the format and some first moves.
+      "warm_start.steps": 120, "warm_start.lr": 3e-3, "warm_start.batch_size": 16,
       "checkpoint.every": 3, "checkpoint.async_save": False,
       "logging.tensorboard": False,
   }

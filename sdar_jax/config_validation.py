@@ -32,7 +32,7 @@ EVAL_SKILLS = ("without", "with", "both")
 ALGO_KEYS = tuple(PRESET_KEYS) + ("teacher_source", "temperature")
 SECTIONS = ("model", "algo", "mesh", "optim", "train", "rollout", "eval", "checkpoint", "logging",
             "env")
-OPTIONAL_SECTIONS = ("paper",)
+OPTIONAL_SECTIONS = ("paper", "warm_start")
 # The bundled Qwen tokenizer's size: a model driven by it needs at least this many embeddings.
 QWEN_TOKENIZER_SIZE = 151669
 
@@ -286,6 +286,12 @@ def _check_rest(config, p: _Problems) -> None:
   p.at_least("checkpoint.keep", config.checkpoint.keep, 1)
   p.at_least("checkpoint.every", config.checkpoint.every, 0, "use 0 to save only at the end")
   p.at_least("logging.every", config.logging.every, 1)
+  if "warm_start" in config:
+    w = config.warm_start
+    p.at_least("warm_start.steps", w.steps, 0, "use 0 to start RL from the given weights")
+    p.at_least("warm_start.batch_size", w.batch_size, 1)
+    if not w.lr > 0:
+      p.add("warm_start.lr", w.lr, "must be > 0", "set a positive learning rate")
 
 
 # ------------------------------------------------------------------------------------ entry

@@ -166,11 +166,6 @@ class Trainer:
     self.step_fn: TrainStep = train_step_from_config(self.model_config, config, self.mesh)
     lc = self.step_fn.loss_config
     self.with_teacher = lc.needs_teacher
-    self.ref_params = None
-    if lc.kl_coef:  # the frozen initial policy, only when the KL term is on
-      self.ref_params = jax.tree.map(jnp.copy, params)
-    self.state = self.step_fn.shard_state(
-        create_train_state(params, self.step_fn.optimizer, config.train.seed))
     self.pad_id = self.tokenizer.pad_token_id or _PAD_FALLBACK
     self.sampler = Sampler(self.model_config, self.mesh, self.tokenizer,
                            max_prompt_len=config.rollout.max_prompt_len)
@@ -209,6 +204,14 @@ class Trainer:
       self.eval_loops = [(prefix, AgentLoop(self.eval_pool, sampling=val_sampling,
                                             skills_in_student=with_skills, **common))
                          for prefix, with_skills in _EVAL_MODES[config.eval.skills]]
+    self.warm_start_metrics: dict[str, float] = {}
+    if config.get("warm_start") and config.warm_start.steps > 0:
+      params = self._warm_start(params)
+    self.ref_params = None
+    if lc.kl_coef:  # the frozen initial policy (after any warm start), only when KL is on
+      self.ref_params = jax.tree.map(jnp.copy, params)
+    self.state = self.step_fn.shard_state(
+        create_train_state(params, self.step_fn.optimizer, config.train.seed))
     self.replay = ReplayQueue(max_staleness=config.train.max_staleness)
     self.logger = MetricsLogger(config.logging.get("dir") or self.workdir,
                                 jsonl=config.logging.jsonl, tensorboard=config.logging.tensorboard)
@@ -218,6 +221,31 @@ class Trainer:
     self.loop_state = LoopState()
     self.task_rng = np.random.default_rng(config.train.seed)
     self.rng = jax.random.key(config.train.seed + 1)
+
+  # ---------------------------------------------------------------------------- warm start
+  def _warm_start(self, params):
+    """Expert SFT on the walkthroughs (once per workdir: the result is saved as a Hugging Face
+    directory and reloaded on resume, so the KL reference stays the warm-started policy)."""
+    from sdar_jax.models import save_pretrained
+    from sdar_jax.warm_start import expert_samples, read_walkthroughs, warm_start
+
+    out = os.path.join(self.workdir, "warm_start_policy")
+    if os.path.exists(os.path.join(out, "config.json")):
+      _, params = load_pretrained(out, dtype=self.config.model.param_dtype, mesh=self.mesh)
+      return params
+    w = self.config.warm_start
+    data_dir = self.config.env.get("data_dir") or offline_alfworld_dir(self.config.env, self.workdir)
+    records = read_walkthroughs(os.path.join(data_dir, "walkthroughs", f"{w.split}.jsonl"))
+    samples = expert_samples(records, self.loop, end_token_id=self.tokenizer.eos_token_ids[0])
+    params, losses = warm_start(self.model_config, params, samples, steps=w.steps,
+                                batch_size=w.batch_size, lr=w.lr, seed=self.config.train.seed,
+                                shard_batch=self.step_fn.shard_batch)
+    self.warm_start_metrics = {"warm_start/loss_first": losses[0], "warm_start/loss_last": losses[-1],
+                               "warm_start/expert_samples": float(len(samples))}
+    print(f"warm start: {len(samples)} expert turn-samples, {w.steps} steps, loss "
+          f"{losses[0]:.3f} -> {losses[-1]:.3f}", flush=True)
+    save_pretrained(self.model_config, params, out)
+    return params
 
   # ---------------------------------------------------------------------------- resume
   def maybe_restore(self) -> bool:
@@ -309,7 +337,7 @@ class Trainer:
     resumed = self.maybe_restore()
     last: dict[str, float] = {}
     if self.eval_loops and cfg.train.eval_before_train and not resumed:
-      last = self.logger.log(self.loop_state.iteration, self.evaluate())
+      last = self.logger.log(self.loop_state.iteration, {**self.warm_start_metrics, **self.evaluate()})
     while self.loop_state.iteration < total:
       metrics = self.train_iteration()
       self.loop_state.iteration += 1

@@ -21,6 +21,7 @@ def _config(total_steps: int):
       "eval.num_tasks": 2, "rollout.max_new_tokens": 16,
       "train.total_steps": total_steps, "train.mini_batch_size": 4, "train.micro_batch_size": 2,
       "train.eval_every": 2, "checkpoint.every": 1,
+      "warm_start.steps": 2, "warm_start.batch_size": 4,
   })
   return config
 
@@ -44,6 +45,8 @@ def test_train_checkpoint_export_resume(tmp_path, monkeypatch):
   rows = _rows(workdir)
   assert [r["step"] for r in rows] == [0, 1, 2]
   assert "val/success_rate" in rows[0] and "val/success_rate" in rows[2]
+  assert rows[0]["warm_start/expert_samples"] > 0  # one sample per walkthrough step
+  assert os.path.exists(os.path.join(workdir, "warm_start_policy", "model.safetensors"))
   for r in rows[1:]:
     # Each iteration: 2 episodes of <= 2 turns were played, scored, and trained on.
     assert 1 <= r["rollout/turn_samples"] <= 4
