@@ -21,10 +21,10 @@ choices; temperature, top_p's value, max_new_tokens and the stop sets are runtim
 `Sampler.num_compilations` counts traces.
 
 Prefill runs the model's `apply` on the distinct prompts. Decode runs a decode-specialised copy of
-the layer (`_decode_layer`: same maths, the cache laid out [B, K, S, H] for plain batched matmuls)
-with the layers unrolled over per-layer weight slices taken once per call, which holds one extra
-copy of the decoder weights while generating (a scan over the stacked layers would copy every
-weight slice at every step on CPU).
+the layer (`_decode_layer`: same maths, keys cached [B, K, H, S] and values [B, K, S, H] so both
+attention products are plain batched matmuls) with the layers unrolled over per-layer weight
+slices taken once per call, which holds one extra copy of the decoder weights while generating
+(a scan over the stacked layers would copy every weight slice at every step on CPU).
 
 Log-probs: the log-prob of each sampled token is `log_softmax(logits / temperature)[token]` of the
 unfiltered distribution (`log_softmax(logits)` when greedy, temperature 0). That is the quantity
@@ -32,8 +32,9 @@ the train step recomputes for the same tokens, so the importance ratio is 1 at s
 top-k / top-p only restrict which tokens can be drawn; they do not renormalise the returned
 log-prob (training uses top_p=1, top_k off, where the two coincide).
 
-Random numbers: row i of the padded batch draws step t with `fold_in(fold_in(rng, i), t)`, so a
-row's samples do not depend on the batch bucket or the device mesh.
+Random numbers: row i of the padded batch draws step t with one uniform from
+`fold_in(fold_in(rng, i), t)` (inverse-CDF sampling, `_categorical`), so a row's samples do not
+depend on the batch bucket or the device mesh (they do depend on the row's index in the batch).
 """
 
 from __future__ import annotations
