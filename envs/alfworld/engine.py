@@ -12,6 +12,7 @@ import functools
 import importlib.resources
 import json
 import os
+import threading
 from typing import Any, Sequence
 
 __all__ = ["domain_text", "grammar_text", "game_json", "write_game_file", "start_engine", "release_engine"]
@@ -55,28 +56,37 @@ def write_game_file(path: str, data: dict[str, Any]) -> None:
         json.dump(data, f)
 
 
+# Every PddlEnv loads a private copy of Fast Downward's C++ library (34 MB). Unloading a copy
+# (dlclose) leaves the process corrupt: a later load, or interpreter exit, segfaults (reproduced
+# with jax and torch loaded). So an engine is never unloaded: `release_engine` parks it and
+# `start_engine` hands parked engines out again, which bounds the copies to the most engines a
+# process ever uses at once.
+_IDLE: dict[tuple[bool, bool], list[Any]] = {}
+_IDLE_LOCK = threading.Lock()
+
+
 def start_engine(policy_commands: bool = False, facts: bool = False) -> Any:
     """A TextWorld PDDL env wrapped like alfworld's text env (demangled names, gamefile in the state).
 
     Load a game with `.load(path)`, then `.reset()` / `.step(command)` return TextWorld GameStates.
     `policy_commands=True` asks the planner for a plan at every state (slow: use for experts only).
     """
+    key = (bool(policy_commands), bool(facts))
+    with _IDLE_LOCK:
+        if _IDLE.get(key):
+            return _IDLE[key].pop()
     import textworld
     from textworld.envs import PddlEnv
     from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
 
     infos = textworld.EnvInfos(won=True, admissible_commands=True, policy_commands=policy_commands, facts=facts,
                                extras=["gamefile"])
-    env = PddlEnv(infos)
-    env = AlfredDemangler(env, shuffle=False)
-    return AlfredInfos(env)
+    env = AlfredInfos(AlfredDemangler(PddlEnv(infos), shuffle=False))
+    env.sdar_engine_key = key
+    return env
 
 
 def release_engine(env: Any) -> None:
-    """Unloads the private copy of Fast Downward's library that each PddlEnv loads (PddlEnv never does)."""
-    import fast_downward
-
-    lib = getattr(env.unwrapped, "downward_lib", None)
-    if lib is not None:
-        fast_downward.close_lib(lib)
-        env.unwrapped.downward_lib = None
+    """Parks an engine for reuse by `start_engine` (its library stays loaded: see `_IDLE`)."""
+    with _IDLE_LOCK:
+        _IDLE.setdefault(getattr(env, "sdar_engine_key", (False, False)), []).append(env)
