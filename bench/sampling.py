@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -47,45 +46,17 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-import transformers  # noqa: E402
 
 from sdar_jax import sharding  # noqa: E402
 from sdar_jax.models import load_pretrained  # noqa: E402
 from sdar_jax.sampling import Sampler, SamplingParams  # noqa: E402
-
-HF_CONFIG = dict(vocab_size=4096, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
-                 num_attention_heads=8, num_key_value_heads=4, head_dim=32, rope_theta=1e6,
-                 rms_norm_eps=1e-6, tie_word_embeddings=False, max_position_embeddings=4096)
-
+from _common import PEER_HF_CONFIG, interleaved, peer_model  # noqa: E402
 
 def write_checkpoint(path: str, seed: int = 0):
-  """A random HF Qwen3 checkpoint (the peers.md init) saved to `path`; returns the torch model."""
-  torch.manual_seed(seed)
-  model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**HF_CONFIG)).float().eval()
-  gen = torch.Generator().manual_seed(seed)
-  with torch.no_grad():
-    for name, p in model.named_parameters():
-      if name.endswith("norm.weight"):
-        p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
-      else:
-        p.copy_(0.02 * torch.randn(p.shape, generator=gen))
+  """The peers.md model (bench/_common.py) saved to `path`; returns the torch model."""
+  model = peer_model(seed, attn_implementation="sdpa")
   model.save_pretrained(path)
   return model
-
-
-def interleaved(calls: dict, repeats: int) -> dict:
-  """name -> (first-call s, median s, last output); repeats run round-robin over the calls."""
-  first, outputs, times = {}, {}, {name: [] for name in calls}
-  for name, call in calls.items():
-    t = time.perf_counter()
-    outputs[name] = call()
-    first[name] = time.perf_counter() - t
-  for _ in range(repeats):
-    for name, call in calls.items():
-      t = time.perf_counter()
-      outputs[name] = call()
-      times[name].append(time.perf_counter() - t)
-  return {name: (first[name], statistics.median(times[name]), outputs[name]) for name in calls}
 
 
 # ------------------------------------------------------------------------------------ peers
@@ -149,7 +120,7 @@ def tunix(path, prompts, new):
   except ImportError as err:
     return (f"not installed (no module {err.name!r}): .venv/bin/pip install -r "
             "requirements-bench.txt && .venv/bin/pip install --no-deps google-tunix==0.1.7")
-  c = HF_CONFIG
+  c = PEER_HF_CONFIG
   config = tunix_model.ModelConfig(
       num_layers=c["num_hidden_layers"], vocab_size=c["vocab_size"], embed_dim=c["hidden_size"],
       hidden_dim=c["intermediate_size"], num_heads=c["num_attention_heads"], head_dim=c["head_dim"],

@@ -55,10 +55,7 @@ from sdar_jax.algos import get_preset  # noqa: E402
 from sdar_jax.models import ModelConfig, init_params  # noqa: E402
 from sdar_jax.train_state import create_train_state, make_optimizer  # noqa: E402
 from sdar_jax.train_step import TurnBatch, make_train_step, response_logprobs  # noqa: E402
-
-HF_CONFIG = dict(vocab_size=4096, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
-                 num_attention_heads=8, num_key_value_heads=4, head_dim=32, rope_theta=1e6,
-                 rms_norm_eps=1e-6, tie_word_embeddings=False, max_position_embeddings=4096)
+from _common import median_time, peer_model  # noqa: E402
 
 # Dense bf16 peak FLOP/s per chip, by a substring of jax.Device.device_kind (first match wins).
 PEAK_BF16_FLOPS = (
@@ -66,15 +63,6 @@ PEAK_BF16_FLOPS = (
     ("TPU v6", 918e12), ("TPU v5p", 459e12), ("TPU v5 lite", 197e12), ("TPU v5e", 197e12),
     ("TPU v4", 275e12),
 )
-
-
-def _median_time(fn, repeats: int) -> float:
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
 
 
 def _peak_bytes(compiled) -> int:
@@ -226,17 +214,10 @@ def prepare_torch(model, batch: TurnBatch, teacher: bool) -> dict:
 
 def compare(args) -> None:
   import torch
-  import transformers
 
   from sdar_jax.models import load_pretrained
 
-  torch.manual_seed(0)
-  hf = transformers.AutoModelForCausalLM.from_config(
-      transformers.Qwen3Config(**HF_CONFIG), attn_implementation="sdpa").float()
-  with torch.no_grad():  # N(0, 0.02) matrices (transformers' init); norm scales 1 + 0.1 N(0, 1)
-    for name, p in hf.named_parameters():
-      if name.endswith("norm.weight"):
-        p.copy_(1.0 + 0.1 * torch.randn(p.shape))
+  hf = peer_model(0, attn_implementation="sdpa").train()
   with tempfile.TemporaryDirectory() as d:
     hf.save_pretrained(d)
     config, params = load_pretrained(d, dtype="float32")
@@ -345,7 +326,7 @@ def mfu(args) -> None:
   result = prepare_ours_update(config, params, jax.device_put(batch), algo,
                                micro_batch_size=args.micro_batch, copy_params=False)
   del params
-  result["median"] = _median_time(result["call"], args.repeats)
+  result["median"] = median_time(result["call"], args.repeats)
   flops = update_flops(config, B, ps + r, pt + r, r)
   achieved = flops / result["median"]
   device = jax.devices()[0]

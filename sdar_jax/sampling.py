@@ -52,7 +52,8 @@ from jax.sharding import Mesh, NamedSharding
 
 from sdar_jax import sharding
 from sdar_jax.models.config import ModelConfig
-from sdar_jax.models.qwen import (Params, apply, apply_rope, logits_from_hidden, positions_from_mask,
+from sdar_jax.models.qwen import (Params, apply, apply_rope, attention_out_and_mlp,
+                                  logits_from_hidden, positions_from_mask, qkv_projection,
                                   rms_norm, rope_tables)
 
 QWEN_STOP_TOKEN_IDS = (151645, 151643)  # <|im_end|>, <|endoftext|>
@@ -285,21 +286,10 @@ def _decode_layer(config: ModelConfig, p: Params, x: jax.Array, cos: jax.Array, 
   The same computation as models.qwen's layer (tests compare the log-probs with `forward`), with
   the cache laid out so both attention products are plain batched matmuls (q @ K, p @ V): with
   the model's [L, B, S, K, H] layout XLA:CPU transposes every layer's cache at every step."""
-  eps = config.rms_norm_eps
   dt = x.dtype
   B = x.shape[0]
   N, K, H = config.num_heads, config.num_kv_heads, config.head_dim
-  h = rms_norm(x, p["attn_norm"], eps)
-  q = jnp.einsum("bd,dnh->bnh", h, p["q_proj"].astype(dt))
-  k = jnp.einsum("bd,dkh->bkh", h, p["k_proj"].astype(dt))
-  v = jnp.einsum("bd,dkh->bkh", h, p["v_proj"].astype(dt))
-  if config.qkv_bias:
-    q = q + p["q_bias"].astype(dt)
-    k = k + p["k_bias"].astype(dt)
-    v = v + p["v_bias"].astype(dt)
-  if config.qk_norm:
-    q = rms_norm(q, p["q_norm"], eps)
-    k = rms_norm(k, p["k_norm"], eps)
+  q, k, v = qkv_projection(config, p, x)
   q = apply_rope(q[:, None], cos, sin)[:, 0]
   k = apply_rope(k[:, None], cos, sin)[:, 0]
   k_cache = lax.dynamic_update_slice(k_cache, k[:, :, :, None].astype(k_cache.dtype), (0, 0, 0, slot))
@@ -308,15 +298,8 @@ def _decode_layer(config: ModelConfig, p: Params, x: jax.Array, cos: jax.Array, 
   scores = jnp.einsum("bkgh,bkhs->bkgs", q, k_cache, preferred_element_type=jnp.float32) * H ** -0.5
   scores = jnp.where(valid[:, None, None, :], scores, _MASKED)
   probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-  attn = jnp.einsum("bkgs,bksh->bkgh", probs, v_cache).reshape(B, N * H)
-  out = attn @ p["o_proj"].reshape(N * H, -1).astype(dt)
-  if config.o_bias:
-    out = out + p["o_bias"].astype(dt)
-  x = x + out
-  h = rms_norm(x, p["mlp_norm"], eps)
-  gate = h @ p["gate_proj"].astype(dt)
-  up = h @ p["up_proj"].astype(dt)
-  return x + (jax.nn.silu(gate) * up) @ p["down_proj"].astype(dt), k_cache, v_cache
+  attn = jnp.einsum("bkgs,bksh->bkgh", probs, v_cache).reshape(B, N, H)
+  return attention_out_and_mlp(config, p, x, attn), k_cache, v_cache
 
 
 # ------------------------------------------------------------------------------------ sampler

@@ -193,13 +193,15 @@ def _attention(q, k, v, mask, cache_k=None, cache_v=None, cache_mask=None):
   return out.reshape(B, T, N, H)
 
 
-def _layer(config: ModelConfig, p: Params, x, cos, sin, mask, cache_kv, cache_mask):
-  eps = config.rms_norm_eps
-  dt = x.dtype
+def qkv_projection(config: ModelConfig, p: Params, x: jax.Array
+                   ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """One layer's pre-attention norm and q/k/v projections of x [..., D] -> q [..., N, H] and
+  k, v [..., K, H], with the q/k/v bias (Qwen2) or the per-head q/k RMSNorm (Qwen3); no RoPE."""
+  eps, dt = config.rms_norm_eps, x.dtype
   h = rms_norm(x, p["attn_norm"], eps)
-  q = jnp.einsum("btd,dnh->btnh", h, p["q_proj"].astype(dt))
-  k = jnp.einsum("btd,dkh->btkh", h, p["k_proj"].astype(dt))
-  v = jnp.einsum("btd,dkh->btkh", h, p["v_proj"].astype(dt))
+  q = jnp.einsum("...d,dnh->...nh", h, p["q_proj"].astype(dt))
+  k = jnp.einsum("...d,dkh->...kh", h, p["k_proj"].astype(dt))
+  v = jnp.einsum("...d,dkh->...kh", h, p["v_proj"].astype(dt))
   if config.qkv_bias:
     q = q + p["q_bias"].astype(dt)
     k = k + p["k_bias"].astype(dt)
@@ -207,19 +209,31 @@ def _layer(config: ModelConfig, p: Params, x, cos, sin, mask, cache_kv, cache_ma
   if config.qk_norm:
     q = rms_norm(q, p["q_norm"], eps)
     k = rms_norm(k, p["k_norm"], eps)
+  return q, k, v
+
+
+def attention_out_and_mlp(config: ModelConfig, p: Params, x: jax.Array, attn: jax.Array
+                          ) -> jax.Array:
+  """The rest of a layer after attention: o_proj of attn [..., N, H] into the residual x [..., D],
+  then the gated SiLU MLP block."""
+  dt = x.dtype
+  out = jnp.einsum("...nh,nhd->...d", attn, p["o_proj"].astype(dt))
+  if config.o_bias:
+    out = out + p["o_bias"].astype(dt)
+  x = x + out
+  h = rms_norm(x, p["mlp_norm"], config.rms_norm_eps)
+  gate = jnp.einsum("...d,df->...f", h, p["gate_proj"].astype(dt))
+  up = jnp.einsum("...d,df->...f", h, p["up_proj"].astype(dt))
+  return x + jnp.einsum("...f,fd->...d", jax.nn.silu(gate) * up, p["down_proj"].astype(dt))
+
+
+def _layer(config: ModelConfig, p: Params, x, cos, sin, mask, cache_kv, cache_mask):
+  q, k, v = qkv_projection(config, p, x)
   q = apply_rope(q, cos, sin)
   k = apply_rope(k, cos, sin)
   cache_k, cache_v = cache_kv if cache_kv is not None else (None, None)
   attn = _attention(q, k, v, mask, cache_k, cache_v, cache_mask)
-  out = jnp.einsum("btnh,nhd->btd", attn, p["o_proj"].astype(dt))
-  if config.o_bias:
-    out = out + p["o_bias"].astype(dt)
-  x = x + out
-  h = rms_norm(x, p["mlp_norm"], eps)
-  gate = jnp.einsum("btd,df->btf", h, p["gate_proj"].astype(dt))
-  up = jnp.einsum("btd,df->btf", h, p["up_proj"].astype(dt))
-  x = x + jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, p["down_proj"].astype(dt))
-  return x, (k, v)
+  return attention_out_and_mlp(config, p, x, attn), (k, v)
 
 
 def apply(config: ModelConfig, params: Params, tokens: jax.Array, positions: jax.Array,
