@@ -158,7 +158,7 @@ def main():
         f"load average {os.getloadavg()[0]:.1f}")
 
   rng = np.random.default_rng(0)
-  prompts = rng.integers(1, HF_CONFIG["vocab_size"], (args.batch, args.prompt_len)).astype(np.int32)
+  prompts = rng.integers(1, PEER_HF_CONFIG["vocab_size"], (args.batch, args.prompt_len)).astype(np.int32)
   generated = args.batch * args.new
   with tempfile.TemporaryDirectory() as path:
     hf_model = write_checkpoint(path)
@@ -198,7 +198,7 @@ def main():
     print(f"\ngroup prefix sharing: {args.batch // args.group} prompts x {args.group} copies, "
           f"{args.new} new tokens, temperature 1")
     for length in (args.prompt_len, args.long_prompt):
-      distinct = rng.integers(1, HF_CONFIG["vocab_size"], (args.batch // args.group, length))
+      distinct = rng.integers(1, PEER_HF_CONFIG["vocab_size"], (args.batch // args.group, length))
       grouped = [distinct[i // args.group].tolist() for i in range(args.batch)]
       shared = interleaved({
           share: (lambda share=share: sampler.generate(params, grouped, sp, key, share))
