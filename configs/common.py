@@ -229,7 +229,7 @@ def local_overrides(env: str) -> dict[str, Any]:
       "train.eval_every": 3,
       # A random tiny model never wins, so GRPO would see no reward: a short expert warm start
       # on the generated games' walkthroughs gives it the format and some first moves.
-      "warm_start.steps": 120, "warm_start.lr": 3e-3, "warm_start.batch_size": 16,
+      "warm_start.steps": 80, "warm_start.lr": 4e-3, "warm_start.batch_size": 8,
       "checkpoint.every": 3, "checkpoint.async_save": False,
       "logging.tensorboard": False,
   }

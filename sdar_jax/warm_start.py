@@ -29,8 +29,10 @@ from sdar_jax.train_step import response_logprobs
 
 
 def expert_response(task: str, action: str) -> str:
-  """The target text of one expert step: short reasoning, then the action in its tags."""
-  return f"<think>My task is to {task.rstrip('.')}. The next step is to {action}.</think>\n<action>{action}</action>"
+  """The target text of one expert step: a one-line reasoning, then the action in its tags
+  (short on purpose: the response bucket, and so the cost of every SFT step, follows its length)."""
+  del task  # the prompt states it; repeating it would double the target length
+  return f"<think>I follow my plan.</think>\n<action>{action}</action>"
 
 
 def read_walkthroughs(path: str) -> list[dict[str, Any]]:
