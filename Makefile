@@ -7,13 +7,14 @@ DEV_STAMP     := $(VENV)/.dev-installed
 WORKDIR ?= runs/demo
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast bench clean-venv help
+.PHONY: demo test test-fast bench fmt clean-venv help
 
 help:
 	@echo "make demo   - the embedded offline SDAR run (configs/default.py), sets up .venv"
 	@echo "make test   - the whole test suite (slow end-to-end tests included), sets up .venv"
 	@echo "make test-fast - the suite without tests marked slow"
 	@echo "make bench  - forward / sampling / train-step / env benchmarks (print figures)"
+	@echo "make fmt    - format the tree (ruff, settings in pyproject.toml)"
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +43,9 @@ bench: $(DEV_STAMP)
 	$(PY) bench/sampling.py
 	$(PY) bench/train_step.py
 	$(PY) bench/envs.py
+
+fmt: $(DEV_STAMP)
+	$(VENV)/bin/ruff format .
 
 clean-venv:
 	rm -rf $(VENV)

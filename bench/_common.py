@@ -13,10 +13,19 @@ import statistics
 import time
 from typing import Any, Callable
 
-PEER_HF_CONFIG = dict(vocab_size=4096, hidden_size=256, intermediate_size=768,
-                      num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
-                      head_dim=32, rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=False,
-                      max_position_embeddings=4096)
+PEER_HF_CONFIG = dict(
+  vocab_size=4096,
+  hidden_size=256,
+  intermediate_size=768,
+  num_hidden_layers=4,
+  num_attention_heads=8,
+  num_key_value_heads=4,
+  head_dim=32,
+  rope_theta=1e6,
+  rms_norm_eps=1e-6,
+  tie_word_embeddings=False,
+  max_position_embeddings=4096,
+)
 
 
 def peer_model(seed: int = 0, attn_implementation: str = "sdpa"):
@@ -26,7 +35,8 @@ def peer_model(seed: int = 0, attn_implementation: str = "sdpa"):
 
   torch.manual_seed(seed)
   model = transformers.AutoModelForCausalLM.from_config(
-      transformers.Qwen3Config(**PEER_HF_CONFIG), attn_implementation=attn_implementation)
+    transformers.Qwen3Config(**PEER_HF_CONFIG), attn_implementation=attn_implementation
+  )
   model = model.float().eval()
   gen = torch.Generator().manual_seed(seed)
   with torch.no_grad():
@@ -38,8 +48,9 @@ def peer_model(seed: int = 0, attn_implementation: str = "sdpa"):
   return model
 
 
-def interleaved(calls: dict[str, Callable[[], Any]], repeats: int
-                ) -> dict[str, tuple[float, float, Any]]:
+def interleaved(
+  calls: dict[str, Callable[[], Any]], repeats: int
+) -> dict[str, tuple[float, float, Any]]:
   """name -> (first-call s, median s, last output); the repeats run round-robin over the calls."""
   first, outputs, times = {}, {}, {name: [] for name in calls}
   for name, call in calls.items():

@@ -8,6 +8,7 @@ admissible action (not "help") in every env; an env that finishes is reset outsi
 steps/s = env steps / wall time of the stepping rounds (resets excluded, shown separately).
 A second table runs the same loop on the trivial "dummy" env: the pool's own overhead (IPC, batching).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,59 +25,87 @@ from envs.alfworld import collect_game_files  # noqa: E402
 from envs.alfworld.generator import generate_split  # noqa: E402
 
 
-def bench_pool(env_name: str, env_kwargs: dict, num_tasks: int, num_envs: int, steps: int, workers: int | None,
-               seed: int = 0) -> dict:
-    rng = random.Random(seed)
-    num_workers = min(num_envs, workers if workers is not None else (os.cpu_count() or 1))
-    with EnvPool(env_name, num_envs, env_kwargs=env_kwargs, num_workers=num_workers, timeout_s=600) as pool:
-        tasks = [i % num_tasks for i in range(num_envs)]
-        start = time.perf_counter()
-        results = pool.reset(tasks=tasks)
-        reset_s = time.perf_counter() - start
-        step_s, env_steps, failures = 0.0, 0, 0
-        for _ in range(steps):
-            actions = [rng.choice([c for c in r.info["admissible_commands"] if c != "help"]) for r in results]
-            start = time.perf_counter()
-            results = pool.step(actions)
-            step_s += time.perf_counter() - start
-            env_steps += num_envs
-            failures += sum(r.failed for r in results)
-            done = [i for i, r in enumerate(results) if r.done]
-            if done:
-                for i, r in zip(done, pool.reset(tasks=[tasks[i] for i in done], indices=done)):
-                    results[i] = r
-    return {"envs": num_envs, "workers": num_workers, "reset_s": reset_s, "env_steps": env_steps,
-            "steps_per_s": env_steps / step_s, "failures": failures}
+def bench_pool(
+  env_name: str,
+  env_kwargs: dict,
+  num_tasks: int,
+  num_envs: int,
+  steps: int,
+  workers: int | None,
+  seed: int = 0,
+) -> dict:
+  rng = random.Random(seed)
+  num_workers = min(num_envs, workers if workers is not None else (os.cpu_count() or 1))
+  with EnvPool(
+    env_name, num_envs, env_kwargs=env_kwargs, num_workers=num_workers, timeout_s=600
+  ) as pool:
+    tasks = [i % num_tasks for i in range(num_envs)]
+    start = time.perf_counter()
+    results = pool.reset(tasks=tasks)
+    reset_s = time.perf_counter() - start
+    step_s, env_steps, failures = 0.0, 0, 0
+    for _ in range(steps):
+      actions = [
+        rng.choice([c for c in r.info["admissible_commands"] if c != "help"]) for r in results
+      ]
+      start = time.perf_counter()
+      results = pool.step(actions)
+      step_s += time.perf_counter() - start
+      env_steps += num_envs
+      failures += sum(r.failed for r in results)
+      done = [i for i, r in enumerate(results) if r.done]
+      if done:
+        for i, r in zip(done, pool.reset(tasks=[tasks[i] for i in done], indices=done)):
+          results[i] = r
+  return {
+    "envs": num_envs,
+    "workers": num_workers,
+    "reset_s": reset_s,
+    "env_steps": env_steps,
+    "steps_per_s": env_steps / step_s,
+    "failures": failures,
+  }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data-dir", help="ALFWorld or generated data folder (default: generate 6 games)")
-    parser.add_argument("--split", default="train")
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 8, 64])
-    parser.add_argument("--steps", type=int, default=20, help="stepping rounds per pool size")
-    parser.add_argument("--workers", type=int, default=None, help="worker processes (default: CPU count)")
-    args = parser.parse_args()
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument(
+    "--data-dir", help="ALFWorld or generated data folder (default: generate 6 games)"
+  )
+  parser.add_argument("--split", default="train")
+  parser.add_argument("--sizes", type=int, nargs="+", default=[1, 8, 64])
+  parser.add_argument("--steps", type=int, default=20, help="stepping rounds per pool size")
+  parser.add_argument(
+    "--workers", type=int, default=None, help="worker processes (default: CPU count)"
+  )
+  args = parser.parse_args()
 
-    with tempfile.TemporaryDirectory() as tmp:
-        data_dir = args.data_dir
-        if data_dir is None:
-            data_dir = tmp
-            start = time.perf_counter()
-            generate_split(tmp, args.split, 1, seed=0)
-            print(f"generated 6 planner-checked games in {time.perf_counter() - start:.1f}s")
-        game_files = collect_game_files(data_dir, args.split)
-        print(f"{len(game_files)} games, {os.cpu_count()} CPUs, {args.steps} rounds of random admissible actions")
-        for title, name, kwargs, num_tasks in (("alfworld (real engine)", "alfworld", {"game_files": game_files},
-                                                len(game_files)),
-                                               ("dummy (pool overhead only)", "dummy", {}, 8)):
-            print(f"\n{title}")
-            print(f"{'envs':>5} {'workers':>7} {'reset s':>8} {'env steps':>9} {'steps/s':>9} {'failures':>8}")
-            for size in args.sizes:
-                row = bench_pool(name, kwargs, num_tasks, size, args.steps, args.workers)
-                print(f"{row['envs']:>5} {row['workers']:>7} {row['reset_s']:>8.2f} {row['env_steps']:>9} "
-                      f"{row['steps_per_s']:>9.1f} {row['failures']:>8}")
+  with tempfile.TemporaryDirectory() as tmp:
+    data_dir = args.data_dir
+    if data_dir is None:
+      data_dir = tmp
+      start = time.perf_counter()
+      generate_split(tmp, args.split, 1, seed=0)
+      print(f"generated 6 planner-checked games in {time.perf_counter() - start:.1f}s")
+    game_files = collect_game_files(data_dir, args.split)
+    print(
+      f"{len(game_files)} games, {os.cpu_count()} CPUs, {args.steps} rounds of random admissible actions"
+    )
+    for title, name, kwargs, num_tasks in (
+      ("alfworld (real engine)", "alfworld", {"game_files": game_files}, len(game_files)),
+      ("dummy (pool overhead only)", "dummy", {}, 8),
+    ):
+      print(f"\n{title}")
+      print(
+        f"{'envs':>5} {'workers':>7} {'reset s':>8} {'env steps':>9} {'steps/s':>9} {'failures':>8}"
+      )
+      for size in args.sizes:
+        row = bench_pool(name, kwargs, num_tasks, size, args.steps, args.workers)
+        print(
+          f"{row['envs']:>5} {row['workers']:>7} {row['reset_s']:>8.2f} {row['env_steps']:>9} "
+          f"{row['steps_per_s']:>9.1f} {row['failures']:>8}"
+        )
 
 
 if __name__ == "__main__":
-    main()
+  main()

@@ -47,19 +47,24 @@ def main():
   def jax_call():
     return jax.block_until_ready(forward(config, params, tokens))
 
-  results = interleaved({"sdar-jax (jit)": jax_call, "transformers (torch)": torch_call},
-                        args.repeats)
+  results = interleaved(
+    {"sdar-jax (jit)": jax_call, "transformers (torch)": torch_call}, args.repeats
+  )
   jax_first, jax_s, _ = results["sdar-jax (jit)"]
   torch_first, torch_s, ref = results["transformers (torch)"]
   ours = np.asarray(forward(config, params, tokens))
   max_abs = float(np.max(np.abs(ours - ref.float().numpy())))
   n = args.batch * args.seq
-  print(f"forward [{args.batch}, {args.seq}] -> logits [{args.batch}, {args.seq}, {vocab}], "
-        f"fp32, {jax.device_count()} {jax.devices()[0].platform} device(s), torch threads {torch.get_num_threads()}")
+  print(
+    f"forward [{args.batch}, {args.seq}] -> logits [{args.batch}, {args.seq}, {vocab}], "
+    f"fp32, {jax.device_count()} {jax.devices()[0].platform} device(s), torch threads {torch.get_num_threads()}"
+  )
   print(f"{'peer':<22}{'median s':>10}{'tokens/s':>12}{'first call s':>14}")
   print(f"{'sdar-jax (jit)':<22}{jax_s:>10.4f}{n / jax_s:>12.0f}{jax_first:>14.2f}")
   print(f"{'transformers (torch)':<22}{torch_s:>10.4f}{n / torch_s:>12.0f}{torch_first:>14.2f}")
-  print(f"speed-up sdar-jax / transformers: {torch_s / jax_s:.2f}x; logits max |diff| {max_abs:.2e}")
+  print(
+    f"speed-up sdar-jax / transformers: {torch_s / jax_s:.2f}x; logits max |diff| {max_abs:.2e}"
+  )
 
 
 if __name__ == "__main__":

@@ -33,11 +33,15 @@ import time
 def _set_device_count(argv) -> None:
   """--devices must take effect before jax is imported."""
   for i, arg in enumerate(argv):
-    n = arg.split("=", 1)[1] if arg.startswith("--devices=") else (
-        argv[i + 1] if arg == "--devices" and i + 1 < len(argv) else None)
+    n = (
+      arg.split("=", 1)[1]
+      if arg.startswith("--devices=")
+      else (argv[i + 1] if arg == "--devices" and i + 1 < len(argv) else None)
+    )
     if n and int(n) > 1:
-      os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                                 + f" --xla_force_host_platform_device_count={int(n)}")
+      os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={int(n)}"
+      )
 
 
 _set_device_count(sys.argv)
@@ -51,6 +55,7 @@ from sdar_jax import sharding  # noqa: E402
 from sdar_jax.models import load_pretrained  # noqa: E402
 from sdar_jax.sampling import Sampler, SamplingParams  # noqa: E402
 from _common import PEER_HF_CONFIG, interleaved, peer_model  # noqa: E402
+
 
 def write_checkpoint(path: str, seed: int = 0):
   """The peers.md model (bench/_common.py) saved to `path`; returns the torch model."""
@@ -83,11 +88,18 @@ def hf(model, prompts, new, threads: int | None = None):
     torch.set_num_threads(threads or before)
     try:
       with torch.inference_mode():
-        out = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=new,
-                             min_new_tokens=new, eos_token_id=None, pad_token_id=0)
+        out = model.generate(
+          ids,
+          attention_mask=mask,
+          do_sample=False,
+          max_new_tokens=new,
+          min_new_tokens=new,
+          eos_token_id=None,
+          pad_token_id=0,
+        )
     finally:
       torch.set_num_threads(before)
-    return out[:, prompts.shape[1]:].numpy()
+    return out[:, prompts.shape[1] :].numpy()
 
   return call
 
@@ -118,23 +130,41 @@ def tunix(path, prompts, new):
     from tunix.models.qwen3 import model as tunix_model
     from tunix.models.qwen3 import params as tunix_params
   except ImportError as err:
-    return (f"not installed (no module {err.name!r}): .venv/bin/pip install -r "
-            "requirements-bench.txt && .venv/bin/pip install --no-deps google-tunix==0.1.7")
+    return (
+      f"not installed (no module {err.name!r}): .venv/bin/pip install -r "
+      "requirements-bench.txt && .venv/bin/pip install --no-deps google-tunix==0.1.7"
+    )
   c = PEER_HF_CONFIG
   config = tunix_model.ModelConfig(
-      num_layers=c["num_hidden_layers"], vocab_size=c["vocab_size"], embed_dim=c["hidden_size"],
-      hidden_dim=c["intermediate_size"], num_heads=c["num_attention_heads"], head_dim=c["head_dim"],
-      num_kv_heads=c["num_key_value_heads"], rope_theta=int(c["rope_theta"]),
-      norm_eps=c["rms_norm_eps"], use_tied_embedding=False)
+    num_layers=c["num_hidden_layers"],
+    vocab_size=c["vocab_size"],
+    embed_dim=c["hidden_size"],
+    hidden_dim=c["intermediate_size"],
+    num_heads=c["num_attention_heads"],
+    head_dim=c["head_dim"],
+    num_kv_heads=c["num_key_value_heads"],
+    rope_theta=int(c["rope_theta"]),
+    norm_eps=c["rms_norm_eps"],
+    use_tied_embedding=False,
+  )
   model = tunix_params.create_model_from_safe_tensors(path, config)
-  cache = tunix_sampler.CacheConfig(cache_size=prompts.shape[1] + new, num_layers=config.num_layers,
-                                    num_kv_heads=config.num_kv_heads, head_dim=config.head_dim)
+  cache = tunix_sampler.CacheConfig(
+    cache_size=prompts.shape[1] + new,
+    num_layers=config.num_layers,
+    num_kv_heads=config.num_kv_heads,
+    head_dim=config.head_dim,
+  )
   sampler = tunix_sampler.Sampler(model, _IdsTokenizer(), cache)
   texts = [" ".join(map(str, row)) for row in prompts.tolist()]
 
   def call():
-    out = sampler(texts, max_generation_steps=new, max_prompt_length=prompts.shape[1],
-                  temperature=0.0, eos_tokens=[-1])
+    out = sampler(
+      texts,
+      max_generation_steps=new,
+      max_prompt_length=prompts.shape[1],
+      temperature=0.0,
+      eos_tokens=[-1],
+    )
     return np.stack([np.asarray(t[:new]) for t in out.tokens])
 
   return call
@@ -149,22 +179,33 @@ def main():
   parser.add_argument("--repeats", type=int, default=7)
   parser.add_argument("--group", type=int, default=8)
   parser.add_argument("--long-prompt", type=int, default=512)
-  parser.add_argument("--devices", type=int, default=1,
-                      help="also run ours on a data-parallel mesh of this many CPU devices")
+  parser.add_argument(
+    "--devices",
+    type=int,
+    default=1,
+    help="also run ours on a data-parallel mesh of this many CPU devices",
+  )
   parser.add_argument("--no-tunix", action="store_true")
   args = parser.parse_args()
-  print(f"jax {jax.__version__} ({jax.device_count()} {jax.devices()[0].platform} devices), "
-        f"torch {torch.__version__} ({torch.get_num_threads()} threads), {os.cpu_count()} CPUs, "
-        f"load average {os.getloadavg()[0]:.1f}")
+  print(
+    f"jax {jax.__version__} ({jax.device_count()} {jax.devices()[0].platform} devices), "
+    f"torch {torch.__version__} ({torch.get_num_threads()} threads), {os.cpu_count()} CPUs, "
+    f"load average {os.getloadavg()[0]:.1f}"
+  )
 
   rng = np.random.default_rng(0)
-  prompts = rng.integers(1, PEER_HF_CONFIG["vocab_size"], (args.batch, args.prompt_len)).astype(np.int32)
+  prompts = rng.integers(1, PEER_HF_CONFIG["vocab_size"], (args.batch, args.prompt_len)).astype(
+    np.int32
+  )
   generated = args.batch * args.new
   with tempfile.TemporaryDirectory() as path:
     hf_model = write_checkpoint(path)
     ours_call, sampler = ours(path, prompts, args.new)
-    calls = {"sdar_jax": ours_call, "hf_torch": hf(hf_model, prompts, args.new),
-             "hf_torch 1thr": hf(hf_model, prompts, args.new, threads=1)}
+    calls = {
+      "sdar_jax": ours_call,
+      "hf_torch": hf(hf_model, prompts, args.new),
+      "hf_torch 1thr": hf(hf_model, prompts, args.new, threads=1),
+    }
     if args.devices > 1:
       calls[f"sdar_jax dp{args.devices}"] = ours(path, prompts, args.new, args.devices)[0]
     tunix_call = "skipped (--no-tunix)" if args.no_tunix else tunix(path, prompts, args.new)
@@ -172,12 +213,16 @@ def main():
       calls["tunix"] = tunix_call
     results = interleaved(calls, args.repeats)
 
-    print(f"\ngenerate: {args.batch} prompts x {args.prompt_len} tokens, {args.new} new tokens, "
-          f"greedy; median of {args.repeats} interleaved repeats")
+    print(
+      f"\ngenerate: {args.batch} prompts x {args.prompt_len} tokens, {args.new} new tokens, "
+      f"greedy; median of {args.repeats} interleaved repeats"
+    )
     print(f"{'peer':<14} {'median s/call':>14} {'tokens/s':>10} {'vs hf':>7} {'first call s':>13}")
     base = min(results["hf_torch"][1], results["hf_torch 1thr"][1])  # the faster transformers row
     for name, (first, median, _) in results.items():
-      print(f"{name:<14} {median:>14.4f} {generated / median:>10.0f} {base / median:>6.2f}x {first:>13.2f}")
+      print(
+        f"{name:<14} {median:>14.4f} {generated / median:>10.0f} {base / median:>6.2f}x {first:>13.2f}"
+      )
     if not callable(tunix_call):
       print(f"{'tunix':<14} {tunix_call}")
     else:
@@ -187,25 +232,35 @@ def main():
     reference = results["hf_torch"][2]
     for name, (_, _, tokens) in results.items():
       if not name.startswith("hf_torch"):
-        print(f"sanity: {name} greedy tokens equal to transformers': "
-              f"{int((tokens == reference).sum())}/{reference.size}")
+        print(
+          f"sanity: {name} greedy tokens equal to transformers': "
+          f"{int((tokens == reference).sum())}/{reference.size}"
+        )
     print(f"sdar_jax compilations: {sampler.num_compilations}")
 
     # Group prefix sharing: `group` copies of batch/group distinct prompts, sharing on vs off.
     config, params = load_pretrained(path)
     sp = SamplingParams(max_new_tokens=args.new, temperature=1.0, stop_token_ids=())
     key = jax.random.key(0)
-    print(f"\ngroup prefix sharing: {args.batch // args.group} prompts x {args.group} copies, "
-          f"{args.new} new tokens, temperature 1")
+    print(
+      f"\ngroup prefix sharing: {args.batch // args.group} prompts x {args.group} copies, "
+      f"{args.new} new tokens, temperature 1"
+    )
     for length in (args.prompt_len, args.long_prompt):
       distinct = rng.integers(1, PEER_HF_CONFIG["vocab_size"], (args.batch // args.group, length))
       grouped = [distinct[i // args.group].tolist() for i in range(args.batch)]
-      shared = interleaved({
+      shared = interleaved(
+        {
           share: (lambda share=share: sampler.generate(params, grouped, sp, key, share))
-          for share in (True, False)}, args.repeats)
+          for share in (True, False)
+        },
+        args.repeats,
+      )
       same = shared[True][2].tokens == shared[False][2].tokens
-      print(f"prompt {length:>4}: shared {shared[True][1]:.4f} s, unshared {shared[False][1]:.4f} s, "
-            f"speedup {shared[False][1] / shared[True][1]:.2f}x (identical samples: {same})")
+      print(
+        f"prompt {length:>4}: shared {shared[True][1]:.4f} s, unshared {shared[False][1]:.4f} s, "
+        f"speedup {shared[False][1] / shared[True][1]:.2f}x (identical samples: {same})"
+      )
 
 
 if __name__ == "__main__":

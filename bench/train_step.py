@@ -59,16 +59,23 @@ from _common import median_time, peer_model  # noqa: E402
 
 # Dense bf16 peak FLOP/s per chip, by a substring of jax.Device.device_kind (first match wins).
 PEAK_BF16_FLOPS = (
-    ("H200", 989e12), ("H100", 989e12), ("A100", 312e12), ("L4", 121e12),
-    ("TPU v6", 918e12), ("TPU v5p", 459e12), ("TPU v5 lite", 197e12), ("TPU v5e", 197e12),
-    ("TPU v4", 275e12),
+  ("H200", 989e12),
+  ("H100", 989e12),
+  ("A100", 312e12),
+  ("L4", 121e12),
+  ("TPU v6", 918e12),
+  ("TPU v5p", 459e12),
+  ("TPU v5 lite", 197e12),
+  ("TPU v5e", 197e12),
+  ("TPU v4", 275e12),
 )
 
 
 def _peak_bytes(compiled) -> int:
   m = compiled.memory_analysis()
-  return (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
-          - m.alias_size_in_bytes)
+  return (
+    m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
+  )
 
 
 def _trim_heap() -> None:
@@ -111,8 +118,9 @@ def _mib(n: float) -> str:
   return f"{n / 2**20:.1f} MiB"
 
 
-def make_batch(rng: np.random.Generator, vocab: int, B: int, ps: int, pt: int, r: int,
-               min_len: int) -> TurnBatch:
+def make_batch(
+  rng: np.random.Generator, vocab: int, B: int, ps: int, pt: int, r: int, min_len: int
+) -> TurnBatch:
   """Full prompts (no left padding), completions of random length in [min_len, r], pad id 0."""
   comp = np.zeros((B, r), np.int32)
   mask = np.zeros((B, r), np.float32)
@@ -120,25 +128,34 @@ def make_batch(rng: np.random.Generator, vocab: int, B: int, ps: int, pt: int, r
     comp[i, :n], mask[i, :n] = rng.integers(1, vocab, n), 1
   st = np.concatenate([rng.integers(1, vocab, (B, ps)), comp], 1).astype(np.int32)
   tt = np.concatenate([rng.integers(1, vocab, (B, pt)), comp], 1).astype(np.int32)
-  return TurnBatch(student_tokens=st, student_mask=np.ones_like(st), response_mask=mask,
-                   old_logp=np.zeros((B, r), np.float32),
-                   advantages=rng.normal(size=B).astype(np.float32),
-                   teacher_tokens=tt, teacher_mask=np.ones_like(tt))
+  return TurnBatch(
+    student_tokens=st,
+    student_mask=np.ones_like(st),
+    response_mask=mask,
+    old_logp=np.zeros((B, r), np.float32),
+    advantages=rng.normal(size=B).astype(np.float32),
+    teacher_tokens=tt,
+    teacher_mask=np.ones_like(tt),
+  )
 
 
 # ----------------------------------------------------------------------------- ours
 def ours_grad_step(config: ModelConfig, teacher: bool):
   """The exact HF workload: grads of -sum(mask * logp) + (optionally) stop_gradient teacher logp."""
+
   def step(params, b: TurnBatch):
     def loss(p):
       lp, _ = response_logprobs(config, p, b.student_tokens, b.student_mask, b.response_len)
       return -jnp.sum(lp * b.response_mask)
+
     value, grads = jax.value_and_grad(loss)(params)
     if not teacher:
       return value, grads, None
-    tlp, _ = response_logprobs(config, jax.lax.stop_gradient(params), b.teacher_tokens,
-                               b.teacher_mask, b.response_len)
+    tlp, _ = response_logprobs(
+      config, jax.lax.stop_gradient(params), b.teacher_tokens, b.teacher_mask, b.response_len
+    )
     return value, grads, tlp
+
   return jax.jit(step)
 
 
@@ -153,8 +170,15 @@ def prepare_ours_grad(config, params, batch, teacher: bool) -> dict:
   return dict(call=call, first=first, compile=compile_s, peak=_peak_bytes(compiled), out=out)
 
 
-def prepare_ours_update(config, params, batch, algo: dict, lr: float = 1e-6,
-                        micro_batch_size: int | None = None, copy_params: bool = True) -> dict:
+def prepare_ours_update(
+  config,
+  params,
+  batch,
+  algo: dict,
+  lr: float = 1e-6,
+  micro_batch_size: int | None = None,
+  copy_params: bool = True,
+) -> dict:
   """Compiles and runs once the full update; `copy_params=False` donates `params` to the state."""
   optimizer = make_optimizer(lr=lr)
   step = make_train_step(config, algo, optimizer, micro_batch_size=micro_batch_size)
@@ -173,8 +197,9 @@ def prepare_ours_update(config, params, batch, algo: dict, lr: float = 1e-6,
   start = time.perf_counter()
   metrics = call()
   first = time.perf_counter() - start
-  return dict(call=call, first=first, compile=compile_s, peak=_peak_bytes(compiled),
-              metrics=metrics)
+  return dict(
+    call=call, first=first, compile=compile_s, peak=_peak_bytes(compiled), metrics=metrics
+  )
 
 
 # ----------------------------------------------------------------------------- torch
@@ -188,7 +213,7 @@ def prepare_torch(model, batch: TurnBatch, teacher: bool) -> dict:
   mask = torch.tensor(batch.response_mask)
 
   def completion_logp(logits, ids, p):
-    lp = torch.log_softmax(logits[:, p - 1:-1].float(), dim=-1)
+    lp = torch.log_softmax(logits[:, p - 1 : -1].float(), dim=-1)
     return lp.gather(-1, ids[:, p:, None])[..., 0]
 
   def call():
@@ -221,8 +246,15 @@ def compare(args) -> None:
   with tempfile.TemporaryDirectory() as d:
     hf.save_pretrained(d)
     config, params = load_pretrained(d, dtype="float32")
-  batch = make_batch(np.random.default_rng(0), config.vocab_size, args.batch, args.prompt,
-                     args.prompt, args.response, args.response // 2)
+  batch = make_batch(
+    np.random.default_rng(0),
+    config.vocab_size,
+    args.batch,
+    args.prompt,
+    args.prompt,
+    args.response,
+    args.response // 2,
+  )
   B, T = batch.student_tokens.shape
 
   # torch first, so JAX's buffers and thread pools do not move the RSS under it.
@@ -232,12 +264,14 @@ def compare(args) -> None:
   o_off = prepare_ours_grad(config, params, batch, False)
   u_on = prepare_ours_update(config, params, batch, dict(get_preset("sdar"), kl_coef=0.0))
   u_off = prepare_ours_update(config, params, batch, dict(get_preset("grpo"), kl_coef=0.0))
-  rows = [("sdar-jax", "fwd+bwd + teacher fwd", 2, o_on),
-          ("transformers", "fwd+bwd + teacher fwd", 2, t_on),
-          ("sdar-jax", "fwd+bwd (teacher off)", 1, o_off),
-          ("transformers", "fwd+bwd (teacher off)", 1, t_off),
-          ("sdar-jax", "update SDAR (teacher on)", 2, u_on),
-          ("sdar-jax", "update GRPO (teacher off)", 1, u_off)]
+  rows = [
+    ("sdar-jax", "fwd+bwd + teacher fwd", 2, o_on),
+    ("transformers", "fwd+bwd + teacher fwd", 2, t_on),
+    ("sdar-jax", "fwd+bwd (teacher off)", 1, o_off),
+    ("transformers", "fwd+bwd (teacher off)", 1, t_off),
+    ("sdar-jax", "update SDAR (teacher on)", 2, u_on),
+    ("sdar-jax", "update GRPO (teacher off)", 1, u_off),
+  ]
   # Interleaved rounds: every variant sees the same background load (this machine is shared).
   times = [[] for _ in rows]
   cpu_times = [[] for _ in rows]
@@ -254,31 +288,46 @@ def compare(args) -> None:
   torch_loss, torch_tlp = t_on["out"]
   m = batch.response_mask > 0
   tlp_diff = float(np.max(np.abs(np.asarray(ours_tlp)[m] - torch_tlp.numpy()[m])))
-  print(f"train-step workload: B={B}, T={T} (prompt {args.prompt} + completion {args.response}, "
-        f"lengths {args.response // 2}-{args.response}), vocab {config.vocab_size}, fp32; "
-        f"{jax.device_count()} {jax.devices()[0].platform} device(s), torch threads "
-        f"{torch.get_num_threads()}, repeats {args.repeats}")
-  print(f"{'peer':<14}{'variant':<28}{'median s':>10}{'tokens/s':>10}{'cpu s':>8}{'first s':>9}"
-        f"{'compile s':>11}{'peak memory':>14}")
+  print(
+    f"train-step workload: B={B}, T={T} (prompt {args.prompt} + completion {args.response}, "
+    f"lengths {args.response // 2}-{args.response}), vocab {config.vocab_size}, fp32; "
+    f"{jax.device_count()} {jax.devices()[0].platform} device(s), torch threads "
+    f"{torch.get_num_threads()}, repeats {args.repeats}"
+  )
+  print(
+    f"{'peer':<14}{'variant':<28}{'median s':>10}{'tokens/s':>10}{'cpu s':>8}{'first s':>9}"
+    f"{'compile s':>11}{'peak memory':>14}"
+  )
   for peer, variant, branches, r in rows:
     tokens = branches * B * T
     compile_s = f"{r['compile']:.2f}" if "compile" in r else "-"
-    print(f"{peer:<14}{variant:<28}{r['median']:>10.4f}{tokens / r['median']:>10.0f}"
-          f"{r['cpu']:>8.2f}{r['first']:>9.2f}{compile_s:>11}{_mib(r['peak']):>14}")
-  print(f"parity: student loss ours {float(ours_loss):.4f} vs torch {float(torch_loss):.4f}; "
-        f"teacher log-probs max |diff| {tlp_diff:.2e}")
-  print(f"speed-up (fwd+bwd + teacher): {t_on['median'] / o_on['median']:.2f}x; "
-        f"teacher branch adds {_mib(o_on['peak'] - o_off['peak'])} (ours, grad step), "
-        f"{_mib(u_on['peak'] - u_off['peak'])} (ours, update)")
-  print("peak memory: ours = XLA compiled memory analysis (args + outputs + temps - donated); "
-        "torch = sampled peak-RSS growth during its first step (approximate).")
+    print(
+      f"{peer:<14}{variant:<28}{r['median']:>10.4f}{tokens / r['median']:>10.0f}"
+      f"{r['cpu']:>8.2f}{r['first']:>9.2f}{compile_s:>11}{_mib(r['peak']):>14}"
+    )
+  print(
+    f"parity: student loss ours {float(ours_loss):.4f} vs torch {float(torch_loss):.4f}; "
+    f"teacher log-probs max |diff| {tlp_diff:.2e}"
+  )
+  print(
+    f"speed-up (fwd+bwd + teacher): {t_on['median'] / o_on['median']:.2f}x; "
+    f"teacher branch adds {_mib(o_on['peak'] - o_off['peak'])} (ours, grad step), "
+    f"{_mib(u_on['peak'] - u_off['peak'])} (ours, update)"
+  )
+  print(
+    "peak memory: ours = XLA compiled memory analysis (args + outputs + temps - donated); "
+    "torch = sampled peak-RSS growth during its first step (approximate)."
+  )
 
 
 # ----------------------------------------------------------------------------- MFU
 def update_flops(config: ModelConfig, B: int, ts: int, tt: int, r: int) -> float:
   """Model FLOPs of one update (student fwd+bwd, teacher fwd); see the module docstring."""
-  n_body = config.num_params - config.vocab_size * config.hidden_size * (
-      1 if config.tie_word_embeddings else 2) - config.hidden_size
+  n_body = (
+    config.num_params
+    - config.vocab_size * config.hidden_size * (1 if config.tie_word_embeddings else 2)
+    - config.hidden_size
+  )
   attn = 4 * config.num_layers * config.num_heads * config.head_dim
 
   def fwd(t):
@@ -300,14 +349,17 @@ def compile_only(config: ModelConfig, batch: TurnBatch, algo: dict, micro: int |
   compiles and prints XLA's memory estimate on this backend, without running it."""
   optimizer = make_optimizer(lr=1e-6)
   step = make_train_step(config, algo, optimizer, micro_batch_size=micro)
-  state = jax.eval_shape(lambda: create_train_state(init_params(config, jax.random.key(0)),
-                                                    optimizer))
+  state = jax.eval_shape(
+    lambda: create_train_state(init_params(config, jax.random.key(0)), optimizer)
+  )
   start = time.perf_counter()
   m = step.lower(state, batch).compile().memory_analysis()
-  print(f"compile-only {config.name} ({config.num_params / 1e9:.2f} B params) on "
-        f"{jax.devices()[0].device_kind}: {time.perf_counter() - start:.1f} s; arguments "
-        f"{_mib(m.argument_size_in_bytes)}, temporaries {_mib(m.temp_size_in_bytes)}, outputs "
-        f"{_mib(m.output_size_in_bytes)}, donated {_mib(m.alias_size_in_bytes)}")
+  print(
+    f"compile-only {config.name} ({config.num_params / 1e9:.2f} B params) on "
+    f"{jax.devices()[0].device_kind}: {time.perf_counter() - start:.1f} s; arguments "
+    f"{_mib(m.argument_size_in_bytes)}, temporaries {_mib(m.temp_size_in_bytes)}, outputs "
+    f"{_mib(m.output_size_in_bytes)}, donated {_mib(m.alias_size_in_bytes)}"
+  )
 
 
 def mfu(args) -> None:
@@ -323,25 +375,42 @@ def mfu(args) -> None:
     compile_only(config, batch, algo, args.micro_batch)
     return
   params = jax.jit(init_params, static_argnums=0)(config, jax.random.key(0))
-  result = prepare_ours_update(config, params, jax.device_put(batch), algo,
-                               micro_batch_size=args.micro_batch, copy_params=False)
+  result = prepare_ours_update(
+    config,
+    params,
+    jax.device_put(batch),
+    algo,
+    micro_batch_size=args.micro_batch,
+    copy_params=False,
+  )
   del params
   result["median"] = median_time(result["call"], args.repeats)
   flops = update_flops(config, B, ps + r, pt + r, r)
   achieved = flops / result["median"]
   device = jax.devices()[0]
   peak = args.peak_tflops * 1e12 if args.peak_tflops else peak_flops(device)
-  print(f"MFU bench: {config.name} ({config.num_params / 1e9:.2f} B params), "
-        f"compute {config.dtype}, "
-        f"params {config.param_dtype}, remat {config.remat}; B={B}, student {ps}+{r}, teacher "
-        f"{pt}+{r}, micro-batch {args.micro_batch or B}; device {device.device_kind}")
-  print(f"update: median {result['median']:.4f} s, first call {result['first']:.2f} s, compile "
-        f"{result['compile']:.1f} s, peak memory {_mib(result['peak'])}")
-  print(f"model FLOPs / update {flops:.3e}; achieved {achieved / 1e12:.2f} TFLOP/s; " + (
-      f"MFU {100 * achieved / peak:.1f}% of {peak / 1e12:.0f} TFLOP/s" if peak else
-      f"MFU n/a: no peak-FLOPs entry for {device.device_kind!r} (pass --peak-tflops)"))
-  print(f"loss {float(result['metrics']['train/loss']):.4f}, skipped "
-        f"{float(result['metrics']['train/skipped_update']):.0f}")
+  print(
+    f"MFU bench: {config.name} ({config.num_params / 1e9:.2f} B params), "
+    f"compute {config.dtype}, "
+    f"params {config.param_dtype}, remat {config.remat}; B={B}, student {ps}+{r}, teacher "
+    f"{pt}+{r}, micro-batch {args.micro_batch or B}; device {device.device_kind}"
+  )
+  print(
+    f"update: median {result['median']:.4f} s, first call {result['first']:.2f} s, compile "
+    f"{result['compile']:.1f} s, peak memory {_mib(result['peak'])}"
+  )
+  print(
+    f"model FLOPs / update {flops:.3e}; achieved {achieved / 1e12:.2f} TFLOP/s; "
+    + (
+      f"MFU {100 * achieved / peak:.1f}% of {peak / 1e12:.0f} TFLOP/s"
+      if peak
+      else f"MFU n/a: no peak-FLOPs entry for {device.device_kind!r} (pass --peak-tflops)"
+    )
+  )
+  print(
+    f"loss {float(result['metrics']['train/loss']):.4f}, skipped "
+    f"{float(result['metrics']['train/skipped_update']):.0f}"
+  )
 
 
 def main():
@@ -351,8 +420,11 @@ def main():
   parser.add_argument("--param-dtype", default="float32", help="--mfu: master weight dtype")
   parser.add_argument("--remat", action="store_true", help="--mfu: rematerialise layers")
   parser.add_argument("--micro-batch", type=int, default=None, help="--mfu: micro-batch size (2)")
-  parser.add_argument("--compile-only", action="store_true",
-                      help="--mfu: compile on abstract arrays and print the memory estimate")
+  parser.add_argument(
+    "--compile-only",
+    action="store_true",
+    help="--mfu: compile on abstract arrays and print the memory estimate",
+  )
   parser.add_argument("--peak-tflops", type=float, default=None, help="--mfu: override the peak")
   parser.add_argument("--batch", type=int, default=None)
   parser.add_argument("--prompt", type=int, default=None)
@@ -360,9 +432,11 @@ def main():
   parser.add_argument("--response", type=int, default=None)
   parser.add_argument("--repeats", type=int, default=None)
   args = parser.parse_args()
-  defaults = (dict(batch=16, prompt=512, teacher_prompt=1024, response=512, repeats=5,
-                   micro_batch=2) if args.mfu
-              else dict(batch=8, prompt=64, teacher_prompt=64, response=192, repeats=7))
+  defaults = (
+    dict(batch=16, prompt=512, teacher_prompt=1024, response=512, repeats=5, micro_batch=2)
+    if args.mfu
+    else dict(batch=8, prompt=64, teacher_prompt=64, response=192, repeats=7)
+  )
   for k, v in defaults.items():
     if getattr(args, k) is None:
       setattr(args, k, v)

@@ -50,8 +50,10 @@ def parse_arg(arg: str | None, **defaults: Any) -> mlc.ConfigDict:
     key, sep, raw = item.partition("=")
     key, raw = key.strip(), raw.strip()
     if defaults and key not in defaults:
-      raise ValueError(f"unknown config argument {key!r} in {arg!r}; valid arguments: "
-                       f"{sorted(defaults)} (e.g. {','.join(f'{k}={v}' for k, v in defaults.items())})")
+      raise ValueError(
+        f"unknown config argument {key!r} in {arg!r}; valid arguments: "
+        f"{sorted(defaults)} (e.g. {','.join(f'{k}={v}' for k, v in defaults.items())})"
+      )
     value: Any = _literal(raw) if sep else True
     default = defaults.get(key)
     if isinstance(default, bool):
@@ -96,9 +98,13 @@ def base(model: str = "qwen2.5-3b", algo_name: str = "sdar") -> mlc.ConfigDict:
   # ('data', 'fsdp', 'tensor'); one axis may be -1 = all remaining devices. The batch is sharded
   # over data x fsdp, so every batch size must divide by that product.
   config.mesh = mlc.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
-  config.optim = mlc.ConfigDict(dict(  # AdamW, reference §1.3
-      lr=1e-6, warmup_steps=0, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.01, clip_norm=1.0))
-  config.train = mlc.ConfigDict(dict(
+  config.optim = mlc.ConfigDict(
+    dict(  # AdamW, reference §1.3
+      lr=1e-6, warmup_steps=0, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.01, clip_norm=1.0
+    )
+  )
+  config.train = mlc.ConfigDict(
+    dict(
       total_steps=150,  # rollout + update iterations (reference: 150 epochs x 1 step)
       mini_batch_size=256,  # turn-samples per optimizer update (ppo_mini_batch_size)
       micro_batch_size=32,  # turn-samples per forward/backward (memory knob; same result)
@@ -106,51 +112,74 @@ def base(model: str = "qwen2.5-3b", algo_name: str = "sdar") -> mlc.ConfigDict:
       eval_every=5,  # 0 = never
       eval_before_train=True,
       max_staleness=0,  # 0 = synchronous on-policy (the paper); >0 = async with bounded staleness
-  ))
-  config.warm_start = mlc.ConfigDict(dict(  # expert SFT before RL (sdar_jax/warm_start.py)
+    )
+  )
+  config.warm_start = mlc.ConfigDict(
+    dict(  # expert SFT before RL (sdar_jax/warm_start.py)
       steps=0,  # 0 = off (the reference starts from instruction-tuned checkpoints)
-      lr=1e-5, batch_size=16,
+      lr=1e-5,
+      batch_size=16,
       split="train",  # walkthroughs/<split>.jsonl of the (generated) data directory
-  ))
-  config.rollout = mlc.ConfigDict(dict(
-      temperature=1.0, top_p=1.0, top_k=0,  # top_k 0 = off
+    )
+  )
+  config.rollout = mlc.ConfigDict(
+    dict(
+      temperature=1.0,
+      top_p=1.0,
+      top_k=0,  # top_k 0 = off
       max_new_tokens=512,  # per turn (max_response_length)
       max_prompt_len=2048,
       prompt_truncation="error",  # "error" | "left" (keep the last max_prompt_len tokens)
       val_temperature=0.4,  # 0 = greedy
-  ))
-  config.eval = mlc.ConfigDict(dict(
+    )
+  )
+  config.eval = mlc.ConfigDict(
+    dict(
       num_tasks=128,  # validation episodes (val_batch_size), group size 1
       split="valid_seen",
       skills="without",  # "without" | "with" | "both": skills in the student prompt at eval
-  ))
-  config.checkpoint = mlc.ConfigDict(dict(
+    )
+  )
+  config.checkpoint = mlc.ConfigDict(
+    dict(
       dir=config_dict.placeholder(str),  # default: <workdir>/checkpoints
-      keep=3, every=10, async_save=True,
+      keep=3,
+      every=10,
+      async_save=True,
       export_hf=True,  # write the final policy as Hugging Face safetensors
-  ))
-  config.logging = mlc.ConfigDict(dict(
+    )
+  )
+  config.logging = mlc.ConfigDict(
+    dict(
       dir=config_dict.placeholder(str),  # default: <workdir>
-      every=1, jsonl=True, tensorboard=True, plots=True,
-  ))
+      every=1,
+      jsonl=True,
+      tensorboard=True,
+      plots=True,
+    )
+  )
   return config
 
 
 def _skills(rules_version: str = "post_fix") -> mlc.ConfigDict:
   """Teacher skill retrieval (envs.skills.SkillRetriever). rules_version "pre_fix" = general
   skills only, what the paper ran for ALFWorld/WebShop; "post_fix" = after the authors' fix."""
-  return mlc.ConfigDict(dict(
+  return mlc.ConfigDict(
+    dict(
       strategy="rules",  # "rules" | "bm25" | "random" | "none"
       rules_version=rules_version,
       top_k=5,  # bm25 / random
       seed=0,
       dir=config_dict.placeholder(str),  # default: the skills shipped in envs/skills/<env>
-  ))
+    )
+  )
 
 
-def _env(name: str, history: int, max_turns: int, group_size: int, tasks_per_step: int,
-         **extra: Any) -> mlc.ConfigDict:
-  section = mlc.ConfigDict(dict(
+def _env(
+  name: str, history: int, max_turns: int, group_size: int, tasks_per_step: int, **extra: Any
+) -> mlc.ConfigDict:
+  section = mlc.ConfigDict(
+    dict(
       name=name,
       data_dir=config_dict.placeholder(str),  # None = offline generated data
       history=history,  # (observation, action) pairs shown in the prompt
@@ -161,33 +190,52 @@ def _env(name: str, history: int, max_turns: int, group_size: int, tasks_per_ste
       seed=0,
       skills=_skills(),
       offline=mlc.ConfigDict(dict(num_train=50, num_eval=24, seed=0)),
-  ))
+    )
+  )
   for key, value in extra.items():
     section[key] = value
   return section
 
 
-def alfworld(history: int = 2, max_turns: int = 50, group_size: int = 8,
-             tasks_per_step: int = 16) -> mlc.ConfigDict:
+def alfworld(
+  history: int = 2, max_turns: int = 50, group_size: int = 8, tasks_per_step: int = 16
+) -> mlc.ConfigDict:
   """ALFWorld text games (reference §6.1). offline.num_train / num_eval are games per task type."""
   return _env("alfworld", history, max_turns, group_size, tasks_per_step, split="train")
 
 
-def webshop(history: int = 2, max_turns: int = 15, group_size: int = 8,
-            tasks_per_step: int = 16) -> mlc.ConfigDict:
+def webshop(
+  history: int = 2, max_turns: int = 15, group_size: int = 8, tasks_per_step: int = 16
+) -> mlc.ConfigDict:
   """WebShop (reference §6.2): the small catalogue, synthetic goals; eval on goals < 500."""
-  return _env("webshop", history, max_turns, group_size, tasks_per_step,
-              use_small=True, human_goals=False, max_page_chars=13000)
+  return _env(
+    "webshop",
+    history,
+    max_turns,
+    group_size,
+    tasks_per_step,
+    use_small=True,
+    human_goals=False,
+    max_page_chars=13000,
+  )
 
 
-def search_qa(history: int = 4, max_turns: int = 4, group_size: int = 8,
-              tasks_per_step: int = 128) -> mlc.ConfigDict:
+def search_qa(
+  history: int = 4, max_turns: int = 4, group_size: int = 8, tasks_per_step: int = 128
+) -> mlc.ConfigDict:
   """Search-R1 QA (reference §6.3): train on NQ + HotpotQA, BM25 top-3 passages per search."""
-  return _env("search_qa", history, max_turns, group_size, tasks_per_step,
-              train_sources="nq,hotpotqa",
-              eval_sources="nq,triviaqa,popqa,hotpotqa,2wikimultihopqa,musique,bamboogle",
-              retriever="bm25", retrieval_top_k=3,
-              corpus=config_dict.placeholder(str))  # None = the offline corpus
+  return _env(
+    "search_qa",
+    history,
+    max_turns,
+    group_size,
+    tasks_per_step,
+    train_sources="nq,hotpotqa",
+    eval_sources="nq,triviaqa,popqa,hotpotqa,2wikimultihopqa,musique,bamboogle",
+    retriever="bm25",
+    retrieval_top_k=3,
+    corpus=config_dict.placeholder(str),
+  )  # None = the offline corpus
 
 
 # ------------------------------------------------------------------------------------ overrides
@@ -199,12 +247,16 @@ def override(config: mlc.ConfigDict, values: Mapping[str, Any]) -> mlc.ConfigDic
     *parents, leaf = dotted.split(".")
     for i, key in enumerate(parents):
       if key not in node or not isinstance(node[key], mlc.ConfigDict):
-        raise KeyError(f"unknown config key {dotted!r}: {'.'.join(parents[:i + 1])!r} is not a "
-                       f"section; sections here: {sorted(k for k in node if isinstance(node[k], mlc.ConfigDict))}")
+        raise KeyError(
+          f"unknown config key {dotted!r}: {'.'.join(parents[: i + 1])!r} is not a "
+          f"section; sections here: {sorted(k for k in node if isinstance(node[k], mlc.ConfigDict))}"
+        )
       node = node[key]
     if leaf not in node:
-      raise KeyError(f"unknown config key {dotted!r}; valid keys of "
-                     f"{'.'.join(parents) or 'config'}: {sorted(node)}")
+      raise KeyError(
+        f"unknown config key {dotted!r}; valid keys of "
+        f"{'.'.join(parents) or 'config'}: {sorted(node)}"
+      )
     node[leaf] = value
   return config
 
@@ -218,29 +270,42 @@ def local_overrides(env: str) -> dict[str, Any]:
   if env not in ENVS:
     raise ValueError(f"unknown env {env!r}; valid envs: {ENVS}")
   return {
-      "model.preset": "tiny", "model.chat_template": "qwen3", "model.dtype": "float32",
-      "model.remat": False,
-      "env.tasks_per_step": 2, "env.group_size": 4, "env.max_turns": _LOCAL_TURNS[env],
-      "env.num_workers": 2, "env.offline.num_train": 4, "env.offline.num_eval": 2,
-      "env.skills.rules_version": "pre_fix",  # general skills: what the paper ran, shorter prompts
-      "eval.num_tasks": 4,
-      "rollout.max_new_tokens": 48,
-      "train.total_steps": 3, "train.mini_batch_size": 24, "train.micro_batch_size": 8,
-      "train.eval_every": 3,
-      # A random tiny model never wins, so GRPO would see no reward: a short expert warm start
-      # on the generated games' walkthroughs gives it the format and some first moves.
-      "warm_start.steps": 80, "warm_start.lr": 4e-3, "warm_start.batch_size": 8,
-      "checkpoint.every": 3, "checkpoint.async_save": False,
-      "logging.tensorboard": False,
+    "model.preset": "tiny",
+    "model.chat_template": "qwen3",
+    "model.dtype": "float32",
+    "model.remat": False,
+    "env.tasks_per_step": 2,
+    "env.group_size": 4,
+    "env.max_turns": _LOCAL_TURNS[env],
+    "env.num_workers": 2,
+    "env.offline.num_train": 4,
+    "env.offline.num_eval": 2,
+    "env.skills.rules_version": "pre_fix",  # general skills: what the paper ran, shorter prompts
+    "eval.num_tasks": 4,
+    "rollout.max_new_tokens": 48,
+    "train.total_steps": 3,
+    "train.mini_batch_size": 24,
+    "train.micro_batch_size": 8,
+    "train.eval_every": 3,
+    # A random tiny model never wins, so GRPO would see no reward: a short expert warm start
+    # on the generated games' walkthroughs gives it the format and some first moves.
+    "warm_start.steps": 80,
+    "warm_start.lr": 4e-3,
+    "warm_start.batch_size": 8,
+    "checkpoint.every": 3,
+    "checkpoint.async_save": False,
+    "logging.tensorboard": False,
   }
 
 
 def gate_sweep() -> list[dict[str, Any]]:
   """β x λ x gate grid around the SDAR defaults (β 5, λ 0.01, gap gate): 4 x 3 x 4 = 48 runs."""
-  return [{"algo.beta": b, "algo.lam": lam, "algo.gate": g}
-          for b in (1.0, 2.5, 5.0, 10.0)
-          for lam in (0.001, 0.01, 0.1)
-          for g in ("gap", "entropy", "soft_or", "constant")]
+  return [
+    {"algo.beta": b, "algo.lam": lam, "algo.gate": g}
+    for b in (1.0, 2.5, 5.0, 10.0)
+    for lam in (0.001, 0.01, 0.1)
+    for g in ("gap", "entropy", "soft_or", "constant")
+  ]
 
 
 def finalize(config: mlc.ConfigDict) -> mlc.ConfigDict:

@@ -19,18 +19,18 @@ from ml_collections import config_dict
 
 # name -> (ModelConfig preset, Hugging Face id, chat template family)
 _MODELS: dict[str, tuple[str, str, str]] = {
-    # The three models of the paper's table (reference §8).
-    "qwen2.5-3b": ("qwen2.5-3b", "Qwen/Qwen2.5-3B-Instruct", "qwen2.5"),
-    "qwen2.5-7b": ("qwen2.5-7b", "Qwen/Qwen2.5-7B-Instruct", "qwen2.5"),
-    "qwen3-1.7b": ("qwen3-1.7b", "Qwen/Qwen3-1.7B", "qwen3"),
-    # Other published sizes of the same families.
-    "qwen2.5-0.5b": ("qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B-Instruct", "qwen2.5"),
-    "qwen2.5-1.5b": ("qwen2.5-1.5b", "Qwen/Qwen2.5-1.5B-Instruct", "qwen2.5"),
-    "qwen3-0.6b": ("qwen3-0.6b", "Qwen/Qwen3-0.6B", "qwen3"),
-    "qwen3-4b": ("qwen3-4b", "Qwen/Qwen3-4B", "qwen3"),
-    "qwen3-4b-2507": ("qwen3-4b-2507", "Qwen/Qwen3-4B-Instruct-2507", "qwen3"),
-    "qwen3-8b": ("qwen3-8b", "Qwen/Qwen3-8B", "qwen3"),
-    "tiny": ("tiny", "", "qwen3"),
+  # The three models of the paper's table (reference §8).
+  "qwen2.5-3b": ("qwen2.5-3b", "Qwen/Qwen2.5-3B-Instruct", "qwen2.5"),
+  "qwen2.5-7b": ("qwen2.5-7b", "Qwen/Qwen2.5-7B-Instruct", "qwen2.5"),
+  "qwen3-1.7b": ("qwen3-1.7b", "Qwen/Qwen3-1.7B", "qwen3"),
+  # Other published sizes of the same families.
+  "qwen2.5-0.5b": ("qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B-Instruct", "qwen2.5"),
+  "qwen2.5-1.5b": ("qwen2.5-1.5b", "Qwen/Qwen2.5-1.5B-Instruct", "qwen2.5"),
+  "qwen3-0.6b": ("qwen3-0.6b", "Qwen/Qwen3-0.6B", "qwen3"),
+  "qwen3-4b": ("qwen3-4b", "Qwen/Qwen3-4B", "qwen3"),
+  "qwen3-4b-2507": ("qwen3-4b-2507", "Qwen/Qwen3-4B-Instruct-2507", "qwen3"),
+  "qwen3-8b": ("qwen3-8b", "Qwen/Qwen3-8B", "qwen3"),
+  "tiny": ("tiny", "", "qwen3"),
 }
 
 # The Qwen vocabulary padded as in the published checkpoints: every tokenizer id (151,669) fits.
@@ -44,10 +44,20 @@ def names() -> list[str]:
 
 def tiny_arch() -> mlc.ConfigDict:
   """The demo architecture (ModelConfig.tiny fields): ~9.8M parameters, nearly all embedding."""
-  return mlc.ConfigDict(dict(
-      family="qwen3", vocab_size=QWEN_VOCAB, hidden_size=64, intermediate_size=192, num_layers=2,
-      num_heads=4, num_kv_heads=2, head_dim=16, tie_word_embeddings=True,
-      max_position_embeddings=8192))
+  return mlc.ConfigDict(
+    dict(
+      family="qwen3",
+      vocab_size=QWEN_VOCAB,
+      hidden_size=64,
+      intermediate_size=192,
+      num_layers=2,
+      num_heads=4,
+      num_kv_heads=2,
+      head_dim=16,
+      tie_word_embeddings=True,
+      max_position_embeddings=8192,
+    )
+  )
 
 
 def model(name: str) -> mlc.ConfigDict:
@@ -57,7 +67,8 @@ def model(name: str) -> mlc.ConfigDict:
     raise ValueError(f"unknown model {name!r}; valid models: {names()}")
   preset, hf_id, chat = _MODELS[key]
   tiny = key == "tiny"
-  return mlc.ConfigDict(dict(
+  return mlc.ConfigDict(
+    dict(
       preset=preset,
       hf_id=hf_id,  # documentation: where `path` comes from (nothing is downloaded)
       path=config_dict.placeholder(str),  # a local Hugging Face model directory
@@ -69,4 +80,5 @@ def model(name: str) -> mlc.ConfigDict:
       param_dtype="float32",
       remat=not tiny,
       tiny=tiny_arch(),  # used only when preset == "tiny"
-  ))
+    )
+  )

@@ -9,7 +9,16 @@
 Environments live in subpackages (`envs.alfworld`, ...) that register themselves on import;
 `envs.make(name)` imports `envs.<name>` on first use.
 """
+
 from envs.base import StepResult, TextEnv, failed_result, make, register, registered_names
 from envs.pool import EnvPool
 
-__all__ = ["EnvPool", "StepResult", "TextEnv", "failed_result", "make", "register", "registered_names"]
+__all__ = [
+  "EnvPool",
+  "StepResult",
+  "TextEnv",
+  "failed_result",
+  "make",
+  "register",
+  "registered_names",
+]

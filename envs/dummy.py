@@ -4,6 +4,7 @@ Task t asks the agent to say the word ``WORDS[t % len(WORDS)]``; saying it wins 
 Admissible commands are all the words. Faults for tests: raise, sleep, or kill the whole process
 at a given step, or raise at reset; `slow_s` adds a fixed delay to every step (to look like a real engine).
 """
+
 from __future__ import annotations
 
 import os
@@ -20,51 +21,64 @@ WORDS = ("apple", "banana", "cherry", "damson", "elder", "fig", "grape", "hazel"
 
 @register("dummy")
 class DummyEnv:
-    """Say-the-word game. `fail_on_step`/`hang_on_step` count steps from 1 within an episode."""
+  """Say-the-word game. `fail_on_step`/`hang_on_step` count steps from 1 within an episode."""
 
-    def __init__(self, seed: int = 0, max_steps: int = 10, fail_on_step: int | None = None,
-                 hang_on_step: int | None = None, exit_on_step: int | None = None, fail_on_reset: bool = False,
-                 hang_s: float = 3600.0, slow_s: float = 0.0):
-        self._rng = random.Random(seed)
-        self.max_steps = max_steps
-        self.fail_on_step = fail_on_step
-        self.hang_on_step = hang_on_step
-        self.exit_on_step = exit_on_step
-        self.fail_on_reset = fail_on_reset
-        self.hang_s = hang_s
-        self.slow_s = slow_s
-        self._task = 0
-        self._steps = 0
+  def __init__(
+    self,
+    seed: int = 0,
+    max_steps: int = 10,
+    fail_on_step: int | None = None,
+    hang_on_step: int | None = None,
+    exit_on_step: int | None = None,
+    fail_on_reset: bool = False,
+    hang_s: float = 3600.0,
+    slow_s: float = 0.0,
+  ):
+    self._rng = random.Random(seed)
+    self.max_steps = max_steps
+    self.fail_on_step = fail_on_step
+    self.hang_on_step = hang_on_step
+    self.exit_on_step = exit_on_step
+    self.fail_on_reset = fail_on_reset
+    self.hang_s = hang_s
+    self.slow_s = slow_s
+    self._task = 0
+    self._steps = 0
 
-    @property
-    def num_tasks(self) -> int:
-        return len(WORDS)
+  @property
+  def num_tasks(self) -> int:
+    return len(WORDS)
 
-    def _info(self, won: bool) -> dict[str, Any]:
-        return {"won": won, "admissible_commands": list(WORDS), "task_type": "say_word",
-                "task": f"say {WORDS[self._task]}", "steps": self._steps}
+  def _info(self, won: bool) -> dict[str, Any]:
+    return {
+      "won": won,
+      "admissible_commands": list(WORDS),
+      "task_type": "say_word",
+      "task": f"say {WORDS[self._task]}",
+      "steps": self._steps,
+    }
 
-    def reset(self, task: int | None = None) -> tuple[str, dict[str, Any]]:
-        if self.fail_on_reset:
-            raise RuntimeError("dummy env configured to fail on reset")
-        self._task = self._rng.randrange(len(WORDS)) if task is None else task % len(WORDS)
-        self._steps = 0
-        return f"Your task is to: say {WORDS[self._task]}.", self._info(False)
+  def reset(self, task: int | None = None) -> tuple[str, dict[str, Any]]:
+    if self.fail_on_reset:
+      raise RuntimeError("dummy env configured to fail on reset")
+    self._task = self._rng.randrange(len(WORDS)) if task is None else task % len(WORDS)
+    self._steps = 0
+    return f"Your task is to: say {WORDS[self._task]}.", self._info(False)
 
-    def step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
-        self._steps += 1
-        if self.fail_on_step is not None and self._steps == self.fail_on_step:
-            raise RuntimeError(f"dummy env configured to fail on step {self._steps}")
-        if self.hang_on_step is not None and self._steps == self.hang_on_step:
-            time.sleep(self.hang_s)
-        if self.exit_on_step is not None and self._steps == self.exit_on_step:
-            os._exit(3)  # simulates an engine crash that takes its process down
-        if self.slow_s:
-            time.sleep(self.slow_s)
-        won = action.strip() == WORDS[self._task]
-        done = won or self._steps >= self.max_steps
-        obs = "You said the right word." if won else f"Nothing happens. Step {self._steps}."
-        return obs, 1.0 if won else 0.0, done, self._info(won)
+  def step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
+    self._steps += 1
+    if self.fail_on_step is not None and self._steps == self.fail_on_step:
+      raise RuntimeError(f"dummy env configured to fail on step {self._steps}")
+    if self.hang_on_step is not None and self._steps == self.hang_on_step:
+      time.sleep(self.hang_s)
+    if self.exit_on_step is not None and self._steps == self.exit_on_step:
+      os._exit(3)  # simulates an engine crash that takes its process down
+    if self.slow_s:
+      time.sleep(self.slow_s)
+    won = action.strip() == WORDS[self._task]
+    done = won or self._steps >= self.max_steps
+    obs = "You said the right word." if won else f"Nothing happens. Step {self._steps}."
+    return obs, 1.0 if won else 0.0, done, self._info(won)
 
-    def close(self) -> None:
-        pass
+  def close(self) -> None:
+    pass

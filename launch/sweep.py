@@ -39,7 +39,9 @@ def _matches(point: dict, only: list[str]) -> bool:
   return True
 
 
-def commands(config_spec: str, root: str, only: list[str], rows: bool, extra: list[str]) -> list[list[str]]:
+def commands(
+  config_spec: str, root: str, only: list[str], rows: bool, extra: list[str]
+) -> list[list[str]]:
   path, _, arg = config_spec.partition(":")
   module = _module(path)
   out = []
@@ -47,9 +49,16 @@ def commands(config_spec: str, root: str, only: list[str], rows: bool, extra: li
     for row_arg in module.rows():
       point = dict(kv.split("=", 1) for kv in row_arg.split(","))
       if _matches(point, only):
-        out.append([sys.executable, "-m", "sdar_jax.train", f"--config={path}:{row_arg}",
-                    f"--workdir={os.path.join(root, row_arg.replace('=', '-').replace(',', '_'))}",
-                    *extra])
+        out.append(
+          [
+            sys.executable,
+            "-m",
+            "sdar_jax.train",
+            f"--config={path}:{row_arg}",
+            f"--workdir={os.path.join(root, row_arg.replace('=', '-').replace(',', '_'))}",
+            *extra,
+          ]
+        )
     return out
   if not hasattr(module, "sweep"):
     raise SystemExit(f"{path} has no sweep() function.")
@@ -66,7 +75,9 @@ def commands(config_spec: str, root: str, only: list[str], rows: bool, extra: li
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--config", required=True, help="config file[:arg] with a sweep() (or rows())")
+  parser.add_argument(
+    "--config", required=True, help="config file[:arg] with a sweep() (or rows())"
+  )
   parser.add_argument("--root", default="runs/sweep", help="parent of the runs' workdirs")
   parser.add_argument("--only", action="append", default=[], help="key=value filter (repeatable)")
   parser.add_argument("--rows", action="store_true", help="use rows() (configs/paper.py)")

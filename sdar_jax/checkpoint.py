@@ -40,57 +40,84 @@ from sdar_jax.models import ModelConfig, save_pretrained
 from sdar_jax.train_state import TrainState, init_train_state
 
 __all__ = [
-    "ARCH_FIELDS", "CheckpointManager", "abstract_train_state", "export_hf", "model_config_mismatches",
-    "train_state_shardings",
+  "ARCH_FIELDS",
+  "CheckpointManager",
+  "abstract_train_state",
+  "export_hf",
+  "model_config_mismatches",
+  "train_state_shardings",
 ]
 
 # Fields that change the function the parameters compute (or their shapes). A checkpoint written for
 # other values of any of these is a different model. dtype / param_dtype / remat / name /
 # max_position_embeddings may differ: they change numerics or memory, not the weights' meaning.
-ARCH_FIELDS = ("family", "vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-               "num_kv_heads", "head_dim", "rope_theta", "rms_norm_eps", "tie_word_embeddings",
-               "qkv_bias", "o_bias", "qk_norm")
+ARCH_FIELDS = (
+  "family",
+  "vocab_size",
+  "hidden_size",
+  "intermediate_size",
+  "num_layers",
+  "num_heads",
+  "num_kv_heads",
+  "head_dim",
+  "rope_theta",
+  "rms_norm_eps",
+  "tie_word_embeddings",
+  "qkv_bias",
+  "o_bias",
+  "qk_norm",
+)
 
 _ITEMS = ("state", "meta", "extra")
 
 
-def model_config_mismatches(stored: Mapping[str, Any], expected: ModelConfig | Mapping[str, Any]
-                            ) -> list[tuple[str, Any, Any]]:
+def model_config_mismatches(
+  stored: Mapping[str, Any], expected: ModelConfig | Mapping[str, Any]
+) -> list[tuple[str, Any, Any]]:
   """(field, stored value, expected value) for every architecture field that differs."""
   if isinstance(expected, ModelConfig):
     expected = dataclasses.asdict(expected)
-  return [(f, stored.get(f), expected.get(f)) for f in ARCH_FIELDS if stored.get(f) != expected.get(f)]
+  return [
+    (f, stored.get(f), expected.get(f)) for f in ARCH_FIELDS if stored.get(f) != expected.get(f)
+  ]
 
 
-def train_state_shardings(model_config: ModelConfig, optimizer: optax.GradientTransformation,
-                          mesh: Mesh, rules=None) -> TrainState:
+def train_state_shardings(
+  model_config: ModelConfig, optimizer: optax.GradientTransformation, mesh: Mesh, rules=None
+) -> TrainState:
   """A TrainState of NamedShardings: params by the logical-axis rules, optimizer moments like the
   params they track (`optax.tree_map_params`), scalars (step, counts, rng) replicated."""
   abstract = jax.eval_shape(lambda: init_train_state(model_config, optimizer, 0))
   params = sharding_lib.param_shardings(model_config, mesh, rules)
   replicated = sharding_lib.replicated(mesh)
-  opt_state = optax.tree_map_params(optimizer, lambda _, s: s, abstract.opt_state, params,
-                                    transform_non_params=lambda _: replicated)
-  return TrainState(step=replicated, params=params, opt_state=opt_state, rng=replicated,
-                    skipped_updates=replicated)
+  opt_state = optax.tree_map_params(
+    optimizer, lambda _, s: s, abstract.opt_state, params, transform_non_params=lambda _: replicated
+  )
+  return TrainState(
+    step=replicated, params=params, opt_state=opt_state, rng=replicated, skipped_updates=replicated
+  )
 
 
-def abstract_train_state(model_config: ModelConfig, optimizer: optax.GradientTransformation,
-                         mesh: Mesh, rules=None) -> TrainState:
+def abstract_train_state(
+  model_config: ModelConfig, optimizer: optax.GradientTransformation, mesh: Mesh, rules=None
+) -> TrainState:
   """The TrainState as `jax.ShapeDtypeStruct`s with shardings on `mesh` (no memory allocated):
   the restore target for `CheckpointManager.restore`, or the out_shardings of an init."""
   abstract = jax.eval_shape(lambda: init_train_state(model_config, optimizer, 0))
   shardings = train_state_shardings(model_config, optimizer, mesh, rules)
-  return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract,
-                      shardings)
+  return jax.tree.map(
+    lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
+  )
 
 
 def _as_abstract(target: Any) -> Any:
   """Concrete arrays -> ShapeDtypeStructs with their sharding (a restore target)."""
+
   def one(x):
     if isinstance(x, jax.ShapeDtypeStruct):
       return x
     return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None))
+
   return jax.tree.map(one, target)
 
 
@@ -98,34 +125,52 @@ def _json_safe(value: Any, what: str) -> Any:
   try:
     return json.loads(json.dumps(value))
   except (TypeError, ValueError) as e:
-    raise TypeError(f"checkpoint {what} must be JSON-serialisable (dicts, lists, str, numbers, "
-                    f"bools, None): {e}") from None
+    raise TypeError(
+      f"checkpoint {what} must be JSON-serialisable (dicts, lists, str, numbers, bools, None): {e}"
+    ) from None
 
 
 class CheckpointManager:
   """Keep-N, optionally asynchronous, atomic checkpoints of a TrainState and its metadata.
 
-      ckpt = CheckpointManager(workdir / "checkpoints", keep=3, save_interval_steps=10)
-      ckpt.save(step, state, model_config, run_config=config, extra={"replay": ...})
-      state, meta = ckpt.restore(target=abstract_train_state(model_config, optimizer, mesh),
-                                 model_config=model_config)
+  ckpt = CheckpointManager(workdir / "checkpoints", keep=3, save_interval_steps=10)
+  ckpt.save(step, state, model_config, run_config=config, extra={"replay": ...})
+  state, meta = ckpt.restore(target=abstract_train_state(model_config, optimizer, mesh),
+                             model_config=model_config)
   """
 
-  def __init__(self, directory: str | os.PathLike, keep: int | None = 3, save_interval_steps: int = 1,
-               async_save: bool = False, create: bool = True):
+  def __init__(
+    self,
+    directory: str | os.PathLike,
+    keep: int | None = 3,
+    save_interval_steps: int = 1,
+    async_save: bool = False,
+    create: bool = True,
+  ):
     if keep is not None and keep < 1:
       raise ValueError(f"checkpoint keep={keep}: keep at least 1 checkpoint (or None for all).")
     if save_interval_steps < 1:
       raise ValueError(f"checkpoint save_interval_steps={save_interval_steps} must be >= 1.")
     self.directory = os.path.abspath(os.fspath(directory))
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=keep, save_interval_steps=save_interval_steps,
-        enable_async_checkpointing=async_save, create=create, cleanup_tmp_directories=True)
+      max_to_keep=keep,
+      save_interval_steps=save_interval_steps,
+      enable_async_checkpointing=async_save,
+      create=create,
+      cleanup_tmp_directories=True,
+    )
     self._manager = ocp.CheckpointManager(self.directory, item_names=_ITEMS, options=options)
 
   # ------------------------------------------------------------------------------------ save
-  def save(self, step: int, state: TrainState, model_config: ModelConfig, run_config: Any = None,
-           extra: Mapping[str, Any] | None = None, force: bool = False) -> bool:
+  def save(
+    self,
+    step: int,
+    state: TrainState,
+    model_config: ModelConfig,
+    run_config: Any = None,
+    extra: Mapping[str, Any] | None = None,
+    force: bool = False,
+  ) -> bool:
     """Saves `state` as checkpoint `step` unless the save interval skips it (`force` overrides).
     `run_config`: a ConfigDict (stored with `to_dict()`) or a dict. `extra`: JSON-able host state.
     Returns whether a save was started (with async_save it finishes in the background)."""
@@ -133,16 +178,16 @@ class CheckpointManager:
     if run_config is not None and hasattr(run_config, "to_dict"):
       run_config = run_config.to_dict()
     meta = {
-        "model_config": dataclasses.asdict(model_config),
-        "run_config": _json_safe(run_config, "run_config"),
-        "sdar_jax_version": sdar_jax.__version__,
-        "step": step,
-        "saved_at_unix": time.time(),
+      "model_config": dataclasses.asdict(model_config),
+      "run_config": _json_safe(run_config, "run_config"),
+      "sdar_jax_version": sdar_jax.__version__,
+      "step": step,
+      "saved_at_unix": time.time(),
     }
     args = ocp.args.Composite(
-        state=ocp.args.StandardSave(state),
-        meta=ocp.args.JsonSave(meta),
-        extra=ocp.args.JsonSave(_json_safe(dict(extra or {}), "extra")),
+      state=ocp.args.StandardSave(state),
+      meta=ocp.args.JsonSave(meta),
+      extra=ocp.args.JsonSave(_json_safe(dict(extra or {}), "extra")),
     )
     return bool(self._manager.save(step, args=args, force=force))
 
@@ -163,23 +208,26 @@ class CheckpointManager:
         raise FileNotFoundError(f"No checkpoint in {self.directory}: nothing to restore.")
       return steps[-1]
     if int(step) not in steps:
-      raise FileNotFoundError(f"No checkpoint for step {step} in {self.directory}; available steps: "
-                              f"{steps}.")
+      raise FileNotFoundError(
+        f"No checkpoint for step {step} in {self.directory}; available steps: {steps}."
+      )
     return int(step)
 
   def restore_meta(self, step: int | None = None) -> dict[str, Any]:
     """The metadata of checkpoint `step` (default: latest) with its `extra` dict under "extra";
     reads no arrays."""
     step = self._resolve_step(step)
-    out = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore(),
-                                                              extra=ocp.args.JsonRestore()))
+    out = self._manager.restore(
+      step, args=ocp.args.Composite(meta=ocp.args.JsonRestore(), extra=ocp.args.JsonRestore())
+    )
     meta = dict(out["meta"])
     meta["extra"] = dict(out["extra"] or {})
     return meta
 
   # ------------------------------------------------------------------------------------ restore
-  def restore(self, step: int | None = None, target: Any = None,
-              model_config: ModelConfig | None = None) -> tuple[Any, dict[str, Any]]:
+  def restore(
+    self, step: int | None = None, target: Any = None, model_config: ModelConfig | None = None
+  ) -> tuple[Any, dict[str, Any]]:
     """Restores checkpoint `step` (default: the latest). Returns (state, meta).
 
     target: an (abstract) TrainState; every array is read directly into the target's sharding, so
@@ -196,18 +244,23 @@ class CheckpointManager:
         stored = ", ".join(f"{f}={a!r}" for f, a, _ in diffs)
         ours = ", ".join(f"{f}={b!r}" for f, _, b in diffs)
         raise ValueError(
-            f"Checkpoint {self.directory}/{step} was written for a different model: it has {stored}; "
-            f"this run has {ours}. Point checkpoint.dir at a checkpoint of this model, or set the "
-            f"model config (model.preset / model.path / model.tiny.*) to the checkpoint's.")
-    restore_args = (ocp.args.StandardRestore() if target is None
-                    else ocp.args.StandardRestore(_as_abstract(target)))
+          f"Checkpoint {self.directory}/{step} was written for a different model: it has {stored}; "
+          f"this run has {ours}. Point checkpoint.dir at a checkpoint of this model, or set the "
+          f"model config (model.preset / model.path / model.tiny.*) to the checkpoint's."
+        )
+    restore_args = (
+      ocp.args.StandardRestore()
+      if target is None
+      else ocp.args.StandardRestore(_as_abstract(target))
+    )
     try:
       out = self._manager.restore(step, args=ocp.args.Composite(state=restore_args))
     except (ValueError, KeyError, TypeError) as e:
       raise ValueError(
-          f"Could not restore the TrainState of {self.directory}/{step} into the given target: {e}\n"
-          "The parameter tree or optimizer state differs from the checkpoint's (was the optimizer "
-          "changed, e.g. optim.clip_norm switched on/off?).") from e
+        f"Could not restore the TrainState of {self.directory}/{step} into the given target: {e}\n"
+        "The parameter tree or optimizer state differs from the checkpoint's (was the optimizer "
+        "changed, e.g. optim.clip_norm switched on/off?)."
+      ) from e
     return out["state"], meta
 
   # ------------------------------------------------------------------------------------ lifecycle
@@ -225,15 +278,19 @@ class CheckpointManager:
     self.close()
 
 
-def export_hf(model_config: ModelConfig, params: Any, out_dir: str | os.PathLike,
-              tokenizer_dir: str | os.PathLike | None = None) -> str | None:
+def export_hf(
+  model_config: ModelConfig,
+  params: Any,
+  out_dir: str | os.PathLike,
+  tokenizer_dir: str | os.PathLike | None = None,
+) -> str | None:
   """Writes the policy as a Hugging Face directory (config.json + safetensors [+ tokenizer]) that
   transformers loads. Sharded parameters are gathered first; on a multi-host run every process must
   call this (the gather is collective) and process 0 writes. Returns the directory (None elsewhere)."""
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils
+
     params = multihost_utils.process_allgather(params, tiled=True)
   if jax.process_index() != 0:
     return None
   return save_pretrained(model_config, params, out_dir, tokenizer_dir=tokenizer_dir)
-

@@ -15,14 +15,29 @@ from typing import Any, Iterable, Mapping
 
 import jax
 
-from sdar_jax.algos import (ADVANTAGE_ESTIMATORS, AGG_MODES, DISTILL_LOSSES, GATES, KL_PENALTIES,
-                            PRESET_KEYS, SDAR_FORMS)
+from sdar_jax.algos import (
+  ADVANTAGE_ESTIMATORS,
+  AGG_MODES,
+  DISTILL_LOSSES,
+  GATES,
+  KL_PENALTIES,
+  PRESET_KEYS,
+  SDAR_FORMS,
+)
 from sdar_jax.models import ModelConfig
 from sdar_jax.models.config import DTYPES
 from sdar_jax.sharding import DEFAULT_RULES, MESH_AXES
 
-__all__ = ["ConfigError", "validate", "model_config_from", "mesh_shape", "batch_divisor_of",
-           "ALGO_KEYS", "ENVS", "TEACHER_SOURCES"]
+__all__ = [
+  "ConfigError",
+  "validate",
+  "model_config_from",
+  "mesh_shape",
+  "batch_divisor_of",
+  "ALGO_KEYS",
+  "ENVS",
+  "TEACHER_SOURCES",
+]
 
 ENVS = ("alfworld", "webshop", "search_qa")
 TEACHER_SOURCES = ("step", "rollout")
@@ -30,8 +45,18 @@ CHAT_TEMPLATES = ("qwen2.5", "qwen3")
 TRUNCATIONS = ("error", "left")
 EVAL_SKILLS = ("without", "with", "both")
 ALGO_KEYS = tuple(PRESET_KEYS) + ("teacher_source", "temperature")
-SECTIONS = ("model", "algo", "mesh", "optim", "train", "rollout", "eval", "checkpoint", "logging",
-            "env")
+SECTIONS = (
+  "model",
+  "algo",
+  "mesh",
+  "optim",
+  "train",
+  "rollout",
+  "eval",
+  "checkpoint",
+  "logging",
+  "env",
+)
 OPTIONAL_SECTIONS = ("paper", "warm_start")
 # The bundled Qwen tokenizer's size: a model driven by it needs at least this many embeddings.
 QWEN_TOKENIZER_SIZE = 151669
@@ -83,8 +108,10 @@ def mesh_shape(mesh: Mapping[str, int], num_devices: int) -> dict[str, int]:
   shape = {a: int(mesh[a]) if a in mesh else 1 for a in MESH_AXES}
   bad = {a: s for a, s in shape.items() if s == 0 or s < -1}
   if bad:
-    raise ConfigError(f"mesh {bad}: axis sizes must be >= 1 (or -1 for all remaining devices). "
-                      "Fix: set them to positive sizes.")
+    raise ConfigError(
+      f"mesh {bad}: axis sizes must be >= 1 (or -1 for all remaining devices). "
+      "Fix: set them to positive sizes."
+    )
   free = [a for a, s in shape.items() if s == -1]
   if len(free) > 1:
     raise ConfigError(f"mesh {shape}: only one axis may be -1 (got {free}). Fix: size the others.")
@@ -92,13 +119,15 @@ def mesh_shape(mesh: Mapping[str, int], num_devices: int) -> dict[str, int]:
   if free:
     if num_devices % fixed:
       raise ConfigError(
-          f"mesh {shape}: the fixed axes need a multiple of {fixed} devices but {num_devices} are "
-          f"available. Fix: choose axis sizes whose product divides {num_devices}.")
+        f"mesh {shape}: the fixed axes need a multiple of {fixed} devices but {num_devices} are "
+        f"available. Fix: choose axis sizes whose product divides {num_devices}."
+      )
     shape[free[0]] = num_devices // fixed
   elif fixed != num_devices:
     raise ConfigError(
-        f"mesh {shape}: the product of the axes is {fixed} but {num_devices} devices are available. "
-        f"Fix: make data x fsdp x tensor = {num_devices}, or set one axis to -1.")
+      f"mesh {shape}: the product of the axes is {fixed} but {num_devices} devices are available. "
+      f"Fix: make data x fsdp x tensor = {num_devices}, or set one axis to -1."
+    )
   return shape
 
 
@@ -121,21 +150,27 @@ def model_config_from(config: Any) -> ModelConfig:
   elif model.preset in ModelConfig.preset_names():
     named = ModelConfig.preset(model.preset, **numerics)
   else:
-    raise ConfigError(f"model.preset={model.preset!r}: unknown model. Fix: use one of "
-                      f"{ModelConfig.preset_names() + ['tiny']}.")
+    raise ConfigError(
+      f"model.preset={model.preset!r}: unknown model. Fix: use one of "
+      f"{ModelConfig.preset_names() + ['tiny']}."
+    )
   if not model.path:
     return named
   if not os.path.isdir(model.path):
-    raise ConfigError(f"model.path={model.path!r}: no such directory. Fix: point it at a local "
-                      "Hugging Face model directory (config.json + *.safetensors).")
+    raise ConfigError(
+      f"model.path={model.path!r}: no such directory. Fix: point it at a local "
+      "Hugging Face model directory (config.json + *.safetensors)."
+    )
   found = ModelConfig.from_hf_config(model.path, **numerics)
   from sdar_jax.checkpoint import model_config_mismatches  # orbax import only when needed
+
   diffs = model_config_mismatches(dict(found.__dict__), named)
   if diffs:
     fields = ", ".join(f"{f}={a!r} (preset: {b!r})" for f, a, b in diffs)
     raise ConfigError(
-        f"model.path={model.path!r} holds a different model than model.preset={model.preset!r}: "
-        f"{fields}. Fix: set --config.model.preset to the checkpoint's model.")
+      f"model.path={model.path!r} holds a different model than model.preset={model.preset!r}: "
+      f"{fields}. Fix: set --config.model.preset to the checkpoint's model."
+    )
   return found
 
 
@@ -146,94 +181,173 @@ def _check_model(config, p: _Problems) -> ModelConfig | None:
   p.one_of("model.dtype", m.dtype, DTYPES)
   p.one_of("model.param_dtype", m.param_dtype, DTYPES)
   if m.tokenizer_dir and not os.path.isdir(m.tokenizer_dir):
-    p.add("model.tokenizer_dir", m.tokenizer_dir, "no such directory",
-          "point it at a folder holding tokenizer.json, or unset it")
+    p.add(
+      "model.tokenizer_dir",
+      m.tokenizer_dir,
+      "no such directory",
+      "point it at a folder holding tokenizer.json, or unset it",
+    )
   try:
     model_config = model_config_from(config)
   except (ValueError, TypeError, FileNotFoundError, NotImplementedError) as e:
     p.lines.append(str(e))
     return None
   if not m.path and not m.tokenizer_dir and model_config.vocab_size < QWEN_TOKENIZER_SIZE:
-    p.add("model.tiny.vocab_size" if m.preset == "tiny" else "model.preset",
-          model_config.vocab_size, f"fewer embeddings than the {QWEN_TOKENIZER_SIZE} ids of the "
-          "bundled Qwen tokenizer", f"use a vocab_size >= {QWEN_TOKENIZER_SIZE} or set "
-          "model.tokenizer_dir to a smaller tokenizer")
+    p.add(
+      "model.tiny.vocab_size" if m.preset == "tiny" else "model.preset",
+      model_config.vocab_size,
+      f"fewer embeddings than the {QWEN_TOKENIZER_SIZE} ids of the bundled Qwen tokenizer",
+      f"use a vocab_size >= {QWEN_TOKENIZER_SIZE} or set "
+      "model.tokenizer_dir to a smaller tokenizer",
+    )
   return model_config
 
 
 def _check_algo(a, rollout, p: _Problems) -> None:
   keys = set(a)
   missing, extra = sorted(set(ALGO_KEYS) - keys), sorted(keys - set(ALGO_KEYS))
-  p.require(not missing, "algo", missing, "missing keys", "build the section with configs.common.algo(name)")
-  p.require(not extra, "algo", extra, "keys the train step does not read",
-            f"remove them; algo keys are {sorted(ALGO_KEYS)}")
-  for key, registry in (("gate", GATES), ("form", SDAR_FORMS), ("agg", AGG_MODES),
-                        ("kl_kind", KL_PENALTIES), ("distill", DISTILL_LOSSES),
-                        ("advantage", ADVANTAGE_ESTIMATORS)):
+  p.require(
+    not missing, "algo", missing, "missing keys", "build the section with configs.common.algo(name)"
+  )
+  p.require(
+    not extra,
+    "algo",
+    extra,
+    "keys the train step does not read",
+    f"remove them; algo keys are {sorted(ALGO_KEYS)}",
+  )
+  for key, registry in (
+    ("gate", GATES),
+    ("form", SDAR_FORMS),
+    ("agg", AGG_MODES),
+    ("kl_kind", KL_PENALTIES),
+    ("distill", DISTILL_LOSSES),
+    ("advantage", ADVANTAGE_ESTIMATORS),
+  ):
     if key in a:
       p.one_of(f"algo.{key}", a[key], registry.names())
   p.one_of("algo.teacher_source", _get(a, "teacher_source"), TEACHER_SOURCES)
-  for key in ("beta", "lam", "pg_coef", "kl_coef", "entropy_coef", "invalid_penalty", "clip_low",
-              "clip_high", "rlsd_clip_eps", "rlsd_lam0"):
+  for key in (
+    "beta",
+    "lam",
+    "pg_coef",
+    "kl_coef",
+    "entropy_coef",
+    "invalid_penalty",
+    "clip_low",
+    "clip_high",
+    "rlsd_clip_eps",
+    "rlsd_lam0",
+  ):
     if key in a:
       p.at_least(f"algo.{key}", a[key], 0)
   if _get(a, "clip_low", 0) >= 1:
-    p.add("algo.clip_low", a.clip_low, "a lower clip of 1 or more makes the ratio bound <= 0",
-          "use a value in [0, 1), the reference uses 0.2")
+    p.add(
+      "algo.clip_low",
+      a.clip_low,
+      "a lower clip of 1 or more makes the ratio bound <= 0",
+      "use a value in [0, 1), the reference uses 0.2",
+    )
   if _get(a, "rlsd_lam0", 0) > 1:
-    p.add("algo.rlsd_lam0", a.rlsd_lam0, "RLSD mixes (1-λ)·A + λ·w·A, λ must be in [0, 1]",
-          "use a value in [0, 1], the reference uses 0.5")
+    p.add(
+      "algo.rlsd_lam0",
+      a.rlsd_lam0,
+      "RLSD mixes (1-λ)·A + λ·w·A, λ must be in [0, 1]",
+      "use a value in [0, 1], the reference uses 0.5",
+    )
   if not _get(a, "clip_c", 3.0) > 1:
     p.add("algo.clip_c", a.clip_c, "dual-clip bound must be > 1", "use 3.0 (the reference)")
   if _get(a, "advantage") == "rlsd" and not _get(a, "rlsd_warmdown_steps", 1) >= 1:
-    p.add("algo.rlsd_warmdown_steps", a.rlsd_warmdown_steps, "the RLSD schedule λ0·(1-k/K) needs "
-          "K >= 1", "use a positive number of steps, the reference uses 100")
+    p.add(
+      "algo.rlsd_warmdown_steps",
+      a.rlsd_warmdown_steps,
+      "the RLSD schedule λ0·(1-k/K) needs K >= 1",
+      "use a positive number of steps, the reference uses 100",
+    )
   needs_teacher = _get(a, "distill", "none") != "none" or _get(a, "advantage") == "rlsd"
   if needs_teacher and not _get(a, "teacher", False):
-    p.add("algo.teacher", False, f"algo.distill={_get(a, 'distill')!r} / "
-          f"algo.advantage={_get(a, 'advantage')!r} need teacher log-probs",
-          "set --config.algo.teacher=True")
+    p.add(
+      "algo.teacher",
+      False,
+      f"algo.distill={_get(a, 'distill')!r} / "
+      f"algo.advantage={_get(a, 'advantage')!r} need teacher log-probs",
+      "set --config.algo.teacher=True",
+    )
   if _get(a, "distill") == "none" and _get(a, "lam", 0) > 0:
-    p.add("algo.lam", a.lam, "a distillation weight with algo.distill='none' has no effect",
-          "set algo.distill to 'sdar' or 'skill_sd' (and algo.teacher=True), or lam=0")
+    p.add(
+      "algo.lam",
+      a.lam,
+      "a distillation weight with algo.distill='none' has no effect",
+      "set algo.distill to 'sdar' or 'skill_sd' (and algo.teacher=True), or lam=0",
+    )
   temperature = _get(a, "temperature")
   if not (isinstance(temperature, (int, float)) and temperature > 0):
-    p.add("algo.temperature", temperature, "log-probs divide the logits by it; it must be > 0",
-          "set rollout.temperature > 0 (algo.temperature follows it)")
+    p.add(
+      "algo.temperature",
+      temperature,
+      "log-probs divide the logits by it; it must be > 0",
+      "set rollout.temperature > 0 (algo.temperature follows it)",
+    )
   elif temperature != rollout.temperature:
-    p.add("algo.temperature", temperature, f"differs from rollout.temperature="
-          f"{rollout.temperature!r}: tokens must be scored at the temperature they were sampled at",
-          "set only rollout.temperature (configs link the two)")
+    p.add(
+      "algo.temperature",
+      temperature,
+      f"differs from rollout.temperature="
+      f"{rollout.temperature!r}: tokens must be scored at the temperature they were sampled at",
+      "set only rollout.temperature (configs link the two)",
+    )
 
 
 def _check_rollout(r, model_config: ModelConfig | None, p: _Problems) -> None:
   if not (isinstance(r.temperature, (int, float)) and r.temperature > 0):
-    p.add("rollout.temperature", r.temperature, "training rollouts must sample (> 0); their "
-          "log-probs divide by it", "use 1.0 (the reference); greedy decoding is for evaluation: "
-          "rollout.val_temperature=0")
+    p.add(
+      "rollout.temperature",
+      r.temperature,
+      "training rollouts must sample (> 0); their log-probs divide by it",
+      "use 1.0 (the reference); greedy decoding is for evaluation: rollout.val_temperature=0",
+    )
   p.at_least("rollout.val_temperature", r.val_temperature, 0, "use 0 (greedy) or a positive value")
-  p.require(isinstance(r.top_p, (int, float)) and 0 < r.top_p <= 1, "rollout.top_p", r.top_p,
-            "must be in (0, 1]", "use 1.0 to disable nucleus sampling")
+  p.require(
+    isinstance(r.top_p, (int, float)) and 0 < r.top_p <= 1,
+    "rollout.top_p",
+    r.top_p,
+    "must be in (0, 1]",
+    "use 1.0 to disable nucleus sampling",
+  )
   p.at_least("rollout.top_k", r.top_k, 0, "use 0 to disable top-k")
   p.at_least("rollout.max_new_tokens", r.max_new_tokens, 1)
   p.at_least("rollout.max_prompt_len", r.max_prompt_len, 1)
   p.one_of("rollout.prompt_truncation", r.prompt_truncation, TRUNCATIONS)
-  if model_config is not None and isinstance(r.max_prompt_len, int) and isinstance(r.max_new_tokens, int):
+  if (
+    model_config is not None
+    and isinstance(r.max_prompt_len, int)
+    and isinstance(r.max_new_tokens, int)
+  ):
     total = r.max_prompt_len + r.max_new_tokens
-    p.require(total <= model_config.max_position_embeddings, "rollout.max_prompt_len",
-              r.max_prompt_len, f"max_prompt_len + max_new_tokens = {total} exceeds the model's "
-              f"max_position_embeddings={model_config.max_position_embeddings}",
-              "shorten the prompt or the responses")
+    p.require(
+      total <= model_config.max_position_embeddings,
+      "rollout.max_prompt_len",
+      r.max_prompt_len,
+      f"max_prompt_len + max_new_tokens = {total} exceeds the model's "
+      f"max_position_embeddings={model_config.max_position_embeddings}",
+      "shorten the prompt or the responses",
+    )
 
 
 def _check_optim(o, p: _Problems) -> None:
   p.at_least("optim.lr", o.lr, 0)
   p.at_least("optim.warmup_steps", o.warmup_steps, 0)
   for key in ("b1", "b2"):
-    p.require(isinstance(o[key], (int, float)) and 0 <= o[key] < 1, f"optim.{key}", o[key],
-              "Adam decay rates must be in [0, 1)", "use 0.9 / 0.999")
-  p.require(isinstance(o.eps, (int, float)) and o.eps > 0, "optim.eps", o.eps, "must be > 0",
-            "use 1e-8")
+    p.require(
+      isinstance(o[key], (int, float)) and 0 <= o[key] < 1,
+      f"optim.{key}",
+      o[key],
+      "Adam decay rates must be in [0, 1)",
+      "use 0.9 / 0.999",
+    )
+  p.require(
+    isinstance(o.eps, (int, float)) and o.eps > 0, "optim.eps", o.eps, "must be > 0", "use 1e-8"
+  )
   p.at_least("optim.weight_decay", o.weight_decay, 0)
   p.at_least("optim.clip_norm", o.clip_norm, 0, "use 0 to disable clipping")
 
@@ -248,20 +362,32 @@ def _check_batches(config, divisor: int, shape: Mapping[str, int], p: _Problems)
   p.at_least("train.max_staleness", t.max_staleness, 0)
   mini, micro = t.mini_batch_size, t.micro_batch_size
   if isinstance(mini, int) and isinstance(micro, int) and mini >= 1 and micro >= 1:
-    p.require(mini % micro == 0, "train.mini_batch_size", mini,
-              f"not divisible by train.micro_batch_size={micro}",
-              "make mini_batch_size a multiple of micro_batch_size")
-    p.require(micro % divisor == 0, "train.micro_batch_size", micro,
-              f"not divisible by the mesh's batch shards ({where})",
-              f"use a multiple of {divisor}, or change the mesh")
+    p.require(
+      mini % micro == 0,
+      "train.mini_batch_size",
+      mini,
+      f"not divisible by train.micro_batch_size={micro}",
+      "make mini_batch_size a multiple of micro_batch_size",
+    )
+    p.require(
+      micro % divisor == 0,
+      "train.micro_batch_size",
+      micro,
+      f"not divisible by the mesh's batch shards ({where})",
+      f"use a multiple of {divisor}, or change the mesh",
+    )
   tasks, group = env.tasks_per_step, env.group_size
   p.at_least("env.tasks_per_step", tasks, 1)
   p.at_least("env.group_size", group, 1)
   if isinstance(tasks, int) and isinstance(group, int) and tasks >= 1 and group >= 1:
-    p.require((tasks * group) % divisor == 0, "env.tasks_per_step", tasks,
-              f"tasks_per_step x group_size = {tasks} x {group} = {tasks * group} episodes per step "
-              f"do not divide over the mesh's batch shards ({where})",
-              f"make tasks_per_step x group_size a multiple of {divisor}, or change the mesh")
+    p.require(
+      (tasks * group) % divisor == 0,
+      "env.tasks_per_step",
+      tasks,
+      f"tasks_per_step x group_size = {tasks} x {group} = {tasks * group} episodes per step "
+      f"do not divide over the mesh's batch shards ({where})",
+      f"make tasks_per_step x group_size a multiple of {divisor}, or change the mesh",
+    )
 
 
 def _check_env(e, p: _Problems) -> None:
@@ -270,8 +396,12 @@ def _check_env(e, p: _Problems) -> None:
   p.at_least("env.max_turns", e.max_turns, 1)
   p.at_least("env.num_workers", e.num_workers, 1)
   if e.data_dir and not os.path.isdir(os.path.expanduser(e.data_dir)):
-    p.add("env.data_dir", e.data_dir, "no such directory",
-          "point it at the prepared data, or unset it for the offline generated data")
+    p.add(
+      "env.data_dir",
+      e.data_dir,
+      "no such directory",
+      "point it at the prepared data, or unset it for the offline generated data",
+    )
   s = e.skills
   p.one_of("env.skills.strategy", s.strategy, SKILL_STRATEGIES)
   p.one_of("env.skills.rules_version", s.rules_version, RULES_VERSIONS)
@@ -301,9 +431,11 @@ def validate(config: Any, num_devices: int | None = None) -> ModelConfig:
   missing = [s for s in SECTIONS if s not in config]
   unknown = sorted(set(config) - set(SECTIONS) - set(OPTIONAL_SECTIONS))
   if missing or unknown:
-    raise ConfigError(f"config sections: missing {missing}, unknown {unknown}. Fix: build the "
-                      f"config with configs.common.base(...) and set config.env; sections are "
-                      f"{SECTIONS + OPTIONAL_SECTIONS}.")
+    raise ConfigError(
+      f"config sections: missing {missing}, unknown {unknown}. Fix: build the "
+      f"config with configs.common.base(...) and set config.env; sections are "
+      f"{SECTIONS + OPTIONAL_SECTIONS}."
+    )
   num_devices = jax.device_count() if num_devices is None else num_devices
   p = _Problems()
   model_config = _check_model(config, p)

@@ -17,14 +17,14 @@ import numpy as np
 
 # Panels of the default plot: (title, metric names drawn in it).
 PLOT_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("success rate", ("episode/success_rate", "val/success_rate")),
-    ("episode reward", ("episode/reward_mean",)),
-    ("valid-format actions", ("episode/valid_action_ratio",)),
-    ("SDAR gate", ("sdar/gate_mean", "sdar/gate_active_ratio")),
-    ("teacher - student gap", ("sdar/teacher_gap_mean", "rollout/teacher_old_gap_mean")),
-    ("losses", ("train/loss", "actor/pg_loss", "sdar/loss")),
-    ("entropy", ("actor/entropy",)),
-    ("grad norm", ("train/grad_norm",)),
+  ("success rate", ("episode/success_rate", "val/success_rate")),
+  ("episode reward", ("episode/reward_mean",)),
+  ("valid-format actions", ("episode/valid_action_ratio",)),
+  ("SDAR gate", ("sdar/gate_mean", "sdar/gate_active_ratio")),
+  ("teacher - student gap", ("sdar/teacher_gap_mean", "rollout/teacher_old_gap_mean")),
+  ("losses", ("train/loss", "actor/pg_loss", "sdar/loss")),
+  ("entropy", ("actor/entropy",)),
+  ("grad norm", ("train/grad_norm",)),
 )
 
 
@@ -39,11 +39,21 @@ def _scalar(value: Any) -> float | None:
 class MetricsLogger:
   """Writes metrics of each step to the console, `<logdir>/metrics.jsonl` and TensorBoard."""
 
-  def __init__(self, logdir: str, jsonl: bool = True, tensorboard: bool = False,
-               console_keys: Sequence[str] = ("episode/success_rate", "episode/reward_mean",
-                                              "episode/valid_action_ratio", "train/loss",
-                                              "sdar/gate_mean", "sdar/teacher_gap_mean",
-                                              "val/success_rate")):
+  def __init__(
+    self,
+    logdir: str,
+    jsonl: bool = True,
+    tensorboard: bool = False,
+    console_keys: Sequence[str] = (
+      "episode/success_rate",
+      "episode/reward_mean",
+      "episode/valid_action_ratio",
+      "train/loss",
+      "sdar/gate_mean",
+      "sdar/teacher_gap_mean",
+      "val/success_rate",
+    ),
+  ):
     os.makedirs(logdir, exist_ok=True)
     self.logdir = logdir
     self.path = os.path.join(logdir, "metrics.jsonl") if jsonl else None
@@ -52,10 +62,14 @@ class MetricsLogger:
     if tensorboard:
       try:
         from tensorboardX import SummaryWriter  # optional
+
         self._tb = SummaryWriter(logdir)
       except ImportError:
-        warnings.warn("logging.tensorboard=True but tensorboardX is not installed; writing JSONL "
-                      "and PNG plots only (pip install tensorboardX to enable).", stacklevel=2)
+        warnings.warn(
+          "logging.tensorboard=True but tensorboardX is not installed; writing JSONL "
+          "and PNG plots only (pip install tensorboardX to enable).",
+          stacklevel=2,
+        )
 
   def log(self, step: int, metrics: Mapping[str, Any], echo: bool = True) -> dict[str, float]:
     row = {"step": int(step)}
@@ -93,10 +107,14 @@ def read_history(path: str) -> list[dict[str, float]]:
   return [rows[k] for k in sorted(rows)]
 
 
-def plot_history(jsonl_path: str, out_path: str | None = None,
-                 panels: Sequence[tuple[str, Sequence[str]]] = PLOT_PANELS) -> str | None:
+def plot_history(
+  jsonl_path: str,
+  out_path: str | None = None,
+  panels: Sequence[tuple[str, Sequence[str]]] = PLOT_PANELS,
+) -> str | None:
   """Draws the panels that have data into a PNG next to the JSONL (returns its path)."""
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
@@ -117,7 +135,7 @@ def plot_history(jsonl_path: str, out_path: str | None = None,
     ax.set_xlabel("step")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-  for ax in list(axes.flat)[len(present):]:
+  for ax in list(axes.flat)[len(present) :]:
     ax.axis("off")
   fig.tight_layout()
   out_path = out_path or os.path.join(os.path.dirname(jsonl_path), "metrics.png")

@@ -52,9 +52,17 @@ from jax.sharding import Mesh, NamedSharding
 
 from sdar_jax import sharding
 from sdar_jax.models.config import ModelConfig
-from sdar_jax.models.qwen import (Params, apply, apply_rope, attention_out_and_mlp,
-                                  logits_from_hidden, positions_from_mask, qkv_projection,
-                                  rms_norm, rope_tables)
+from sdar_jax.models.qwen import (
+  Params,
+  apply,
+  apply_rope,
+  attention_out_and_mlp,
+  logits_from_hidden,
+  positions_from_mask,
+  qkv_projection,
+  rms_norm,
+  rope_tables,
+)
 
 QWEN_STOP_TOKEN_IDS = (151645, 151643)  # <|im_end|>, <|endoftext|>
 FINISH_REASONS = ("length", "stop_token", "stop_string")  # index = the code the loop returns
@@ -81,8 +89,10 @@ class SamplingParams:
   def __post_init__(self):
     object.__setattr__(self, "stop_token_ids", tuple(int(i) for i in self.stop_token_ids))
     if isinstance(self.stop_strings, str):
-      raise TypeError(f"stop_strings={self.stop_strings!r} is a str; pass a tuple of strings, "
-                      f"e.g. ({self.stop_strings!r},).")
+      raise TypeError(
+        f"stop_strings={self.stop_strings!r} is a str; pass a tuple of strings, "
+        f"e.g. ({self.stop_strings!r},)."
+      )
     object.__setattr__(self, "stop_strings", tuple(self.stop_strings))
     if int(self.max_new_tokens) < 0:
       raise ValueError(f"max_new_tokens={self.max_new_tokens} must be >= 0.")
@@ -169,8 +179,9 @@ def _aho_corasick(patterns: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
   return delta, np.asarray(accept, bool)
 
 
-def stop_string_table(token_bytes: Sequence[bytes], stop_strings: Sequence[str],
-                      num_states: int | None = None) -> np.ndarray:
+def stop_string_table(
+  token_bytes: Sequence[bytes], stop_strings: Sequence[str], num_states: int | None = None
+) -> np.ndarray:
   """[states, vocab] int32: `code >> 1` = automaton state after a token's bytes, `code & 1` = a
   stop string completed while consuming them. Vectorised over the vocabulary; the Python loop
   runs over byte positions only (tokens sorted by length, so position j touches only the tokens
@@ -206,11 +217,15 @@ def stop_string_table(token_bytes: Sequence[bytes], stop_strings: Sequence[str],
 def _cached_stop_table(tokenizer, vocab_size: int, stop_strings: tuple[str, ...]) -> np.ndarray:
   token_bytes = tokenizer.all_token_bytes(size=vocab_size)
   states = 1 + sum(len(s.encode("utf-8")) for s in stop_strings)
-  return stop_string_table(token_bytes, stop_strings, max(_MIN_STATE_BUCKET, _pow2_at_least(states)))
+  return stop_string_table(
+    token_bytes, stop_strings, max(_MIN_STATE_BUCKET, _pow2_at_least(states))
+  )
 
 
 # -------------------------------------------------------------------------------- token choice
-def _filter_top_k_top_p(scaled: jax.Array, top_k: int, use_top_p: bool, top_p: jax.Array) -> jax.Array:
+def _filter_top_k_top_p(
+  scaled: jax.Array, top_k: int, use_top_p: bool, top_p: jax.Array
+) -> jax.Array:
   """Masks to -inf what top-k (then top-p over the renormalised top-k set) excludes. Ties at the
   cut-off value are kept, so a few more than k tokens can survive on exact ties."""
   if top_k > 0:
@@ -261,8 +276,15 @@ def _categorical(keys: jax.Array, logits: jax.Array) -> jax.Array:
   return (block * _SAMPLE_BLOCK + index).astype(jnp.int32)
 
 
-def _choose(logits: jax.Array, keys: jax.Array, temperature: jax.Array, top_p: jax.Array,
-            greedy: bool, top_k: int, use_top_p: bool) -> tuple[jax.Array, jax.Array]:
+def _choose(
+  logits: jax.Array,
+  keys: jax.Array,
+  temperature: jax.Array,
+  top_p: jax.Array,
+  greedy: bool,
+  top_k: int,
+  use_top_p: bool,
+) -> tuple[jax.Array, jax.Array]:
   """Next token [B] and its log-prob [B] under the unfiltered softmax(logits / temperature)."""
   scaled = logits if greedy else logits / temperature
   if greedy:
@@ -277,8 +299,17 @@ def _choose(logits: jax.Array, keys: jax.Array, temperature: jax.Array, top_p: j
 
 
 # ------------------------------------------------------------------------------- decode layer
-def _decode_layer(config: ModelConfig, p: Params, x: jax.Array, cos: jax.Array, sin: jax.Array,
-                  k_cache: jax.Array, v_cache: jax.Array, valid: jax.Array, slot: jax.Array):
+def _decode_layer(
+  config: ModelConfig,
+  p: Params,
+  x: jax.Array,
+  cos: jax.Array,
+  sin: jax.Array,
+  k_cache: jax.Array,
+  v_cache: jax.Array,
+  valid: jax.Array,
+  slot: jax.Array,
+):
   """One decoder layer for one new token per row: x [B, D]; this layer's cache, keys [B, K, H, S]
   and values [B, K, S, H]; `valid` [B, S] already marks `slot`, where the new key/value are
   written before attending.
@@ -292,10 +323,12 @@ def _decode_layer(config: ModelConfig, p: Params, x: jax.Array, cos: jax.Array, 
   q, k, v = qkv_projection(config, p, x)
   q = apply_rope(q[:, None], cos, sin)[:, 0]
   k = apply_rope(k[:, None], cos, sin)[:, 0]
-  k_cache = lax.dynamic_update_slice(k_cache, k[:, :, :, None].astype(k_cache.dtype), (0, 0, 0, slot))
+  k_cache = lax.dynamic_update_slice(
+    k_cache, k[:, :, :, None].astype(k_cache.dtype), (0, 0, 0, slot)
+  )
   v_cache = lax.dynamic_update_slice(v_cache, v[:, :, None].astype(v_cache.dtype), (0, 0, slot, 0))
   q = q.reshape(B, K, N // K, H)  # query head n = kv head n // (N / K), as in the model
-  scores = jnp.einsum("bkgh,bkhs->bkgs", q, k_cache, preferred_element_type=jnp.float32) * H ** -0.5
+  scores = jnp.einsum("bkgh,bkhs->bkgs", q, k_cache, preferred_element_type=jnp.float32) * H**-0.5
   scores = jnp.where(valid[:, None, None, :], scores, _MASKED)
   probs = jax.nn.softmax(scores, axis=-1).astype(dt)
   attn = jnp.einsum("bkgs,bksh->bkgh", probs, v_cache).reshape(B, N, H)
@@ -310,8 +343,13 @@ class Sampler:
   `tokenizer` supplies token bytes for stop strings (default: the bundled Qwen tokenizer).
   """
 
-  def __init__(self, config: ModelConfig, mesh: Mesh | None = None, tokenizer=None,
-               max_prompt_len: int | None = None):
+  def __init__(
+    self,
+    config: ModelConfig,
+    mesh: Mesh | None = None,
+    tokenizer=None,
+    max_prompt_len: int | None = None,
+  ):
     self.config = config
     self.mesh = mesh
     self._tokenizer = tokenizer
@@ -319,13 +357,15 @@ class Sampler:
     self.num_compilations = 0
     self._divisor = 1 if mesh is None else sharding.batch_divisor(mesh)
     self._device_cache: dict[Any, Any] = {}
-    self._run_jit = jax.jit(self._run, static_argnames=(
-        "new_bucket", "greedy", "top_k", "use_top_p", "use_stop_strings"))
+    self._run_jit = jax.jit(
+      self._run, static_argnames=("new_bucket", "greedy", "top_k", "use_top_p", "use_stop_strings")
+    )
 
   @property
   def tokenizer(self):
     if self._tokenizer is None:
       from sdar_jax.tokenizer import Tokenizer
+
       self._tokenizer = Tokenizer.bundled_qwen()
     return self._tokenizer
 
@@ -336,15 +376,33 @@ class Sampler:
     spec = sharding.logical_to_spec(axes, x.shape, self.mesh, name="kv_cache")
     return lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
 
-  def _run(self, params: Params, prompt_tokens, prompt_mask, row_source, real_rows, max_new,
-           temperature, top_p, is_stop, stop_table, rng, *, new_bucket: int, greedy: bool,
-           top_k: int, use_top_p: bool, use_stop_strings: bool):
+  def _run(
+    self,
+    params: Params,
+    prompt_tokens,
+    prompt_mask,
+    row_source,
+    real_rows,
+    max_new,
+    temperature,
+    top_p,
+    is_stop,
+    stop_table,
+    rng,
+    *,
+    new_bucket: int,
+    greedy: bool,
+    top_k: int,
+    use_top_p: bool,
+    use_stop_strings: bool,
+  ):
     self.num_compilations += 1  # runs once per trace, i.e. per compilation
     config = self.config
     B = row_source.shape[0]
     P = prompt_tokens.shape[1]
-    choose = functools.partial(_choose, temperature=temperature, top_p=top_p, greedy=greedy,
-                               top_k=top_k, use_top_p=use_top_p)
+    choose = functools.partial(
+      _choose, temperature=temperature, top_p=top_p, greedy=greedy, top_k=top_k, use_top_p=use_top_p
+    )
 
     # Prefill the distinct prompts once; only the last position needs logits (left padding).
     h, (k, v) = apply(config, params, prompt_tokens, positions_from_mask(prompt_mask), prompt_mask)
@@ -360,8 +418,9 @@ class Sampler:
     for layer in range(config.num_layers):
       kl = jnp.take(k[layer], row_source, axis=0).transpose(0, 2, 3, 1)  # [B, K, H, P]
       vl = jnp.take(v[layer], row_source, axis=0).transpose(0, 2, 1, 3)  # [B, K, P, H]
-      caches.append((self._constrain(jnp.pad(kl, pad_k), k_axes),
-                     self._constrain(jnp.pad(vl, pad_v), v_axes)))
+      caches.append(
+        (self._constrain(jnp.pad(kl, pad_k), k_axes), self._constrain(jnp.pad(vl, pad_v), v_axes))
+      )
     valid = jnp.pad(mask.astype(jnp.bool_), ((0, 0), (0, new_bucket)))
     # Per-layer weights sliced once per call: the unrolled decode layers then index nothing
     # per step (a scan over stacked layers copies every weight slice at every step on CPU).
@@ -390,8 +449,13 @@ class Sampler:
       done = done | stopped | (step + 1 >= max_new)
       return state, (tokens, logps, done, length, reason)
 
-    out = (jnp.zeros((B, new_bucket), jnp.int32), jnp.zeros((B, new_bucket), jnp.float32),
-           ~real_rows, jnp.zeros((B,), jnp.int32), jnp.zeros((B,), jnp.int32))
+    out = (
+      jnp.zeros((B, new_bucket), jnp.int32),
+      jnp.zeros((B, new_bucket), jnp.float32),
+      ~real_rows,
+      jnp.zeros((B,), jnp.int32),
+      jnp.zeros((B,), jnp.int32),
+    )
     token, logp = choose(first_logits, step_keys(0))
     state, out = record(0, token, logp, jnp.zeros((B,), jnp.int32), out)
     position = jnp.sum(mask, axis=-1).astype(jnp.int32)
@@ -438,8 +502,10 @@ class Sampler:
     if isinstance(prompts, np.ndarray) and prompts.ndim == 2:
       prompts = list(prompts)
     if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
-      raise TypeError("prompts must be a list of token-id lists (tokenize text first), got "
-                      f"{type(prompts).__name__}.")
+      raise TypeError(
+        "prompts must be a list of token-id lists (tokenize text first), got "
+        f"{type(prompts).__name__}."
+      )
     V = self.config.vocab_size
     out = []
     for i, p in enumerate(prompts):
@@ -448,17 +514,23 @@ class Sampler:
         raise ValueError(f"prompts[{i}] is empty; every prompt needs at least one token.")
       if len(p) > self.max_prompt_len:
         raise ValueError(
-            f"prompts[{i}] has {len(p)} tokens, more than max_prompt_len={self.max_prompt_len}. "
-            "Fix: shorten the prompt (e.g. keep fewer history turns) or raise max_prompt_len.")
+          f"prompts[{i}] has {len(p)} tokens, more than max_prompt_len={self.max_prompt_len}. "
+          "Fix: shorten the prompt (e.g. keep fewer history turns) or raise max_prompt_len."
+        )
       bad = [t for t in p if not 0 <= t < V]
       if bad:
         raise ValueError(f"prompts[{i}] has token id {bad[0]} outside the vocabulary [0, {V}).")
       out.append(p)
     return out
 
-  def generate(self, params: Params, prompts: Sequence[Sequence[int]],
-               sampling: SamplingParams = SamplingParams(), rng: jax.Array | None = None,
-               share_prefix: bool = True) -> GenerationResult:
+  def generate(
+    self,
+    params: Params,
+    prompts: Sequence[Sequence[int]],
+    sampling: SamplingParams = SamplingParams(),
+    rng: jax.Array | None = None,
+    share_prefix: bool = True,
+  ) -> GenerationResult:
     """Samples continuations of `prompts` (token-id lists of any lengths). Identical prompts
     are prefilled once when `share_prefix` (the result does not depend on it)."""
     prompts = self._check_prompts(prompts)
@@ -467,7 +539,9 @@ class Sampler:
       return GenerationResult([[] for _ in prompts], [[] for _ in prompts], ["length"] * n)
     if rng is None:
       if not sampling.greedy:
-        raise ValueError("Sampling with temperature > 0 needs an rng key: pass rng=jax.random.key(seed).")
+        raise ValueError(
+          "Sampling with temperature > 0 needs an rng key: pass rng=jax.random.key(seed)."
+        )
       rng = jax.random.key(0)
 
     # Distinct prompts and which one each row starts from.
@@ -483,21 +557,24 @@ class Sampler:
     tokens = np.zeros((U, P), np.int32)
     mask = np.zeros((U, P), np.int32)
     for i, p in enumerate(unique):
-      tokens[i, P - len(p):] = p
-      mask[i, P - len(p):] = 1
-    mask[len(unique):, -1] = 1  # dummy rows: one real token keeps them well defined
+      tokens[i, P - len(p) :] = p
+      mask[i, P - len(p) :] = 1
+    mask[len(unique) :, -1] = 1  # dummy rows: one real token keeps them well defined
     row_source = np.zeros((B,), np.int32)
     row_source[:n] = source
     real_rows = np.arange(B) < n
 
     V = self.config.vocab_size
-    is_stop = self._device_table(("stop_ids", sampling.stop_token_ids), lambda: np.isin(
-        np.arange(V), np.asarray(sampling.stop_token_ids, np.int64)))
+    is_stop = self._device_table(
+      ("stop_ids", sampling.stop_token_ids),
+      lambda: np.isin(np.arange(V), np.asarray(sampling.stop_token_ids, np.int64)),
+    )
     use_strings = bool(sampling.stop_strings)
     if use_strings:
       stop_table = self._device_table(
-          ("stop_strings", sampling.stop_strings),
-          lambda: _cached_stop_table(self.tokenizer, V, sampling.stop_strings))
+        ("stop_strings", sampling.stop_strings),
+        lambda: _cached_stop_table(self.tokenizer, V, sampling.stop_strings),
+      )
     else:
       stop_table = self._device_table("no_stop_strings", lambda: np.zeros((1, 1), np.int32))
     top_k = int(sampling.top_k) if sampling.top_k > 0 else 0
@@ -506,18 +583,31 @@ class Sampler:
     if self.mesh is not None:
       params = sharding.shard_params(params, self.config, self.mesh)
     out = self._run_jit(
-        params, self._put_batch(tokens), self._put_batch(mask), self._put_batch(row_source),
-        self._put_batch(real_rows), np.int32(sampling.max_new_tokens),
-        np.float32(sampling.temperature or 1.0), np.float32(sampling.top_p), is_stop, stop_table,
-        rng, new_bucket=N, greedy=sampling.greedy, top_k=0 if sampling.greedy else top_k,
-        use_top_p=not sampling.greedy and sampling.top_p < 1.0, use_stop_strings=use_strings)
+      params,
+      self._put_batch(tokens),
+      self._put_batch(mask),
+      self._put_batch(row_source),
+      self._put_batch(real_rows),
+      np.int32(sampling.max_new_tokens),
+      np.float32(sampling.temperature or 1.0),
+      np.float32(sampling.top_p),
+      is_stop,
+      stop_table,
+      rng,
+      new_bucket=N,
+      greedy=sampling.greedy,
+      top_k=0 if sampling.greedy else top_k,
+      use_top_p=not sampling.greedy and sampling.top_p < 1.0,
+      use_stop_strings=use_strings,
+    )
     tokens_out, logps_out, length, reason = jax.device_get(out)
     return GenerationResult(
-        tokens=[tokens_out[i, :length[i]].tolist() for i in range(n)],
-        logprobs=[logps_out[i, :length[i]].tolist() for i in range(n)],
-        finish_reasons=[FINISH_REASONS[int(reason[i])] for i in range(n)],
-        num_prefill_rows=len(unique),
-        shapes=dict(batch=B, prefill_rows=U, prompt_len=P, new_tokens=N))
+      tokens=[tokens_out[i, : length[i]].tolist() for i in range(n)],
+      logprobs=[logps_out[i, : length[i]].tolist() for i in range(n)],
+      finish_reasons=[FINISH_REASONS[int(reason[i])] for i in range(n)],
+      num_prefill_rows=len(unique),
+      shapes=dict(batch=B, prefill_rows=U, prompt_len=P, new_tokens=N),
+    )
 
   __call__ = generate
 
@@ -526,8 +616,9 @@ class Sampler:
 _SAMPLERS: dict[Any, Sampler] = {}
 
 
-def get_sampler(config: ModelConfig, mesh: Mesh | None = None, tokenizer=None,
-                max_prompt_len: int | None = None) -> Sampler:
+def get_sampler(
+  config: ModelConfig, mesh: Mesh | None = None, tokenizer=None, max_prompt_len: int | None = None
+) -> Sampler:
   """The cached Sampler for (config, mesh, tokenizer, max_prompt_len)."""
   key = (config, mesh, tokenizer, max_prompt_len)
   if key not in _SAMPLERS:
@@ -535,10 +626,18 @@ def get_sampler(config: ModelConfig, mesh: Mesh | None = None, tokenizer=None,
   return _SAMPLERS[key]
 
 
-def generate(config: ModelConfig, params: Params, prompts: Sequence[Sequence[int]],
-             sampling: SamplingParams = SamplingParams(), rng: jax.Array | None = None, *,
-             mesh: Mesh | None = None, tokenizer=None, max_prompt_len: int | None = None,
-             share_prefix: bool = True) -> GenerationResult:
+def generate(
+  config: ModelConfig,
+  params: Params,
+  prompts: Sequence[Sequence[int]],
+  sampling: SamplingParams = SamplingParams(),
+  rng: jax.Array | None = None,
+  *,
+  mesh: Mesh | None = None,
+  tokenizer=None,
+  max_prompt_len: int | None = None,
+  share_prefix: bool = True,
+) -> GenerationResult:
   """`Sampler.generate` with a cached Sampler per (config, mesh, tokenizer, max_prompt_len)."""
   sampler = get_sampler(config, mesh, tokenizer, max_prompt_len)
   return sampler.generate(params, prompts, sampling, rng, share_prefix=share_prefix)

@@ -27,16 +27,16 @@ MESH_AXES = ("data", "fsdp", "tensor")
 
 # logical axis -> mesh axis (or tuple of mesh axes, or None = replicated)
 DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
-    ("batch", ("data", "fsdp")),
-    ("vocab", "tensor"),
-    ("embed", "fsdp"),
-    ("q_heads", "tensor"),
-    ("kv_heads", "tensor"),
-    ("mlp", "tensor"),
-    ("head_dim", None),
-    ("layers", None),
-    ("norm", None),
-    ("length", None),
+  ("batch", ("data", "fsdp")),
+  ("vocab", "tensor"),
+  ("embed", "fsdp"),
+  ("q_heads", "tensor"),
+  ("kv_heads", "tensor"),
+  ("mlp", "tensor"),
+  ("head_dim", None),
+  ("layers", None),
+  ("norm", None),
+  ("length", None),
 )
 
 Rules = Sequence[tuple[str, Any]]
@@ -66,9 +66,10 @@ def make_mesh(shape: Mapping[str, int] | Sequence[int] | None = None, devices=No
     shape[shape.index(-1)] = len(devices) // rest
   if math.prod(shape) != len(devices):
     raise ValueError(
-        f"Mesh shape {dict(zip(MESH_AXES, shape))} needs {math.prod(shape)} devices but "
-        f"{len(devices)} are available; make the product of the mesh axes equal the device count "
-        f"(or use -1 for one axis).")
+      f"Mesh shape {dict(zip(MESH_AXES, shape))} needs {math.prod(shape)} devices but "
+      f"{len(devices)} are available; make the product of the mesh axes equal the device count "
+      f"(or use -1 for one axis)."
+    )
   return Mesh(np.asarray(devices).reshape(shape), MESH_AXES)
 
 
@@ -86,39 +87,53 @@ def _rules_dict(rules: Rules | None) -> dict[str, tuple[str, ...]]:
       targets = tuple(target)
     bad = [t for t in targets if t not in MESH_AXES]
     if bad:
-      raise ValueError(f"Sharding rule {name!r} -> {target!r} names unknown mesh axes {bad}; "
-                       f"mesh axes are {MESH_AXES}.")
+      raise ValueError(
+        f"Sharding rule {name!r} -> {target!r} names unknown mesh axes {bad}; "
+        f"mesh axes are {MESH_AXES}."
+      )
     table[name] = targets
   return table
 
 
-def logical_to_spec(axes: Iterable[str | None], shape: Sequence[int], mesh: Mesh,
-                    rules: Rules | None = None, name: str = "array") -> P:
+def logical_to_spec(
+  axes: Iterable[str | None],
+  shape: Sequence[int],
+  mesh: Mesh,
+  rules: Rules | None = None,
+  name: str = "array",
+) -> P:
   """PartitionSpec for an array with logical `axes`; non-dividing dimensions are replicated (with
   a warning), and a mesh axis used by two dimensions is a collision error."""
   table = _rules_dict(rules)
   axes = tuple(axes)
   if len(axes) != len(shape):
-    raise ValueError(f"{name}: {len(axes)} logical axes {axes} for a {len(shape)}-d shape {tuple(shape)}.")
+    raise ValueError(
+      f"{name}: {len(axes)} logical axes {axes} for a {len(shape)}-d shape {tuple(shape)}."
+    )
   used: dict[str, str] = {}
   spec = []
   for logical, dim in zip(axes, shape):
     targets = table.get(logical, ()) if logical is not None else ()
     if logical is not None and logical not in table:
-      raise ValueError(f"{name}: logical axis {logical!r} has no sharding rule; add it to the rules "
-                       f"table (known: {sorted(table)}).")
+      raise ValueError(
+        f"{name}: logical axis {logical!r} has no sharding rule; add it to the rules "
+        f"table (known: {sorted(table)})."
+      )
     for t in targets:
       if t in used:
         raise ValueError(
-            f"Sharding rule collision in {name}: mesh axis {t!r} would shard both {used[t]!r} and "
-            f"{logical!r}. Map one of them to another mesh axis or to None.")
+          f"Sharding rule collision in {name}: mesh axis {t!r} would shard both {used[t]!r} and "
+          f"{logical!r}. Map one of them to another mesh axis or to None."
+        )
       used[t] = logical
     targets = tuple(t for t in targets if mesh.shape[t] > 1)
     size = math.prod(mesh.shape[t] for t in targets)
     if targets and dim % size:
       warnings.warn(
-          f"{name}: dimension {logical!r} of size {dim} does not divide over mesh axes {targets} "
-          f"(size {size}); replicating it instead.", stacklevel=2)
+        f"{name}: dimension {logical!r} of size {dim} does not divide over mesh axes {targets} "
+        f"(size {size}); replicating it instead.",
+        stacklevel=2,
+      )
       targets = ()
     spec.append(None if not targets else targets[0] if len(targets) == 1 else targets)
   return P(*spec)

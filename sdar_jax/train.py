@@ -74,8 +74,9 @@ def unknown_override_keys(config: mlc.ConfigDict, argv: Sequence[str]) -> list[s
         valid = sorted(node.keys())
         close = difflib.get_close_matches(key, valid, n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
-        problems.append(f"--config.{path}: {parent} has no key {key!r}.{hint} "
-                        f"Valid keys of {parent}: {valid}")
+        problems.append(
+          f"--config.{path}: {parent} has no key {key!r}.{hint} Valid keys of {parent}: {valid}"
+        )
         break
       node = node[key]
   return problems
@@ -97,14 +98,26 @@ def _check_overrides(argv: Sequence[str]) -> None:
 
 def _define_flags() -> None:
   config_flags.DEFINE_config_file(
-      "config", DEFAULT_CONFIG, "Config file, optionally with an argument: path.py[:arg].",
-      lock_config=True)
-  flags.DEFINE_string("workdir", None, "Run directory (checkpoints, logs). Default: "
-                      "runs/<date>-<time>.")
-  flags.DEFINE_bool("distributed", False, "Multi-host (TPU pod slice, multi-node GPU): call "
-                    "jax.distributed.initialize() before anything touches the devices.")
-  flags.DEFINE_bool("dry_run", False, "Validate, print the resolved config, build the mesh and "
-                    "the abstract model/train state, then exit without training.")
+    "config",
+    DEFAULT_CONFIG,
+    "Config file, optionally with an argument: path.py[:arg].",
+    lock_config=True,
+  )
+  flags.DEFINE_string(
+    "workdir", None, "Run directory (checkpoints, logs). Default: runs/<date>-<time>."
+  )
+  flags.DEFINE_bool(
+    "distributed",
+    False,
+    "Multi-host (TPU pod slice, multi-node GPU): call "
+    "jax.distributed.initialize() before anything touches the devices.",
+  )
+  flags.DEFINE_bool(
+    "dry_run",
+    False,
+    "Validate, print the resolved config, build the mesh and "
+    "the abstract model/train state, then exit without training.",
+  )
 
 
 def _summary(config, model_config, mesh) -> str:
@@ -116,11 +129,12 @@ def _summary(config, model_config, mesh) -> str:
   state = abstract_train_state(model_config, make_optimizer(**config.optim), mesh)
   leaves = jax.tree.leaves(state)
   total = sum(math.prod(x.shape) * x.dtype.itemsize for x in leaves)
-  per_device = sum(
-      math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in leaves)
-  return (f"model: {model_config.name} ({model_config.family}), {model_config.num_params:,} "
-          f"parameters\nmesh: {dict(mesh.shape)} over {mesh.devices.size} device(s)\n"
-          f"train state: {total / 2**30:.3f} GiB in all, {per_device / 2**30:.3f} GiB per device")
+  per_device = sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in leaves)
+  return (
+    f"model: {model_config.name} ({model_config.family}), {model_config.num_params:,} "
+    f"parameters\nmesh: {dict(mesh.shape)} over {mesh.devices.size} device(s)\n"
+    f"train state: {total / 2**30:.3f} GiB in all, {per_device / 2**30:.3f} GiB per device"
+  )
 
 
 def main(argv: Sequence[str]) -> None:
@@ -132,6 +146,7 @@ def main(argv: Sequence[str]) -> None:
 
   if flags.FLAGS.distributed:
     import jax
+
     jax.distributed.initialize()
   config = flags.FLAGS.config
   try:
@@ -145,11 +160,12 @@ def main(argv: Sequence[str]) -> None:
     print("dry run: config valid, nothing trained.")
     return
   if importlib.util.find_spec("sdar_jax.trainer") is None:
-    sys.exit("trainer not available yet: sdar_jax/trainer.py (the host loop) is not written; "
-             "use --dry_run to check a config.")
+    sys.exit(
+      "trainer not available yet: sdar_jax/trainer.py (the host loop) is not written; "
+      "use --dry_run to check a config."
+    )
   trainer = importlib.import_module("sdar_jax.trainer")
-  workdir = flags.FLAGS.workdir or os.path.join(
-      "runs", time.strftime("%Y%m%d-%H%M%S"))
+  workdir = flags.FLAGS.workdir or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
   trainer.run(config, workdir)
 
 

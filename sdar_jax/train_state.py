@@ -25,9 +25,15 @@ class TrainState:
   skipped_updates: jax.Array  # int32 scalar: updates skipped because the gradient was not finite
 
 
-def make_optimizer(lr: float = 1e-6, warmup_steps: int = 0, b1: float = 0.9, b2: float = 0.999,
-                   weight_decay: float = 0.01, clip_norm: float = 1.0, eps: float = 1e-8
-                   ) -> optax.GradientTransformation:
+def make_optimizer(
+  lr: float = 1e-6,
+  warmup_steps: int = 0,
+  b1: float = 0.9,
+  b2: float = 0.999,
+  weight_decay: float = 0.01,
+  clip_norm: float = 1.0,
+  eps: float = 1e-8,
+) -> optax.GradientTransformation:
   """AdamW with global-norm clipping and linear learning-rate warm-up (the reference's optimizer:
   lr 1e-6, betas (0.9, 0.999), weight decay 0.01, clip 1.0; Search-QA warms up over 15 steps).
   The warm-up matches the reference's scheduler: step k of K uses lr * k / K, so step 0 uses 0."""
@@ -35,8 +41,11 @@ def make_optimizer(lr: float = 1e-6, warmup_steps: int = 0, b1: float = 0.9, b2:
     raise ValueError(f"optim.lr={lr} must be >= 0.")
   if warmup_steps < 0:
     raise ValueError(f"optim.warmup_steps={warmup_steps} must be >= 0.")
-  schedule = (optax.linear_schedule(0.0, lr, warmup_steps) if warmup_steps > 0
-              else optax.constant_schedule(lr))
+  schedule = (
+    optax.linear_schedule(0.0, lr, warmup_steps)
+    if warmup_steps > 0
+    else optax.constant_schedule(lr)
+  )
   parts = []
   if clip_norm and clip_norm > 0:
     parts.append(optax.clip_by_global_norm(clip_norm))
@@ -44,14 +53,20 @@ def make_optimizer(lr: float = 1e-6, warmup_steps: int = 0, b1: float = 0.9, b2:
   return optax.chain(*parts)
 
 
-def create_train_state(params: Params, optimizer: optax.GradientTransformation, seed: int = 0
-                       ) -> TrainState:
-  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params),
-                    rng=jax.random.key_data(jax.random.key(seed)),
-                    skipped_updates=jnp.zeros((), jnp.int32))
+def create_train_state(
+  params: Params, optimizer: optax.GradientTransformation, seed: int = 0
+) -> TrainState:
+  return TrainState(
+    step=jnp.zeros((), jnp.int32),
+    params=params,
+    opt_state=optimizer.init(params),
+    rng=jax.random.key_data(jax.random.key(seed)),
+    skipped_updates=jnp.zeros((), jnp.int32),
+  )
 
 
-def init_train_state(config: ModelConfig, optimizer: optax.GradientTransformation, seed: int = 0
-                     ) -> TrainState:
+def init_train_state(
+  config: ModelConfig, optimizer: optax.GradientTransformation, seed: int = 0
+) -> TrainState:
   """Random-init parameters + optimizer state (tests, the offline demo)."""
   return create_train_state(init_params(config, jax.random.key(seed)), optimizer, seed)

@@ -99,17 +99,25 @@ class LossConfig:
   temperature: float = 1.0
 
   def __post_init__(self):
-    for field, registry in (("distill", algos.DISTILL_LOSSES), ("gate", algos.GATES),
-                            ("form", algos.SDAR_FORMS), ("advantage", algos.ADVANTAGE_ESTIMATORS),
-                            ("kl_kind", algos.KL_PENALTIES), ("agg", algos.AGG_MODES)):
+    for field, registry in (
+      ("distill", algos.DISTILL_LOSSES),
+      ("gate", algos.GATES),
+      ("form", algos.SDAR_FORMS),
+      ("advantage", algos.ADVANTAGE_ESTIMATORS),
+      ("kl_kind", algos.KL_PENALTIES),
+      ("agg", algos.AGG_MODES),
+    ):
       if getattr(self, field) not in registry:
         raise ValueError(f"algo.{field}={getattr(self, field)!r}; valid: {registry.names()}.")
     if self.teacher_source not in TEACHER_SOURCES:
-      raise ValueError(f"algo.teacher_source={self.teacher_source!r}; choose one of "
-                       f"{TEACHER_SOURCES}.")
+      raise ValueError(
+        f"algo.teacher_source={self.teacher_source!r}; choose one of {TEACHER_SOURCES}."
+      )
     if not self.temperature > 0:
-      raise ValueError(f"algo.temperature={self.temperature} must be > 0 (the sampling "
-                       "temperature the behaviour log-probs were taken at).")
+      raise ValueError(
+        f"algo.temperature={self.temperature} must be > 0 (the sampling "
+        "temperature the behaviour log-probs were taken at)."
+      )
 
   @property
   def needs_teacher(self) -> bool:
@@ -127,8 +135,10 @@ class LossConfig:
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = set(items) - known - _NON_STEP_KEYS
     if unknown:
-      raise ValueError(f"Unknown algo config keys {sorted(unknown)}; the update reads "
-                       f"{sorted(known)} and ignores {sorted(_NON_STEP_KEYS)}.")
+      raise ValueError(
+        f"Unknown algo config keys {sorted(unknown)}; the update reads "
+        f"{sorted(known)} and ignores {sorted(_NON_STEP_KEYS)}."
+      )
     return cls(**{k: v for k, v in items.items() if k in known})
 
 
@@ -157,8 +167,14 @@ class TurnBatch:
 
 
 # --------------------------------------------------------------------------------- log-probs
-def _head(config: ModelConfig, temperature: float, with_entropy: bool, params: Params,
-          hidden: Array, targets: Array) -> tuple[Array, Array | None]:
+def _head(
+  config: ModelConfig,
+  temperature: float,
+  with_entropy: bool,
+  params: Params,
+  hidden: Array,
+  targets: Array,
+) -> tuple[Array, Array | None]:
   logits = logits_from_hidden(config, params, hidden)
   if temperature != 1.0:
     logits = logits / temperature
@@ -167,17 +183,25 @@ def _head(config: ModelConfig, temperature: float, with_entropy: bool, params: P
   return logp, (algos.entropy_from_logits(logits) if with_entropy else None)
 
 
-def response_logprobs(config: ModelConfig, params: Params, tokens: Array, mask: Array,
-                      response_len: int, temperature: float = 1.0, with_entropy: bool = False
-                      ) -> tuple[Array, Array | None]:
+def response_logprobs(
+  config: ModelConfig,
+  params: Params,
+  tokens: Array,
+  mask: Array,
+  response_len: int,
+  temperature: float = 1.0,
+  with_entropy: bool = False,
+) -> tuple[Array, Array | None]:
   """Log-probs [B, R] (and entropies [B, R]) of the last `response_len` tokens of `tokens`
   [B, P+R] (left-padded prompt, then the response), float32; lm_head on R positions only."""
   prompt_len = tokens.shape[1] - response_len
   if prompt_len < 1:
-    raise ValueError(f"tokens of length {tokens.shape[1]} leave no prompt before a response of "
-                     f"{response_len} slots; the first response token needs a preceding position.")
+    raise ValueError(
+      f"tokens of length {tokens.shape[1]} leave no prompt before a response of "
+      f"{response_len} slots; the first response token needs a preceding position."
+    )
   hidden, _ = apply(config, params, tokens, positions_from_mask(mask), mask)
-  hidden = hidden[:, prompt_len - 1:prompt_len - 1 + response_len]
+  hidden = hidden[:, prompt_len - 1 : prompt_len - 1 + response_len]
   head = functools.partial(_head, config, temperature, with_entropy)
   if config.remat:  # keep only the [B, R, D] hidden states, recompute the [B, R, V] logits
     head = jax.checkpoint(head)
@@ -185,20 +209,36 @@ def response_logprobs(config: ModelConfig, params: Params, tokens: Array, mask: 
 
 
 def _student_logp(config, loss_config, params, mb: TurnBatch, with_entropy: bool):
-  return response_logprobs(config, params, mb.student_tokens, mb.student_mask, mb.response_len,
-                           loss_config.temperature, with_entropy)
+  return response_logprobs(
+    config,
+    params,
+    mb.student_tokens,
+    mb.student_mask,
+    mb.response_len,
+    loss_config.temperature,
+    with_entropy,
+  )
 
 
 def _teacher_logp(config, loss_config, params, mb: TurnBatch) -> Array:
-  logp, _ = response_logprobs(config, params, mb.teacher_tokens, mb.teacher_mask,
-                              mb.response_len, loss_config.temperature)
+  logp, _ = response_logprobs(
+    config, params, mb.teacher_tokens, mb.teacher_mask, mb.response_len, loss_config.temperature
+  )
   return logp
 
 
 # ------------------------------------------------------------------------------------- loss
-def micro_loss(config: ModelConfig, lc: LossConfig, params: Params, mb: TurnBatch,
-               teacher_logp: Array | None, ref_logp: Array | None, denom: Array,
-               num_seqs: Array, rlsd_lam: Array) -> tuple[Array, Metrics]:
+def micro_loss(
+  config: ModelConfig,
+  lc: LossConfig,
+  params: Params,
+  mb: TurnBatch,
+  teacher_logp: Array | None,
+  ref_logp: Array | None,
+  denom: Array,
+  num_seqs: Array,
+  rlsd_lam: Array,
+) -> tuple[Array, Metrics]:
   """The loss of one micro-batch as its additive share of the mini-batch loss (`denom` and
   `num_seqs` are the mini-batch's), with additive metric shares. Differentiated w.r.t. params."""
   mask = mb.response_mask.astype(jnp.float32)
@@ -206,10 +246,18 @@ def micro_loss(config: ModelConfig, lc: LossConfig, params: Params, mb: TurnBatc
   if lc.entropy_coef == 0:
     entropy = jax.lax.stop_gradient(entropy)  # a metric (and gate input) only
   agg = dict(agg=lc.agg, denom=denom, num_seqs=num_seqs)
-  adv = algos.token_advantages(lc.advantage, mb.advantages, mask, teacher_logp=teacher_logp,
-                               old_logp=mb.old_logp, lam=rlsd_lam, clip_eps=lc.rlsd_clip_eps)
-  pg, metrics = algos.policy_loss(logp, mb.old_logp, adv, mask, lc.clip_low, lc.clip_high,
-                                  lc.clip_c, **agg)
+  adv = algos.token_advantages(
+    lc.advantage,
+    mb.advantages,
+    mask,
+    teacher_logp=teacher_logp,
+    old_logp=mb.old_logp,
+    lam=rlsd_lam,
+    clip_eps=lc.rlsd_clip_eps,
+  )
+  pg, metrics = algos.policy_loss(
+    logp, mb.old_logp, adv, mask, lc.clip_low, lc.clip_high, lc.clip_c, **agg
+  )
   ent, ent_metrics = algos.entropy_loss(entropy, mask, **agg)
   metrics.update(ent_metrics)
   loss = jnp.zeros((), jnp.float32)
@@ -219,8 +267,17 @@ def micro_loss(config: ModelConfig, lc: LossConfig, params: Params, mb: TurnBatc
     loss = loss - lc.entropy_coef * ent
   if lc.distill != "none":
     dist, dist_metrics = algos.distill_loss(
-        lc.distill, student_logp=logp, teacher_logp=teacher_logp, old_logp=mb.old_logp,
-        mask=mask, beta=lc.beta, gate=lc.gate, entropy=entropy, form=lc.form, **agg)
+      lc.distill,
+      student_logp=logp,
+      teacher_logp=teacher_logp,
+      old_logp=mb.old_logp,
+      mask=mask,
+      beta=lc.beta,
+      gate=lc.gate,
+      entropy=entropy,
+      form=lc.form,
+      **agg,
+    )
     metrics.update(dist_metrics)
     if lc.lam:
       loss = loss + lc.lam * dist
@@ -237,9 +294,11 @@ def micro_loss(config: ModelConfig, lc: LossConfig, params: Params, mb: TurnBatc
 def _split_micro(tree, num_micro: int, constrain: Callable[[Array], Array]):
   """[B, ...] -> [num_micro, B/num_micro, ...], micro-batch i = rows i, i+num_micro, ... (strided,
   so a batch sharded in contiguous blocks keeps every micro-batch on every device)."""
+
   def one(x):
     x = x.reshape(x.shape[0] // num_micro, num_micro, *x.shape[1:]).swapaxes(0, 1)
     return constrain(x)
+
   return jax.tree.map(one, tree)
 
 
@@ -248,10 +307,17 @@ def _merge_micro(x: Array) -> Array:
   return x.swapaxes(0, 1).reshape(x.shape[0] * x.shape[1], *x.shape[2:])
 
 
-def loss_and_grads(config: ModelConfig, lc: LossConfig, params: Params, batch: TurnBatch, *,
-                   micro_batch_size: int | None = None, ref_params: Params | None = None,
-                   iteration: Array | int = 1,
-                   constrain: Callable[[Array], Array] = lambda x: x) -> tuple[Params, Metrics]:
+def loss_and_grads(
+  config: ModelConfig,
+  lc: LossConfig,
+  params: Params,
+  batch: TurnBatch,
+  *,
+  micro_batch_size: int | None = None,
+  ref_params: Params | None = None,
+  iteration: Array | int = 1,
+  constrain: Callable[[Array], Array] = lambda x: x,
+) -> tuple[Params, Metrics]:
   """Gradients (float32, summed over micro-batches) and metrics of one mini-batch; traceable.
 
   `iteration` is the 1-based training iteration (the reference's global step) for the RLSD
@@ -261,20 +327,27 @@ def loss_and_grads(config: ModelConfig, lc: LossConfig, params: Params, batch: T
   num_micro = B // micro
   denom = algos.token_count(batch.response_mask)
   num_seqs = algos.seq_count(batch.response_mask)
-  rlsd_lam = (algos.rlsd_lambda(iteration, lc.rlsd_lam0, lc.rlsd_warmdown_steps)
-              if lc.advantage == "rlsd" else jnp.zeros((), jnp.float32))
+  rlsd_lam = (
+    algos.rlsd_lambda(iteration, lc.rlsd_lam0, lc.rlsd_warmdown_steps)
+    if lc.advantage == "rlsd"
+    else jnp.zeros((), jnp.float32)
+  )
   frozen = jax.lax.stop_gradient(params)
   grad_fn = jax.value_and_grad(functools.partial(micro_loss, config, lc), has_aux=True)
 
   def one(mb: TurnBatch):
     teacher_logp = None
     if lc.needs_teacher:
-      teacher_logp = (mb.teacher_logp if lc.teacher_source == "rollout"
-                      else _teacher_logp(config, lc, frozen, mb))
+      teacher_logp = (
+        mb.teacher_logp if lc.teacher_source == "rollout" else _teacher_logp(config, lc, frozen, mb)
+      )
     ref_logp = None
     if lc.kl_coef:
-      ref_logp = (mb.ref_logp if ref_params is None
-                  else _student_logp(config, lc, jax.lax.stop_gradient(ref_params), mb, False)[0])
+      ref_logp = (
+        mb.ref_logp
+        if ref_params is None
+        else _student_logp(config, lc, jax.lax.stop_gradient(ref_params), mb, False)[0]
+      )
     (_, metrics), grads = grad_fn(params, mb, teacher_logp, ref_logp, denom, num_seqs, rlsd_lam)
     return jax.tree.map(lambda g: g.astype(jnp.float32), grads), metrics
 
@@ -297,8 +370,9 @@ def loss_and_grads(config: ModelConfig, lc: LossConfig, params: Params, batch: T
   return grads, metrics
 
 
-def apply_update(optimizer: optax.GradientTransformation, state: TrainState, grads: Params,
-                 loss: Array) -> tuple[TrainState, Array, Array]:
+def apply_update(
+  optimizer: optax.GradientTransformation, state: TrainState, grads: Params, loss: Array
+) -> tuple[TrainState, Array, Array]:
   """One optimizer update, skipped (state bit-identical, counter +1) when the loss or the global
   gradient norm is not finite. Returns (state, grad_norm, skipped as float32)."""
   grad_norm = optax.global_norm(grads)
@@ -308,10 +382,12 @@ def apply_update(optimizer: optax.GradientTransformation, state: TrainState, gra
   new_params = optax.apply_updates(state.params, updates)
   keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
   skipped = (~finite).astype(jnp.int32)
-  state = state.replace(step=state.step + 1 - skipped,
-                        params=jax.tree.map(keep, new_params, state.params),
-                        opt_state=jax.tree.map(keep, new_opt_state, state.opt_state),
-                        skipped_updates=state.skipped_updates + skipped)
+  state = state.replace(
+    step=state.step + 1 - skipped,
+    params=jax.tree.map(keep, new_params, state.params),
+    opt_state=jax.tree.map(keep, new_opt_state, state.opt_state),
+    skipped_updates=state.skipped_updates + skipped,
+  )
   return state, grad_norm, skipped.astype(jnp.float32)
 
 
@@ -320,11 +396,17 @@ class TrainStep:
   """The jitted update (and the jitted scoring passes) for one model, objective, optimizer and
   mesh. `num_traces` counts traces of the update (= compilations: one per bucket shape)."""
 
-  def __init__(self, model_config: ModelConfig, loss_config: LossConfig | Mapping[str, Any],
-               optimizer: optax.GradientTransformation, *, mesh: Mesh | None = None,
-               micro_batch_size: int | None = None,
-               lr_schedule: Callable[[Array], Array] | None = None,
-               rules: sharding.Rules | None = None):
+  def __init__(
+    self,
+    model_config: ModelConfig,
+    loss_config: LossConfig | Mapping[str, Any],
+    optimizer: optax.GradientTransformation,
+    *,
+    mesh: Mesh | None = None,
+    micro_batch_size: int | None = None,
+    lr_schedule: Callable[[Array], Array] | None = None,
+    rules: sharding.Rules | None = None,
+  ):
     self.model_config = model_config
     self.loss_config = LossConfig.from_config(loss_config)
     self.optimizer = optimizer
@@ -340,8 +422,11 @@ class TrainStep:
 
   # ------------------------------------------------------------------------- shardings
   def param_shardings(self):
-    return None if self.mesh is None else sharding.param_shardings(
-        self.model_config, self.mesh, self.rules)
+    return (
+      None
+      if self.mesh is None
+      else sharding.param_shardings(self.model_config, self.mesh, self.rules)
+    )
 
   def state_shardings(self) -> TrainState | None:
     """Shardings of the TrainState: params by the rules table, optimizer moments like the params
@@ -351,8 +436,9 @@ class TrainStep:
     params = self.param_shardings()
     rep = sharding.replicated(self.mesh)
     abstract_opt = jax.eval_shape(self.optimizer.init, param_shapes(self.model_config))
-    opt = optax.tree_map_params(self.optimizer, lambda _, s: s, abstract_opt, params,
-                                transform_non_params=lambda _: rep)
+    opt = optax.tree_map_params(
+      self.optimizer, lambda _, s: s, abstract_opt, params, transform_non_params=lambda _: rep
+    )
     return TrainState(step=rep, params=params, opt_state=opt, rng=rep, skipped_updates=rep)
 
   def _batch_sharding(self) -> NamedSharding | None:
@@ -377,44 +463,58 @@ class TrainStep:
   def _micro(self, batch_size: int) -> int:
     micro = batch_size if self.micro_batch_size is None else self.micro_batch_size
     if batch_size % micro:
-      raise ValueError(f"Batch of {batch_size} turn-samples does not split into micro-batches of "
-                       f"train.micro_batch_size={micro}; pad the batch to a multiple of it.")
+      raise ValueError(
+        f"Batch of {batch_size} turn-samples does not split into micro-batches of "
+        f"train.micro_batch_size={micro}; pad the batch to a multiple of it."
+      )
     if self.mesh is not None:
       div = sharding.batch_divisor(self.mesh, self.rules)
       if micro % div:
-        raise ValueError(f"Micro-batch of {micro} samples cannot be sharded over the mesh's batch "
-                         f"axes (size {div}); make train.micro_batch_size a multiple of {div}.")
+        raise ValueError(
+          f"Micro-batch of {micro} samples cannot be sharded over the mesh's batch "
+          f"axes (size {div}); make train.micro_batch_size a multiple of {div}."
+        )
     return micro
 
-  def check_batch(self, batch: TurnBatch, ref_params: Params | None = None,
-                  for_update: bool = True) -> None:
+  def check_batch(
+    self, batch: TurnBatch, ref_params: Params | None = None, for_update: bool = True
+  ) -> None:
     """Shape / presence checks on the host, with errors that say what to pass."""
     lc = self.loss_config
     B, R = batch.response_mask.shape
-    expect = {"student_mask": batch.student_tokens.shape, "old_logp": (B, R),
-              "advantages": (B,)}
+    expect = {"student_mask": batch.student_tokens.shape, "old_logp": (B, R), "advantages": (B,)}
     if batch.student_tokens.shape[0] != B or batch.student_tokens.shape[1] <= R:
-      raise ValueError(f"student_tokens shape {batch.student_tokens.shape} must be [B={B}, Ps+R] "
-                       f"with a prompt of at least one token before R={R} response slots.")
+      raise ValueError(
+        f"student_tokens shape {batch.student_tokens.shape} must be [B={B}, Ps+R] "
+        f"with a prompt of at least one token before R={R} response slots."
+      )
     teacher_in_step = lc.needs_teacher and lc.teacher_source == "step"
     if for_update and lc.needs_teacher and lc.teacher_source == "rollout":
       if batch.teacher_logp is None:
-        raise ValueError("algo.teacher_source='rollout' needs batch.teacher_logp: score it once "
-                         "per iteration with TrainStep.score_teacher(params, batch) before the "
-                         "first update, or set algo.teacher_source='step'.")
+        raise ValueError(
+          "algo.teacher_source='rollout' needs batch.teacher_logp: score it once "
+          "per iteration with TrainStep.score_teacher(params, batch) before the "
+          "first update, or set algo.teacher_source='step'."
+        )
       expect["teacher_logp"] = (B, R)
     if teacher_in_step or not for_update:
       if batch.teacher_tokens is None or batch.teacher_mask is None:
-        raise ValueError(f"algo (distill={lc.distill!r}, advantage={lc.advantage!r}) scores the "
-                         "teacher: the batch needs teacher_tokens and teacher_mask [B, Pt+R].")
+        raise ValueError(
+          f"algo (distill={lc.distill!r}, advantage={lc.advantage!r}) scores the "
+          "teacher: the batch needs teacher_tokens and teacher_mask [B, Pt+R]."
+        )
       if batch.teacher_tokens.shape[0] != B or batch.teacher_tokens.shape[1] <= R:
-        raise ValueError(f"teacher_tokens shape {batch.teacher_tokens.shape} must be "
-                         f"[B={B}, Pt+R] with Pt >= 1 before R={R} response slots.")
+        raise ValueError(
+          f"teacher_tokens shape {batch.teacher_tokens.shape} must be "
+          f"[B={B}, Pt+R] with Pt >= 1 before R={R} response slots."
+        )
       expect["teacher_mask"] = batch.teacher_tokens.shape
     if for_update and lc.kl_coef:
       if ref_params is None and batch.ref_logp is None:
-        raise ValueError(f"algo.kl_coef={lc.kl_coef} needs the reference policy: pass ref_params= "
-                         "(frozen initial params) or batch.ref_logp [B, R]; or set kl_coef=0.")
+        raise ValueError(
+          f"algo.kl_coef={lc.kl_coef} needs the reference policy: pass ref_params= "
+          "(frozen initial params) or batch.ref_logp [B, R]; or set kl_coef=0."
+        )
       if ref_params is None:
         expect["ref_logp"] = (B, R)
     for name, shape in expect.items():
@@ -433,8 +533,15 @@ class TrainStep:
       self.num_traces += 1  # runs at trace time only
       iteration = jnp.where(iteration < 0, state.step + 1, iteration)
       grads, metrics = loss_and_grads(
-          config, lc, state.params, batch, micro_batch_size=self._micro(batch.batch_size),
-          ref_params=ref_params, iteration=iteration, constrain=self._constrain_micro)
+        config,
+        lc,
+        state.params,
+        batch,
+        micro_batch_size=self._micro(batch.batch_size),
+        ref_params=ref_params,
+        iteration=iteration,
+        constrain=self._constrain_micro,
+      )
       lr = None if self.lr_schedule is None else self.lr_schedule(state.step)
       state, grad_norm, skipped = apply_update(optimizer, state, grads, metrics["train/loss"])
       metrics["train/grad_norm"] = grad_norm
@@ -449,9 +556,12 @@ class TrainStep:
       rep = sharding.replicated(self.mesh)
       state_sh = self.state_shardings()
       ref_sh = self.param_shardings() if with_ref else None
-      fn = jax.jit(update, donate_argnums=(0,),
-                   in_shardings=(state_sh, self._batch_sharding(), ref_sh, rep),
-                   out_shardings=(state_sh, rep))
+      fn = jax.jit(
+        update,
+        donate_argnums=(0,),
+        in_shardings=(state_sh, self._batch_sharding(), ref_sh, rep),
+        out_shardings=(state_sh, rep),
+      )
     self._update_fns[with_ref] = fn
     return fn
 
@@ -459,29 +569,38 @@ class TrainStep:
     """The positional arguments of the jitted update (for `lower(...).compile()` callers)."""
     return state, batch, ref_params, jnp.asarray(-1 if iteration is None else iteration, jnp.int32)
 
-  def __call__(self, state: TrainState, batch: TurnBatch, ref_params: Params | None = None,
-               iteration: int | None = None) -> tuple[TrainState, Metrics]:
+  def __call__(
+    self,
+    state: TrainState,
+    batch: TurnBatch,
+    ref_params: Params | None = None,
+    iteration: int | None = None,
+  ) -> tuple[TrainState, Metrics]:
     """One update on one mini-batch. `state` is donated (do not reuse it). `iteration` is the
     1-based training iteration for the RLSD λ schedule (default: state.step + 1, right when each
     iteration has one mini-batch). `ref_params`: frozen reference for the KL term."""
     self.check_batch(batch, ref_params)
-    return self._update_fn(ref_params is not None)(*self.call_args(state, batch, ref_params,
-                                                                   iteration))
+    return self._update_fn(ref_params is not None)(
+      *self.call_args(state, batch, ref_params, iteration)
+    )
 
   def lower(self, state, batch: TurnBatch, ref_params=None, iteration: int | None = None):
     """`jax.stages.Lowered` of the update (state may be abstract). `.compile()` gives an executable
     with `.memory_analysis()`, called as `compiled(*step.call_args(state, batch, ref_params))`."""
     self.check_batch(batch, ref_params)
     return self._update_fn(ref_params is not None).lower(
-        *self.call_args(state, batch, ref_params, iteration))
+      *self.call_args(state, batch, ref_params, iteration)
+    )
 
   # -------------------------------------------------------------------------- scoring
   def _score_fn(self, branch: str) -> Callable:
     if branch in self._score_fns:
       return self._score_fns[branch]
     config, lc = self.model_config, self.loss_config
-    logp_fn = {"teacher": lambda p, mb: _teacher_logp(config, lc, p, mb),
-               "student": lambda p, mb: _student_logp(config, lc, p, mb, False)[0]}[branch]
+    logp_fn = {
+      "teacher": lambda p, mb: _teacher_logp(config, lc, p, mb),
+      "student": lambda p, mb: _student_logp(config, lc, p, mb, False)[0],
+    }[branch]
 
     def score(params: Params, batch: TurnBatch) -> Array:
       num_micro = batch.batch_size // self._micro(batch.batch_size)
@@ -493,8 +612,11 @@ class TrainStep:
     if self.mesh is None:
       fn = jax.jit(score)
     else:
-      fn = jax.jit(score, in_shardings=(self.param_shardings(), self._batch_sharding()),
-                   out_shardings=self._batch_sharding())
+      fn = jax.jit(
+        score,
+        in_shardings=(self.param_shardings(), self._batch_sharding()),
+        out_shardings=self._batch_sharding(),
+      )
     self._score_fns[branch] = fn
     return fn
 
@@ -523,22 +645,41 @@ def lr_schedule_from_optim(optim: Mapping[str, Any]) -> Callable[[Array], Array]
   return optax.linear_schedule(0.0, lr, warmup) if warmup > 0 else optax.constant_schedule(lr)
 
 
-def make_train_step(model_config: ModelConfig, loss_config: LossConfig | Mapping[str, Any],
-                    optimizer: optax.GradientTransformation, *, mesh: Mesh | None = None,
-                    micro_batch_size: int | None = None,
-                    lr_schedule: Callable[[Array], Array] | None = None,
-                    rules: sharding.Rules | None = None) -> TrainStep:
+def make_train_step(
+  model_config: ModelConfig,
+  loss_config: LossConfig | Mapping[str, Any],
+  optimizer: optax.GradientTransformation,
+  *,
+  mesh: Mesh | None = None,
+  micro_batch_size: int | None = None,
+  lr_schedule: Callable[[Array], Array] | None = None,
+  rules: sharding.Rules | None = None,
+) -> TrainStep:
   """The update: `step(state, batch, ref_params=None, iteration=None) -> (state, metrics)`."""
-  return TrainStep(model_config, loss_config, optimizer, mesh=mesh,
-                   micro_batch_size=micro_batch_size, lr_schedule=lr_schedule, rules=rules)
+  return TrainStep(
+    model_config,
+    loss_config,
+    optimizer,
+    mesh=mesh,
+    micro_batch_size=micro_batch_size,
+    lr_schedule=lr_schedule,
+    rules=rules,
+  )
 
 
-def train_step_from_config(model_config: ModelConfig, config, mesh: Mesh | None = None
-                           ) -> TrainStep:
+def train_step_from_config(
+  model_config: ModelConfig, config, mesh: Mesh | None = None
+) -> TrainStep:
   """From a run config: `config.algo` (preset fields + teacher_source), `config.optim` (lr,
   warmup_steps, b1, b2, weight_decay, clip_norm), `config.train.micro_batch_size`."""
   optim = dict(config.optim)
   optimizer = make_optimizer(**optim)
   micro = config.train.get("micro_batch_size") if hasattr(config.train, "get") else None
-  return make_train_step(model_config, config.algo, optimizer, mesh=mesh, micro_batch_size=micro,
-                         lr_schedule=lr_schedule_from_optim(optim))
+  return make_train_step(
+    model_config,
+    config.algo,
+    optimizer,
+    mesh=mesh,
+    micro_batch_size=micro,
+    lr_schedule=lr_schedule_from_optim(optim),
+  )

@@ -34,8 +34,14 @@ from sdar_jax.checkpoint import CheckpointManager, abstract_train_state, export_
 from sdar_jax.config_validation import model_config_from
 from sdar_jax.metrics import MetricsLogger, plot_history
 from sdar_jax.models import ModelConfig, init_params, load_pretrained
-from sdar_jax.rollout import (AgentLoop, ReplayQueue, episodes_to_samples, get_adapter,
-                              pack_batch, plan_minibatches)
+from sdar_jax.rollout import (
+  AgentLoop,
+  ReplayQueue,
+  episodes_to_samples,
+  get_adapter,
+  pack_batch,
+  plan_minibatches,
+)
 from sdar_jax.rollout.trajectory import Episode
 from sdar_jax.sampling import Sampler, SamplingParams
 from sdar_jax.tokenizer import Tokenizer
@@ -46,8 +52,11 @@ _PAD_FALLBACK = 0
 _HOST_LOOP_ENVS = ("alfworld",)
 # eval.skills -> [(metric prefix, skills in the student prompt)]; Skill-GRPO's table rows read
 # "val" without skills and "val_with_skill" with them (reference §2.6).
-_EVAL_MODES = {"without": (("val", False),), "with": (("val", True),),
-               "both": (("val", False), ("val_with_skill", True))}
+_EVAL_MODES = {
+  "without": (("val", False),),
+  "with": (("val", True),),
+  "both": (("val", False), ("val_with_skill", True)),
+}
 
 
 # ------------------------------------------------------------------------------------ building
@@ -73,7 +82,9 @@ def offline_alfworld_dir(env_cfg, workdir: str) -> str:
   from envs.alfworld import generator
 
   off = env_cfg.offline
-  root = os.environ.get("SDAR_DATA_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "sdar_jax"))
+  root = os.environ.get(
+    "SDAR_DATA_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "sdar_jax")
+  )
   out = os.path.join(root, f"alfworld_offline_n{off.num_train}_e{off.num_eval}_s{off.seed}")
   marker = os.path.join(out, "COMPLETE")
   if not os.path.exists(marker):
@@ -95,8 +106,13 @@ def build_retriever(config):
   from envs.skills.retrieval import SkillRetriever
 
   s = config.env.skills
-  return SkillRetriever(s.get("dir") or config.env.name, strategy=s.strategy,
-                        rules_version=s.rules_version, top_k=s.top_k, seed=s.seed)
+  return SkillRetriever(
+    s.get("dir") or config.env.name,
+    strategy=s.strategy,
+    rules_version=s.rules_version,
+    top_k=s.top_k,
+    seed=s.seed,
+  )
 
 
 @dataclasses.dataclass
@@ -119,8 +135,9 @@ def rollout_metrics(episodes: list[Episode], prefix: str = "episode") -> dict[st
   m[f"{prefix}/length_mean"] = float(np.mean([ep.length for ep in done]))
   turns = [t for ep in done for t in ep.turns]
   m[f"{prefix}/valid_action_ratio"] = float(np.mean([t.valid for t in turns])) if turns else 0.0
-  m[f"{prefix}/response_tokens_mean"] = (float(np.mean([len(t.response_ids) for t in turns]))
-                                        if turns else 0.0)
+  m[f"{prefix}/response_tokens_mean"] = (
+    float(np.mean([len(t.response_ids) for t in turns])) if turns else 0.0
+  )
   by_type = collections.defaultdict(list)
   for ep in done:
     by_type[ep.task_type].append(ep.won)
@@ -152,9 +169,10 @@ class Trainer:
 
     if config.env.name not in _HOST_LOOP_ENVS:
       raise NotImplementedError(
-          f"env.name={config.env.name!r}: the host loop runs {_HOST_LOOP_ENVS} so far; the "
-          f"WebShop and Search-QA environments are not implemented yet (their configs validate and "
-          f"--dry_run works).")
+        f"env.name={config.env.name!r}: the host loop runs {_HOST_LOOP_ENVS} so far; the "
+        f"WebShop and Search-QA environments are not implemented yet (their configs validate and "
+        f"--dry_run works)."
+      )
     self.config = config
     self.workdir = os.path.abspath(workdir)
     os.makedirs(self.workdir, exist_ok=True)
@@ -167,43 +185,74 @@ class Trainer:
     lc = self.step_fn.loss_config
     self.with_teacher = lc.needs_teacher
     self.pad_id = self.tokenizer.pad_token_id or _PAD_FALLBACK
-    self.sampler = Sampler(self.model_config, self.mesh, self.tokenizer,
-                           max_prompt_len=config.rollout.max_prompt_len)
+    self.sampler = Sampler(
+      self.model_config, self.mesh, self.tokenizer, max_prompt_len=config.rollout.max_prompt_len
+    )
     env = config.env
     self.group_size = env.group_size
     self.tasks_per_step = env.tasks_per_step
     self.train_games = game_files(config, self.workdir, env.get("split", "train"))
-    self.eval_games = (game_files(config, self.workdir, config.eval.split)
-                       if config.train.eval_every or config.train.eval_before_train else [])
-    retriever = build_retriever(config) if (self.with_teacher or config.algo.skills_in_student
-                                            or config.eval.skills != "without") else None
+    self.eval_games = (
+      game_files(config, self.workdir, config.eval.split)
+      if config.train.eval_every or config.train.eval_before_train
+      else []
+    )
+    retriever = (
+      build_retriever(config)
+      if (self.with_teacher or config.algo.skills_in_student or config.eval.skills != "without")
+      else None
+    )
     n_train = self.tasks_per_step * self.group_size
-    self.pool = envs.EnvPool(env.name, n_train, dict(game_files=self.train_games, seed=env.seed,
-                                                     max_steps=env.max_turns),
-                             num_workers=min(env.num_workers, n_train))
-    sampling = SamplingParams(max_new_tokens=config.rollout.max_new_tokens,
-                              temperature=config.rollout.temperature, top_p=config.rollout.top_p,
-                              top_k=config.rollout.top_k,
-                              stop_token_ids=self.tokenizer.eos_token_ids)
-    common = dict(adapter=get_adapter(env.name), sampler=self.sampler, tokenizer=self.tokenizer,
-                  chat_template=config.model.chat_template, max_turns=env.max_turns,
-                  history_length=env.history, max_prompt_len=config.rollout.max_prompt_len,
-                  truncation=config.rollout.prompt_truncation, retriever=retriever,
-                  enable_thinking=config.model.enable_thinking)
-    self.loop = AgentLoop(self.pool, sampling=sampling, with_teacher=self.with_teacher,
-                          skills_in_student=config.algo.skills_in_student, **common)
+    self.pool = envs.EnvPool(
+      env.name,
+      n_train,
+      dict(game_files=self.train_games, seed=env.seed, max_steps=env.max_turns),
+      num_workers=min(env.num_workers, n_train),
+    )
+    sampling = SamplingParams(
+      max_new_tokens=config.rollout.max_new_tokens,
+      temperature=config.rollout.temperature,
+      top_p=config.rollout.top_p,
+      top_k=config.rollout.top_k,
+      stop_token_ids=self.tokenizer.eos_token_ids,
+    )
+    common = dict(
+      adapter=get_adapter(env.name),
+      sampler=self.sampler,
+      tokenizer=self.tokenizer,
+      chat_template=config.model.chat_template,
+      max_turns=env.max_turns,
+      history_length=env.history,
+      max_prompt_len=config.rollout.max_prompt_len,
+      truncation=config.rollout.prompt_truncation,
+      retriever=retriever,
+      enable_thinking=config.model.enable_thinking,
+    )
+    self.loop = AgentLoop(
+      self.pool,
+      sampling=sampling,
+      with_teacher=self.with_teacher,
+      skills_in_student=config.algo.skills_in_student,
+      **common,
+    )
     self.eval_loops: list[tuple[str, AgentLoop]] = []
     self.eval_pool = None
     if self.eval_games:
       n_eval = min(config.eval.num_tasks, len(self.eval_games))
-      self.eval_pool = envs.EnvPool(env.name, n_eval, dict(game_files=self.eval_games,
-                                                           seed=env.seed + 1000,
-                                                           max_steps=env.max_turns),
-                                    num_workers=min(env.num_workers, n_eval))
+      self.eval_pool = envs.EnvPool(
+        env.name,
+        n_eval,
+        dict(game_files=self.eval_games, seed=env.seed + 1000, max_steps=env.max_turns),
+        num_workers=min(env.num_workers, n_eval),
+      )
       val_sampling = dataclasses.replace(sampling, temperature=config.rollout.val_temperature)
-      self.eval_loops = [(prefix, AgentLoop(self.eval_pool, sampling=val_sampling,
-                                            skills_in_student=with_skills, **common))
-                         for prefix, with_skills in _EVAL_MODES[config.eval.skills]]
+      self.eval_loops = [
+        (
+          prefix,
+          AgentLoop(self.eval_pool, sampling=val_sampling, skills_in_student=with_skills, **common),
+        )
+        for prefix, with_skills in _EVAL_MODES[config.eval.skills]
+      ]
     self.warm_start_metrics: dict[str, float] = {}
     if config.get("warm_start") and config.warm_start.steps > 0:
       params = self._warm_start(params)
@@ -211,13 +260,19 @@ class Trainer:
     if lc.kl_coef:  # the frozen initial policy (after any warm start), only when KL is on
       self.ref_params = jax.tree.map(jnp.copy, params)
     self.state = self.step_fn.shard_state(
-        create_train_state(params, self.step_fn.optimizer, config.train.seed))
+      create_train_state(params, self.step_fn.optimizer, config.train.seed)
+    )
     self.replay = ReplayQueue(max_staleness=config.train.max_staleness)
-    self.logger = MetricsLogger(config.logging.get("dir") or self.workdir,
-                                jsonl=config.logging.jsonl, tensorboard=config.logging.tensorboard)
-    self.ckpt = CheckpointManager(config.checkpoint.get("dir") or os.path.join(self.workdir, "checkpoints"),
-                                  keep=config.checkpoint.keep,
-                                  async_save=config.checkpoint.async_save)
+    self.logger = MetricsLogger(
+      config.logging.get("dir") or self.workdir,
+      jsonl=config.logging.jsonl,
+      tensorboard=config.logging.tensorboard,
+    )
+    self.ckpt = CheckpointManager(
+      config.checkpoint.get("dir") or os.path.join(self.workdir, "checkpoints"),
+      keep=config.checkpoint.keep,
+      async_save=config.checkpoint.async_save,
+    )
     self.loop_state = LoopState()
     self.task_rng = np.random.default_rng(config.train.seed)
     self.rng = jax.random.key(config.train.seed + 1)
@@ -234,16 +289,31 @@ class Trainer:
       _, params = load_pretrained(out, dtype=self.config.model.param_dtype, mesh=self.mesh)
       return params
     w = self.config.warm_start
-    data_dir = self.config.env.get("data_dir") or offline_alfworld_dir(self.config.env, self.workdir)
+    data_dir = self.config.env.get("data_dir") or offline_alfworld_dir(
+      self.config.env, self.workdir
+    )
     records = read_walkthroughs(os.path.join(data_dir, "walkthroughs", f"{w.split}.jsonl"))
     samples = expert_samples(records, self.loop, end_token_id=self.tokenizer.eos_token_ids[0])
-    params, losses = warm_start(self.model_config, params, samples, steps=w.steps,
-                                batch_size=w.batch_size, lr=w.lr, seed=self.config.train.seed,
-                                shard_batch=self.step_fn.shard_batch)
-    self.warm_start_metrics = {"warm_start/loss_first": losses[0], "warm_start/loss_last": losses[-1],
-                               "warm_start/expert_samples": float(len(samples))}
-    print(f"warm start: {len(samples)} expert turn-samples, {w.steps} steps, loss "
-          f"{losses[0]:.3f} -> {losses[-1]:.3f}", flush=True)
+    params, losses = warm_start(
+      self.model_config,
+      params,
+      samples,
+      steps=w.steps,
+      batch_size=w.batch_size,
+      lr=w.lr,
+      seed=self.config.train.seed,
+      shard_batch=self.step_fn.shard_batch,
+    )
+    self.warm_start_metrics = {
+      "warm_start/loss_first": losses[0],
+      "warm_start/loss_last": losses[-1],
+      "warm_start/expert_samples": float(len(samples)),
+    }
+    print(
+      f"warm start: {len(samples)} expert turn-samples, {w.steps} steps, loss "
+      f"{losses[0]:.3f} -> {losses[-1]:.3f}",
+      flush=True,
+    )
     save_pretrained(self.model_config, params, out)
     return params
 
@@ -260,20 +330,29 @@ class Trainer:
       self.task_rng.bit_generator.state = self.loop_state.task_rng
     if self.loop_state.replay:
       self.replay.load_state_dict(self.loop_state.replay)
-    print(f"resumed from {self.ckpt.directory} at iteration {self.loop_state.iteration}", flush=True)
+    print(
+      f"resumed from {self.ckpt.directory} at iteration {self.loop_state.iteration}", flush=True
+    )
     return True
 
   def save(self, force: bool = False) -> None:
     self.loop_state.task_rng = self.task_rng.bit_generator.state
     self.loop_state.replay = self.replay.state_dict()
-    self.ckpt.save(self.loop_state.iteration, self.state, self.model_config, run_config=self.config,
-                   extra={"loop": _jsonable(dataclasses.asdict(self.loop_state))}, force=force)
+    self.ckpt.save(
+      self.loop_state.iteration,
+      self.state,
+      self.model_config,
+      run_config=self.config,
+      extra={"loop": _jsonable(dataclasses.asdict(self.loop_state))},
+      force=force,
+    )
 
   # ---------------------------------------------------------------------------- phases
   def _draw_tasks(self) -> tuple[list[int], list[int]]:
     n_games = len(self.train_games)
-    picks = self.task_rng.choice(n_games, size=self.tasks_per_step,
-                                 replace=self.tasks_per_step > n_games)
+    picks = self.task_rng.choice(
+      n_games, size=self.tasks_per_step, replace=self.tasks_per_step > n_games
+    )
     base = self.loop_state.iteration * self.tasks_per_step
     tasks = [int(t) for t in picks for _ in range(self.group_size)]
     groups = [base + k for k in range(self.tasks_per_step) for _ in range(self.group_size)]
@@ -288,8 +367,14 @@ class Trainer:
     tasks = list(range(len(self.eval_pool)))
     metrics = {}
     for prefix, loop in self.eval_loops:
-      episodes = loop.run(self.state.params, tasks, tasks, self._next_key(),
-                          policy_version=self.loop_state.iteration, desc=prefix)
+      episodes = loop.run(
+        self.state.params,
+        tasks,
+        tasks,
+        self._next_key(),
+        policy_version=self.loop_state.iteration,
+        desc=prefix,
+      )
       metrics.update(rollout_metrics(episodes, prefix=prefix))
     return metrics
 
@@ -300,8 +385,11 @@ class Trainer:
     episodes = self.loop.run(self.state.params, tasks, groups, self._next_key(), policy_version=it)
     t_rollout = time.perf_counter() - t0
     metrics = rollout_metrics(episodes)
-    samples = episodes_to_samples(episodes, invalid_penalty=self.config.algo.invalid_penalty,
-                                  norm_adv_by_std=self.config.algo.norm_adv_by_std)
+    samples = episodes_to_samples(
+      episodes,
+      invalid_penalty=self.config.algo.invalid_penalty,
+      norm_adv_by_std=self.config.algo.norm_adv_by_std,
+    )
     self.replay.put(samples)
     samples = self.replay.take(None, current_version=it)
     metrics["rollout/turn_samples"] = float(len(samples))
@@ -312,12 +400,15 @@ class Trainer:
       return metrics
     t1 = time.perf_counter()
     mb_size = self.config.train.mini_batch_size
-    batches = [self.step_fn.shard_batch(pack_batch(mb, mb_size, self.with_teacher, self.pad_id))
-               for mb in plan_minibatches(samples, mb_size)]
+    batches = [
+      self.step_fn.shard_batch(pack_batch(mb, mb_size, self.with_teacher, self.pad_id))
+      for mb in plan_minibatches(samples, mb_size)
+    ]
     lc = self.step_fn.loss_config
     if self.with_teacher and lc.teacher_source == "rollout":
-      batches = [b.replace(teacher_logp=self.step_fn.score_teacher(self.state.params, b))
-                 for b in batches]
+      batches = [
+        b.replace(teacher_logp=self.step_fn.score_teacher(self.state.params, b)) for b in batches
+      ]
       gap = [_masked_mean_np(b.teacher_logp - b.old_logp, b.response_mask) for b in batches]
       metrics["rollout/teacher_old_gap_mean"] = float(np.mean(gap))
     per_batch = []
@@ -337,13 +428,16 @@ class Trainer:
     resumed = self.maybe_restore()
     last: dict[str, float] = {}
     if self.eval_loops and cfg.train.eval_before_train and not resumed:
-      last = self.logger.log(self.loop_state.iteration, {**self.warm_start_metrics, **self.evaluate()})
+      last = self.logger.log(
+        self.loop_state.iteration, {**self.warm_start_metrics, **self.evaluate()}
+      )
     while self.loop_state.iteration < total:
       metrics = self.train_iteration()
       self.loop_state.iteration += 1
       it = self.loop_state.iteration
-      if self.eval_loops and cfg.train.eval_every and (
-          it % cfg.train.eval_every == 0 or it == total):
+      if (
+        self.eval_loops and cfg.train.eval_every and (it % cfg.train.eval_every == 0 or it == total)
+      ):
         metrics.update(self.evaluate())
       last = self.logger.log(it, metrics)
       if cfg.checkpoint.every and (it % cfg.checkpoint.every == 0 or it == total):
@@ -352,8 +446,12 @@ class Trainer:
         plot_history(self.logger.path) if self.logger.path else None
     self.ckpt.wait_until_finished()
     if cfg.checkpoint.export_hf:
-      out = export_hf(self.model_config, self.state.params, os.path.join(self.workdir, "hf_export"),
-                      tokenizer_dir=self.tokenizer.path)
+      out = export_hf(
+        self.model_config,
+        self.state.params,
+        os.path.join(self.workdir, "hf_export"),
+        tokenizer_dir=self.tokenizer.path,
+      )
       if out:
         print(f"final policy exported to {out}", flush=True)
     return last
@@ -372,7 +470,9 @@ def _masked_mean_np(values, mask) -> float:
 
 
 def _jsonable(value):
-  return json.loads(json.dumps(value, default=lambda x: x.tolist() if hasattr(x, "tolist") else int(x)))
+  return json.loads(
+    json.dumps(value, default=lambda x: x.tolist() if hasattr(x, "tolist") else int(x))
+  )
 
 
 def run(config, workdir: str) -> dict[str, float]:

@@ -38,36 +38,53 @@ def expert_response(task: str, action: str) -> str:
 def read_walkthroughs(path: str) -> list[dict[str, Any]]:
   if not os.path.exists(path):
     raise FileNotFoundError(
-        f"No expert walkthroughs at {path!r}: generate games with `python -m envs.alfworld.generator "
-        f"--out DIR` (it writes DIR/walkthroughs/<split>.jsonl) or set warm_start.steps=0.")
+      f"No expert walkthroughs at {path!r}: generate games with `python -m envs.alfworld.generator "
+      f"--out DIR` (it writes DIR/walkthroughs/<split>.jsonl) or set warm_start.steps=0."
+    )
   with open(path) as f:
     return [json.loads(line) for line in f if line.strip()]
 
 
-def expert_samples(records: Sequence[dict[str, Any]], loop: AgentLoop, end_token_id: int
-                   ) -> list[TurnSample]:
+def expert_samples(
+  records: Sequence[dict[str, Any]], loop: AgentLoop, end_token_id: int
+) -> list[TurnSample]:
   """One sample per expert step, its prompt built by `loop` as during rollouts."""
   samples = []
   for r, record in enumerate(records):
     history: list[tuple[str, str]] = []
     for k, step in enumerate(record["steps"]):
-      view = EpisodeView(task=record["task"], task_type=record.get("task_type", "unknown"),
-                         gamefile=record.get("gamefile", ""), observation=step["observation"],
-                         admissible=list(step.get("admissible_commands", [])), history=list(history))
+      view = EpisodeView(
+        task=record["task"],
+        task_type=record.get("task_type", "unknown"),
+        gamefile=record.get("gamefile", ""),
+        observation=step["observation"],
+        admissible=list(step.get("admissible_commands", [])),
+        history=list(history),
+      )
       prompt, _ = loop.build_prompts(view, sample_id=(r, k), where=f"walkthrough {r} step {k}")
       response = loop.tokenizer.encode(expert_response(record["task"], step["action"]))
       response.append(end_token_id)
-      samples.append(TurnSample(prompt_ids=prompt, response_ids=response,
-                                logprobs=[0.0] * len(response), score=0.0, advantage=0.0,
-                                group_id=r, policy_version=0, valid=True,
-                                task_type=view.task_type))
+      samples.append(
+        TurnSample(
+          prompt_ids=prompt,
+          response_ids=response,
+          logprobs=[0.0] * len(response),
+          score=0.0,
+          advantage=0.0,
+          group_id=r,
+          policy_version=0,
+          valid=True,
+          task_type=view.task_type,
+        )
+      )
       history.append((step["observation"], step["action"]))
   return samples
 
 
 def _nll(config: ModelConfig, params: Params, batch) -> tuple[jax.Array, jax.Array]:
-  logp, _ = response_logprobs(config, params, batch.student_tokens, batch.student_mask,
-                              batch.response_len)
+  logp, _ = response_logprobs(
+    config, params, batch.student_tokens, batch.student_mask, batch.response_len
+  )
   mask = batch.response_mask
   tokens = jnp.maximum(mask.sum(), 1.0)
   return -(logp * mask).sum() / tokens, tokens
@@ -85,9 +102,18 @@ def make_sft_step(config: ModelConfig, optimizer: optax.GradientTransformation):
   return step
 
 
-def warm_start(config: ModelConfig, params: Params, samples: Sequence[TurnSample], *, steps: int,
-               batch_size: int, lr: float, seed: int = 0, shard_batch=lambda b: b,
-               progress: bool = True) -> tuple[Params, list[float]]:
+def warm_start(
+  config: ModelConfig,
+  params: Params,
+  samples: Sequence[TurnSample],
+  *,
+  steps: int,
+  batch_size: int,
+  lr: float,
+  seed: int = 0,
+  shard_batch=lambda b: b,
+  progress: bool = True,
+) -> tuple[Params, list[float]]:
   """`steps` AdamW updates on random mini-batches of the expert samples; returns the new params
   and the loss of every step."""
   from tqdm import tqdm

@@ -1,4 +1,5 @@
 """Test-wide setup: 8 fake CPU devices so sharding tests run on one host, fp32 matmuls."""
+
 import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")

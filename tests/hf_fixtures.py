@@ -11,9 +11,16 @@ import numpy as np
 import torch
 import transformers
 
-SMALL = dict(vocab_size=384, hidden_size=64, intermediate_size=160, num_hidden_layers=3,
-             num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6,
-             max_position_embeddings=512)
+SMALL = dict(
+  vocab_size=384,
+  hidden_size=64,
+  intermediate_size=160,
+  num_hidden_layers=3,
+  num_attention_heads=4,
+  num_key_value_heads=2,
+  rms_norm_eps=1e-6,
+  max_position_embeddings=512,
+)
 
 
 def hf_config(family: str, tied: bool, **overrides):
@@ -58,8 +65,8 @@ def ragged_batch(vocab: int, lengths: list[int], seed: int = 0) -> tuple[np.ndar
   tokens = np.zeros((len(lengths), T), np.int32)
   mask = np.zeros((len(lengths), T), np.int32)
   for i, n in enumerate(lengths):
-    tokens[i, T - n:] = rng.integers(1, vocab, n)
-    mask[i, T - n:] = 1
+    tokens[i, T - n :] = rng.integers(1, vocab, n)
+    mask[i, T - n :] = 1
   return tokens, mask
 
 

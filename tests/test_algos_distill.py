@@ -1,21 +1,22 @@
 """Objective library, part 2: SDAR gates, the SDAR term in both forms, Skill-SD, and the
 baselines' gradients, against independent float64 NumPy formulas and hand-derived gradients."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from sdar_jax.algos import (
-    compute_gate,
-    distill_loss,
-    entropy_loss,
-    get_preset,
-    kl_loss,
-    policy_loss,
-    rlsd_lambda,
-    sdar_loss,
-    skill_sd_loss,
-    token_advantages,
+  compute_gate,
+  distill_loss,
+  entropy_loss,
+  get_preset,
+  kl_loss,
+  policy_loss,
+  rlsd_lambda,
+  sdar_loss,
+  skill_sd_loss,
+  token_advantages,
 )
 
 AGGS = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
@@ -28,92 +29,94 @@ MASK = (np.arange(R)[None, :] < np.asarray(LENGTHS)[:, None]).astype(np.float32)
 
 # ----------------------------------------------------------------------------- numpy truth
 def np_weights(m, mode):
-    """d agg(v, m) / d v: how much each token's value counts in the aggregated loss."""
-    m = np.asarray(m, np.float64)
-    rows = m.sum(-1, keepdims=True)
-    nseq = (rows > 0).sum()
-    if mode == "token-mean":
-        return m / m.sum()
-    if mode == "seq-mean-token-sum":
-        return m / nseq
-    return np.where(rows > 0, m / np.where(rows > 0, rows, 1) / nseq, 0.0)
+  """d agg(v, m) / d v: how much each token's value counts in the aggregated loss."""
+  m = np.asarray(m, np.float64)
+  rows = m.sum(-1, keepdims=True)
+  nseq = (rows > 0).sum()
+  if mode == "token-mean":
+    return m / m.sum()
+  if mode == "seq-mean-token-sum":
+    return m / nseq
+  return np.where(rows > 0, m / np.where(rows > 0, rows, 1) / nseq, 0.0)
 
 
 def np_agg(v, m, mode):
-    return float((np.where(m > 0, v, 0.0) * np_weights(m, mode)).sum())
+  return float((np.where(m > 0, v, 0.0) * np_weights(m, mode)).sum())
 
 
 def np_sigmoid(x):
-    return 1.0 / (1.0 + np.exp(-x))
+  return 1.0 / (1.0 + np.exp(-x))
 
 
 def np_gate(name, beta, gap, h):
-    if name == "gap":
-        return np_sigmoid(beta * gap)
-    if name == "entropy":
-        return np_sigmoid(beta * h)
-    if name == "soft_or":
-        return np_sigmoid(beta * (1 - (1 - h) * (1 - gap)))
-    return np.full_like(gap, 0.5)
+  if name == "gap":
+    return np_sigmoid(beta * gap)
+  if name == "entropy":
+    return np_sigmoid(beta * h)
+  if name == "soft_or":
+    return np_sigmoid(beta * (1 - (1 - h) * (1 - gap)))
+  return np.full_like(gap, 0.5)
 
 
 def np_sdar(ls, lt, h, m, beta, gate, form, mode):
-    """Returns (loss, metrics, d loss / d student_logp)."""
-    ls, lt, h = (np.asarray(x, np.float64) for x in (ls, lt, h))
-    gap = lt - ls
-    g = np_gate(gate, beta, gap, h)
-    if form == "reference":
-        per_tok, dper = g * (lt - ls), -g
-    else:
-        per_tok, dper = -g * gap * ls, -g * gap
-    loss = np_agg(per_tok, m, mode)
-    metrics = {
-        "sdar/gate_mean": np_agg(g, m, "token-mean"),
-        "sdar/gate_active_ratio": np_agg((g > 0.5).astype(float), m, "token-mean"),
-        "sdar/teacher_gap_mean": np_agg(gap, m, "token-mean"),
-        "sdar/loss": loss,
-    }
-    return loss, metrics, dper * np_weights(m, mode)
+  """Returns (loss, metrics, d loss / d student_logp)."""
+  ls, lt, h = (np.asarray(x, np.float64) for x in (ls, lt, h))
+  gap = lt - ls
+  g = np_gate(gate, beta, gap, h)
+  if form == "reference":
+    per_tok, dper = g * (lt - ls), -g
+  else:
+    per_tok, dper = -g * gap * ls, -g * gap
+  loss = np_agg(per_tok, m, mode)
+  metrics = {
+    "sdar/gate_mean": np_agg(g, m, "token-mean"),
+    "sdar/gate_active_ratio": np_agg((g > 0.5).astype(float), m, "token-mean"),
+    "sdar/teacher_gap_mean": np_agg(gap, m, "token-mean"),
+    "sdar/loss": loss,
+  }
+  return loss, metrics, dper * np_weights(m, mode)
 
 
 def inputs(seed):
-    rng = np.random.default_rng(seed)
-    ls = -np.abs(rng.normal(size=(B, R))) * 2.0
-    lt = ls + rng.normal(size=(B, R))
-    old = ls + rng.normal(size=(B, R)) * 0.3
-    h = np.abs(rng.normal(size=(B, R))) * 1.5
-    pad = MASK == 0  # garbage in padding that would show if the mask were forgotten
-    ls, lt, old = (np.where(pad, -40.0, x).astype(np.float32) for x in (ls, lt, old))
-    return ls, lt, old, h.astype(np.float32)
+  rng = np.random.default_rng(seed)
+  ls = -np.abs(rng.normal(size=(B, R))) * 2.0
+  lt = ls + rng.normal(size=(B, R))
+  old = ls + rng.normal(size=(B, R)) * 0.3
+  h = np.abs(rng.normal(size=(B, R))) * 1.5
+  pad = MASK == 0  # garbage in padding that would show if the mask were forgotten
+  ls, lt, old = (np.where(pad, -40.0, x).astype(np.float32) for x in (ls, lt, old))
+  return ls, lt, old, h.astype(np.float32)
 
 
 # ----------------------------------------------------------------------------- gates
 @pytest.mark.parametrize("gate", GATES)
 @pytest.mark.parametrize("beta", [0.0, 2.5, 5.0])
 def test_gate_formulas_and_no_gradient(gate, beta):
-    _, lt, _, h = inputs(0)
-    gap = np.clip(lt, -3, 3)
-    got = compute_gate(gate, beta=beta, gap=gap, entropy=h)
-    np.testing.assert_allclose(got, np_gate(gate, beta, gap.astype(np.float64), h), rtol=1e-6)
-    d_gap, d_h = jax.grad(lambda a, b: jnp.sum(compute_gate(gate, beta=beta, gap=a, entropy=b)),
-                          argnums=(0, 1))(jnp.asarray(gap), jnp.asarray(h))
-    assert np.all(np.asarray(d_gap) == 0.0) and np.all(np.asarray(d_h) == 0.0)
+  _, lt, _, h = inputs(0)
+  gap = np.clip(lt, -3, 3)
+  got = compute_gate(gate, beta=beta, gap=gap, entropy=h)
+  np.testing.assert_allclose(got, np_gate(gate, beta, gap.astype(np.float64), h), rtol=1e-6)
+  d_gap, d_h = jax.grad(
+    lambda a, b: jnp.sum(compute_gate(gate, beta=beta, gap=a, entropy=b)), argnums=(0, 1)
+  )(jnp.asarray(gap), jnp.asarray(h))
+  assert np.all(np.asarray(d_gap) == 0.0) and np.all(np.asarray(d_h) == 0.0)
 
 
 def test_gap_gate_at_beta_zero_is_exactly_the_constant_gate():
-    gap = jnp.linspace(-5, 5, 11)
-    np.testing.assert_array_equal(compute_gate("gap", beta=0.0, gap=gap),
-                                  compute_gate("constant", beta=5.0, gap=gap))
-    assert np.all(np.asarray(compute_gate("gap", beta=0.0, gap=gap)) == 0.5)
+  gap = jnp.linspace(-5, 5, 11)
+  np.testing.assert_array_equal(
+    compute_gate("gap", beta=0.0, gap=gap), compute_gate("constant", beta=5.0, gap=gap)
+  )
+  assert np.all(np.asarray(compute_gate("gap", beta=0.0, gap=gap)) == 0.5)
 
 
 def test_gate_errors_name_the_fix():
-    with pytest.raises(ValueError, match="entropy="):
-        compute_gate("soft_or", beta=1.0, gap=jnp.zeros(3))
-    with pytest.raises(ValueError, match="entropy="):
-        compute_gate("entropy", beta=1.0, gap=jnp.zeros(3))
-    with pytest.raises(ValueError, match="'constant', 'entropy', 'gap', 'soft_or'"):
-        compute_gate("sigmoid", beta=1.0, gap=jnp.zeros(3))
+  with pytest.raises(ValueError, match="entropy="):
+    compute_gate("soft_or", beta=1.0, gap=jnp.zeros(3))
+  with pytest.raises(ValueError, match="entropy="):
+    compute_gate("entropy", beta=1.0, gap=jnp.zeros(3))
+  with pytest.raises(ValueError, match="'constant', 'entropy', 'gap', 'soft_or'"):
+    compute_gate("sigmoid", beta=1.0, gap=jnp.zeros(3))
 
 
 # ----------------------------------------------------------------------------- SDAR term
@@ -121,175 +124,192 @@ def test_gate_errors_name_the_fix():
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("gate", GATES)
 def test_sdar_loss_metrics_and_gradients_match_numpy(gate, form, mode):
-    ls, lt, _, h = inputs(1)
-    beta = 2.5
+  ls, lt, _, h = inputs(1)
+  beta = 2.5
 
-    def f(student, teacher, ent):
-        return sdar_loss(student, teacher, MASK, beta=beta, gate=gate, entropy=ent, form=form,
-                         agg=mode)
+  def f(student, teacher, ent):
+    return sdar_loss(student, teacher, MASK, beta=beta, gate=gate, entropy=ent, form=form, agg=mode)
 
-    (loss, metrics), (d_student, d_teacher, d_ent) = jax.value_and_grad(
-        f, argnums=(0, 1, 2), has_aux=True)(jnp.asarray(ls), jnp.asarray(lt), jnp.asarray(h))
-    want_loss, want_metrics, want_grad = np_sdar(ls, lt, h, MASK, beta, gate, form, mode)
-    np.testing.assert_allclose(loss, want_loss, rtol=1e-5, atol=1e-7)
-    assert set(metrics) == set(want_metrics)
-    for key, value in want_metrics.items():
-        np.testing.assert_allclose(metrics[key], value, rtol=1e-5, atol=1e-7, err_msg=key)
-    np.testing.assert_allclose(d_student, want_grad, rtol=1e-5, atol=1e-8)
-    # the teacher and the entropy act only through the detached gate: exactly zero gradient
-    assert np.all(np.asarray(d_teacher) == 0.0)
-    assert np.all(np.asarray(d_ent) == 0.0)
+  (loss, metrics), (d_student, d_teacher, d_ent) = jax.value_and_grad(
+    f, argnums=(0, 1, 2), has_aux=True
+  )(jnp.asarray(ls), jnp.asarray(lt), jnp.asarray(h))
+  want_loss, want_metrics, want_grad = np_sdar(ls, lt, h, MASK, beta, gate, form, mode)
+  np.testing.assert_allclose(loss, want_loss, rtol=1e-5, atol=1e-7)
+  assert set(metrics) == set(want_metrics)
+  for key, value in want_metrics.items():
+    np.testing.assert_allclose(metrics[key], value, rtol=1e-5, atol=1e-7, err_msg=key)
+  np.testing.assert_allclose(d_student, want_grad, rtol=1e-5, atol=1e-8)
+  # the teacher and the entropy act only through the detached gate: exactly zero gradient
+  assert np.all(np.asarray(d_teacher) == 0.0)
+  assert np.all(np.asarray(d_ent) == 0.0)
 
 
 def test_reference_form_gradient_is_minus_gate_over_token_count():
-    ls, lt, _, _ = inputs(2)
-    grad = jax.grad(lambda s: sdar_loss(s, lt, MASK, beta=5.0)[0])(jnp.asarray(ls))
-    g = np_sigmoid(5.0 * (lt.astype(np.float64) - ls))
-    np.testing.assert_allclose(grad, -g * MASK / MASK.sum(), rtol=1e-5, atol=1e-9)
+  ls, lt, _, _ = inputs(2)
+  grad = jax.grad(lambda s: sdar_loss(s, lt, MASK, beta=5.0)[0])(jnp.asarray(ls))
+  g = np_sigmoid(5.0 * (lt.astype(np.float64) - ls))
+  np.testing.assert_allclose(grad, -g * MASK / MASK.sum(), rtol=1e-5, atol=1e-9)
 
 
 def test_reverse_kl_form_pushes_teacher_rejected_tokens_down():
-    ls = jnp.array([[-1.0, -1.0]])
-    lt = jnp.array([[-0.5, -3.0]])  # teacher prefers token 0, rejects token 1
-    grad = jax.grad(lambda s: sdar_loss(s, lt, jnp.ones((1, 2)), beta=1.0,
-                                        form="reverse_kl")[0])(ls)
-    g = np_sigmoid(np.array([0.5, -2.0]))
-    np.testing.assert_allclose(grad, [[-g[0] * 0.5 / 2, g[1] * 2.0 / 2]], rtol=1e-6)
-    # descent raises token 0 and lowers token 1
-    assert float(grad[0, 0]) < 0 < float(grad[0, 1])
+  ls = jnp.array([[-1.0, -1.0]])
+  lt = jnp.array([[-0.5, -3.0]])  # teacher prefers token 0, rejects token 1
+  grad = jax.grad(lambda s: sdar_loss(s, lt, jnp.ones((1, 2)), beta=1.0, form="reverse_kl")[0])(ls)
+  g = np_sigmoid(np.array([0.5, -2.0]))
+  np.testing.assert_allclose(grad, [[-g[0] * 0.5 / 2, g[1] * 2.0 / 2]], rtol=1e-6)
+  # descent raises token 0 and lowers token 1
+  assert float(grad[0, 0]) < 0 < float(grad[0, 1])
 
 
 def test_gate_active_ratio_is_zero_at_beta_zero():
-    ls, lt, _, _ = inputs(3)
-    _, metrics = sdar_loss(ls, lt, MASK, beta=0.0)
-    assert float(metrics["sdar/gate_active_ratio"]) == 0.0
-    assert float(metrics["sdar/gate_mean"]) == pytest.approx(0.5)
+  ls, lt, _, _ = inputs(3)
+  _, metrics = sdar_loss(ls, lt, MASK, beta=0.0)
+  assert float(metrics["sdar/gate_active_ratio"]) == 0.0
+  assert float(metrics["sdar/gate_mean"]) == pytest.approx(0.5)
 
 
 def test_sdar_metrics_cover_the_whole_batch_when_summed_over_micro_batches():
-    ls, lt, _, h = inputs(4)
-    denom = MASK.sum()
-    parts = [sdar_loss(ls[s], lt[s], MASK[s], beta=5.0, gate="soft_or", entropy=h[s],
-                       denom=denom)
-             for s in (slice(0, 1), slice(1, 4), slice(4, 6))]
-    loss, metrics = sdar_loss(ls, lt, MASK, beta=5.0, gate="soft_or", entropy=h)
-    np.testing.assert_allclose(sum(p[0] for p in parts), loss, rtol=1e-6)
-    for key in metrics:
-        np.testing.assert_allclose(sum(p[1][key] for p in parts), metrics[key], rtol=1e-6,
-                                   atol=1e-7, err_msg=key)
+  ls, lt, _, h = inputs(4)
+  denom = MASK.sum()
+  parts = [
+    sdar_loss(ls[s], lt[s], MASK[s], beta=5.0, gate="soft_or", entropy=h[s], denom=denom)
+    for s in (slice(0, 1), slice(1, 4), slice(4, 6))
+  ]
+  loss, metrics = sdar_loss(ls, lt, MASK, beta=5.0, gate="soft_or", entropy=h)
+  np.testing.assert_allclose(sum(p[0] for p in parts), loss, rtol=1e-6)
+  for key in metrics:
+    np.testing.assert_allclose(
+      sum(p[1][key] for p in parts), metrics[key], rtol=1e-6, atol=1e-7, err_msg=key
+    )
 
 
 def test_sdar_loss_jits_with_traced_beta():
-    ls, lt, _, h = inputs(5)
-    fn = jax.jit(sdar_loss, static_argnames=("gate", "form", "agg"))
-    for gate in GATES:
-        got, _ = fn(ls, lt, MASK, beta=jnp.float32(2.0), gate=gate, entropy=h)
-        want, _ = sdar_loss(ls, lt, MASK, beta=2.0, gate=gate, entropy=h)
-        np.testing.assert_allclose(got, want, rtol=1e-6)
-    with pytest.raises(ValueError, match="reverse_kl"):
-        sdar_loss(ls, lt, MASK, beta=1.0, form="forward_kl")
+  ls, lt, _, h = inputs(5)
+  fn = jax.jit(sdar_loss, static_argnames=("gate", "form", "agg"))
+  for gate in GATES:
+    got, _ = fn(ls, lt, MASK, beta=jnp.float32(2.0), gate=gate, entropy=h)
+    want, _ = sdar_loss(ls, lt, MASK, beta=2.0, gate=gate, entropy=h)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+  with pytest.raises(ValueError, match="reverse_kl"):
+    sdar_loss(ls, lt, MASK, beta=1.0, form="forward_kl")
 
 
 # ----------------------------------------------------------------------------- Skill-SD
 def np_skill_sd(ls, lt, old, m, mode):
-    ls, lt, old = (np.asarray(x, np.float64) for x in (ls, lt, old))
-    e = ls - lt
-    k3 = np.exp(np.minimum(-e, 20)) - 1 + e
-    dk3 = np.where(-e < 20, -np.exp(-e), 0.0) + 1.0
-    x = ls - old
-    rho = np.exp(np.minimum(x, 10))
-    drho = np.where(x < 10, rho, 0.0)
-    w = np_weights(m, mode)
-    return np_agg(rho * k3, m, mode), (drho * k3 + rho * dk3) * w
+  ls, lt, old = (np.asarray(x, np.float64) for x in (ls, lt, old))
+  e = ls - lt
+  k3 = np.exp(np.minimum(-e, 20)) - 1 + e
+  dk3 = np.where(-e < 20, -np.exp(-e), 0.0) + 1.0
+  x = ls - old
+  rho = np.exp(np.minimum(x, 10))
+  drho = np.where(x < 10, rho, 0.0)
+  w = np_weights(m, mode)
+  return np_agg(rho * k3, m, mode), (drho * k3 + rho * dk3) * w
 
 
 @pytest.mark.parametrize("mode", AGGS)
 def test_skill_sd_value_and_gradient(mode):
-    ls, lt, old, _ = inputs(6)
-    old[0, 0] = ls[0, 0] - 12.0  # ratio clamp at exp(10)
-    ls[0, 1], lt[0, 1] = -25.0, -1.0  # k3 exponent clamp at 20
-    (loss, metrics), (d_s, d_t, d_o) = jax.value_and_grad(
-        lambda s, t, o: skill_sd_loss(s, t, o, MASK, mode), argnums=(0, 1, 2), has_aux=True)(
-        jnp.asarray(ls), jnp.asarray(lt), jnp.asarray(old))
-    want, want_grad = np_skill_sd(ls, lt, old, MASK, mode)
-    np.testing.assert_allclose(loss, want, rtol=1e-5)
-    np.testing.assert_allclose(metrics["skillsd/loss"], want, rtol=1e-5)
-    np.testing.assert_allclose(d_s, want_grad, rtol=1e-5, atol=1e-7)
-    assert np.all(np.asarray(d_t) == 0.0) and np.all(np.asarray(d_o) == 0.0)
+  ls, lt, old, _ = inputs(6)
+  old[0, 0] = ls[0, 0] - 12.0  # ratio clamp at exp(10)
+  ls[0, 1], lt[0, 1] = -25.0, -1.0  # k3 exponent clamp at 20
+  (loss, metrics), (d_s, d_t, d_o) = jax.value_and_grad(
+    lambda s, t, o: skill_sd_loss(s, t, o, MASK, mode), argnums=(0, 1, 2), has_aux=True
+  )(jnp.asarray(ls), jnp.asarray(lt), jnp.asarray(old))
+  want, want_grad = np_skill_sd(ls, lt, old, MASK, mode)
+  np.testing.assert_allclose(loss, want, rtol=1e-5)
+  np.testing.assert_allclose(metrics["skillsd/loss"], want, rtol=1e-5)
+  np.testing.assert_allclose(d_s, want_grad, rtol=1e-5, atol=1e-7)
+  assert np.all(np.asarray(d_t) == 0.0) and np.all(np.asarray(d_o) == 0.0)
 
 
 def test_skill_sd_is_zero_when_teacher_equals_student():
-    ls, _, _, _ = inputs(7)
-    loss, _ = skill_sd_loss(ls, ls, ls, MASK)
-    assert float(loss) == 0.0
+  ls, _, _, _ = inputs(7)
+  loss, _ = skill_sd_loss(ls, ls, ls, MASK)
+  assert float(loss) == 0.0
 
 
 # ----------------------------------------------------------------------------- baselines
 def preset_loss(preset, logp, old, ref, teacher, seq_adv, ent, step=1):
-    """The actor loss a preset describes, composed from the library's registered pieces."""
-    p = get_preset(preset)
-    lam_k = rlsd_lambda(step, p["rlsd_lam0"], p["rlsd_warmdown_steps"])
-    adv = token_advantages(p["advantage"], seq_adv, MASK, teacher_logp=teacher, old_logp=old,
-                           lam=lam_k, clip_eps=p["rlsd_clip_eps"])
-    pg, _ = policy_loss(logp, old, adv, MASK, p["clip_low"], p["clip_high"], p["clip_c"],
-                        p["agg"])
-    distill, _ = distill_loss(p["distill"], student_logp=logp, teacher_logp=teacher,
-                              old_logp=old, mask=MASK, beta=p["beta"], gate=p["gate"],
-                              entropy=ent, form=p["form"], agg=p["agg"])
-    kl, _ = kl_loss(logp, ref, MASK, p["kl_kind"], p["agg"])
-    h, _ = entropy_loss(ent, MASK, p["agg"])
-    return p["pg_coef"] * pg + p["lam"] * distill - p["entropy_coef"] * h + p["kl_coef"] * kl
+  """The actor loss a preset describes, composed from the library's registered pieces."""
+  p = get_preset(preset)
+  lam_k = rlsd_lambda(step, p["rlsd_lam0"], p["rlsd_warmdown_steps"])
+  adv = token_advantages(
+    p["advantage"],
+    seq_adv,
+    MASK,
+    teacher_logp=teacher,
+    old_logp=old,
+    lam=lam_k,
+    clip_eps=p["rlsd_clip_eps"],
+  )
+  pg, _ = policy_loss(logp, old, adv, MASK, p["clip_low"], p["clip_high"], p["clip_c"], p["agg"])
+  distill, _ = distill_loss(
+    p["distill"],
+    student_logp=logp,
+    teacher_logp=teacher,
+    old_logp=old,
+    mask=MASK,
+    beta=p["beta"],
+    gate=p["gate"],
+    entropy=ent,
+    form=p["form"],
+    agg=p["agg"],
+  )
+  kl, _ = kl_loss(logp, ref, MASK, p["kl_kind"], p["agg"])
+  h, _ = entropy_loss(ent, MASK, p["agg"])
+  return p["pg_coef"] * pg + p["lam"] * distill - p["entropy_coef"] * h + p["kl_coef"] * kl
 
 
 def preset_grad(preset, teacher_shift=0.0, **kw):
-    ls, lt, old, h = inputs(8)
-    ref = old + 0.1
-    seq_adv = np.linspace(-1.5, 1.5, B).astype(np.float32)
-    args = dict(old=old, ref=ref, teacher=lt + teacher_shift, seq_adv=seq_adv, ent=h, **kw)
-    return np.asarray(jax.grad(lambda s: preset_loss(preset, s, **args))(jnp.asarray(ls)))
+  ls, lt, old, h = inputs(8)
+  ref = old + 0.1
+  seq_adv = np.linspace(-1.5, 1.5, B).astype(np.float32)
+  args = dict(old=old, ref=ref, teacher=lt + teacher_shift, seq_adv=seq_adv, ent=h, **kw)
+  return np.asarray(jax.grad(lambda s: preset_loss(preset, s, **args))(jnp.asarray(ls)))
 
 
 def test_grpo_opsd_gradient_is_grpo_plus_half_lambda_per_token():
-    lam = get_preset("grpo_opsd")["lam"]
-    want = preset_grad("grpo") - lam * 0.5 * MASK / MASK.sum()
-    np.testing.assert_allclose(preset_grad("grpo_opsd"), want, rtol=1e-6, atol=1e-9)
-    # beta = 0 is exactly the constant gate, and the teacher has no effect on the gradient
-    np.testing.assert_array_equal(preset_grad("grpo_opsd"), preset_grad("sdar_constant"))
-    np.testing.assert_array_equal(preset_grad("grpo_opsd"),
-                                  preset_grad("grpo_opsd", teacher_shift=3.0))
+  lam = get_preset("grpo_opsd")["lam"]
+  want = preset_grad("grpo") - lam * 0.5 * MASK / MASK.sum()
+  np.testing.assert_allclose(preset_grad("grpo_opsd"), want, rtol=1e-6, atol=1e-9)
+  # beta = 0 is exactly the constant gate, and the teacher has no effect on the gradient
+  np.testing.assert_array_equal(preset_grad("grpo_opsd"), preset_grad("sdar_constant"))
+  np.testing.assert_array_equal(
+    preset_grad("grpo_opsd"), preset_grad("grpo_opsd", teacher_shift=3.0)
+  )
 
 
 def test_sdar_and_opsd_gradients():
-    ls, lt, _, _ = inputs(8)
-    g = np_sigmoid(5.0 * (lt.astype(np.float64) - ls))
-    sdar_term = -0.01 * g * MASK / MASK.sum()
-    np.testing.assert_allclose(preset_grad("sdar"), preset_grad("grpo") + sdar_term,
-                               rtol=1e-5, atol=1e-9)
-    # OPSD: the policy-gradient term weighs 0; what remains is KL + distillation
-    _, _, old, _ = inputs(8)
-    kl_grad = 0.01 * np.asarray(jax.grad(lambda s: kl_loss(s, old + 0.1, MASK)[0])(
-        jnp.asarray(ls)))
-    np.testing.assert_allclose(preset_grad("opsd"), kl_grad + sdar_term, rtol=1e-5, atol=1e-9)
+  ls, lt, _, _ = inputs(8)
+  g = np_sigmoid(5.0 * (lt.astype(np.float64) - ls))
+  sdar_term = -0.01 * g * MASK / MASK.sum()
+  np.testing.assert_allclose(
+    preset_grad("sdar"), preset_grad("grpo") + sdar_term, rtol=1e-5, atol=1e-9
+  )
+  # OPSD: the policy-gradient term weighs 0; what remains is KL + distillation
+  _, _, old, _ = inputs(8)
+  kl_grad = 0.01 * np.asarray(jax.grad(lambda s: kl_loss(s, old + 0.1, MASK)[0])(jnp.asarray(ls)))
+  np.testing.assert_allclose(preset_grad("opsd"), kl_grad + sdar_term, rtol=1e-5, atol=1e-9)
 
 
 def test_rlsd_after_warmdown_is_grpo_and_differs_before():
-    np.testing.assert_allclose(preset_grad("rlsd", step=100), preset_grad("grpo"), rtol=1e-6)
-    assert not np.allclose(preset_grad("rlsd", step=1), preset_grad("grpo"))
+  np.testing.assert_allclose(preset_grad("rlsd", step=100), preset_grad("grpo"), rtol=1e-6)
+  assert not np.allclose(preset_grad("rlsd", step=1), preset_grad("grpo"))
 
 
 def test_no_distill_term_is_zero():
-    loss, metrics = distill_loss("none", student_logp=jnp.ones((2, 2)), mask=jnp.ones((2, 2)))
-    assert float(loss) == 0.0 and metrics == {}
-    with pytest.raises(ValueError, match="skill_sd"):
-        distill_loss("opd", student_logp=jnp.ones((2, 2)), mask=jnp.ones((2, 2)))
+  loss, metrics = distill_loss("none", student_logp=jnp.ones((2, 2)), mask=jnp.ones((2, 2)))
+  assert float(loss) == 0.0 and metrics == {}
+  with pytest.raises(ValueError, match="skill_sd"):
+    distill_loss("opd", student_logp=jnp.ones((2, 2)), mask=jnp.ones((2, 2)))
 
 
 # ----------------------------------------------------------------------------- no token loops
 @pytest.mark.parametrize("gate", GATES)
 def test_sdar_traced_program_size_does_not_grow_with_length(gate):
-    def n_eqns(r):
-        x = jnp.zeros((3, r))
-        f = lambda: sdar_loss(x, x, jnp.ones((3, r)), beta=5.0, gate=gate, entropy=x)[0]
-        return len(jax.make_jaxpr(f)().jaxpr.eqns)
+  def n_eqns(r):
+    x = jnp.zeros((3, r))
+    f = lambda: sdar_loss(x, x, jnp.ones((3, r)), beta=5.0, gate=gate, entropy=x)[0]
+    return len(jax.make_jaxpr(f)().jaxpr.eqns)
 
-    assert n_eqns(2) == n_eqns(50)
+  assert n_eqns(2) == n_eqns(50)

@@ -13,13 +13,26 @@ import pytest
 
 from configs import default
 from sdar_jax import sharding
-from sdar_jax.checkpoint import (CheckpointManager, abstract_train_state, export_hf,
-                                 model_config_mismatches, train_state_shardings)
+from sdar_jax.checkpoint import (
+  CheckpointManager,
+  abstract_train_state,
+  export_hf,
+  model_config_mismatches,
+  train_state_shardings,
+)
 from sdar_jax.models import ModelConfig, forward, init_params
 from sdar_jax.train_state import create_train_state, make_optimizer
 
-TINY = ModelConfig.tiny("qwen3", vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2,
-                        num_heads=4, num_kv_heads=2, head_dim=16)
+TINY = ModelConfig.tiny(
+  "qwen3",
+  vocab_size=256,
+  hidden_size=64,
+  intermediate_size=128,
+  num_layers=2,
+  num_heads=4,
+  num_kv_heads=2,
+  head_dim=16,
+)
 
 
 def _optimizer():
@@ -35,16 +48,20 @@ def _trained_state_unsharded(seed: jax.Array):
   for i in range(2):
     grads = jax.tree.map(lambda p, i=i: jnp.cos(p * (i + 1)), state.params)
     updates, opt_state = opt.update(grads, state.opt_state, state.params)
-    state = state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
-                          opt_state=opt_state, rng=jax.random.key_data(
-                              jax.random.fold_in(jax.random.wrap_key_data(state.rng), i)))
+    state = state.replace(
+      step=state.step + 1,
+      params=optax.apply_updates(state.params, updates),
+      opt_state=opt_state,
+      rng=jax.random.key_data(jax.random.fold_in(jax.random.wrap_key_data(state.rng), i)),
+    )
   return state
 
 
 def _trained_state(mesh, seed: int):
   """`_trained_state_unsharded(seed)` placed on `mesh` with the training shardings."""
-  return jax.device_put(_trained_state_unsharded(jnp.int32(seed)),
-                        train_state_shardings(TINY, _optimizer(), mesh))
+  return jax.device_put(
+    _trained_state_unsharded(jnp.int32(seed)), train_state_shardings(TINY, _optimizer(), mesh)
+  )
 
 
 def _assert_trees_equal(a, b):
@@ -64,7 +81,9 @@ def saved(tmp_path_factory):
   with CheckpointManager(directory, keep=2) as ckpt:
     for step in range(1, 5):
       states[step] = _trained_state(mesh, seed=step)
-      ckpt.save(step, states[step], TINY, run_config={"algo": {"beta": 5.0}}, extra={"replay": [step]})
+      ckpt.save(
+        step, states[step], TINY, run_config={"algo": {"beta": 5.0}}, extra={"replay": [step]}
+      )
   return directory, states
 
 
@@ -92,7 +111,7 @@ def test_round_trip_state_and_meta(saved):
 @pytest.mark.parametrize("shape", [(2, 2, 2), (1, 1, 1)], ids=["mesh222", "single_device"])
 def test_restore_onto_other_mesh(saved, shape):
   directory, states = saved
-  devices = jax.devices()[:int(np.prod(shape))]
+  devices = jax.devices()[: int(np.prod(shape))]
   mesh = sharding.make_mesh(shape, devices=devices)
   target = abstract_train_state(TINY, _optimizer(), mesh)
   state, _ = CheckpointManager(directory).restore(target=target, model_config=TINY)
@@ -136,7 +155,8 @@ def test_mismatch_ignores_numerics_only_fields():
   stored = TINY.__dict__.copy()
   assert model_config_mismatches(stored, TINY.replace(dtype="bfloat16", remat=True, name="x")) == []
   assert model_config_mismatches(stored, TINY.replace(qk_norm=False, family="qwen3")) == [
-      ("qk_norm", True, False)]
+    ("qk_norm", True, False)
+  ]
 
 
 def test_missing_checkpoint_messages(tmp_path, saved):
@@ -185,7 +205,9 @@ def test_async_save_then_restore(tmp_path):
     assert not ckpt.save(3, good, TINY)  # off the interval
     ckpt.wait_until_finished()
     assert ckpt.all_steps() == [2]
-  state, meta = CheckpointManager(tmp_path).restore(target=abstract_train_state(TINY, _optimizer(), mesh))
+  state, meta = CheckpointManager(tmp_path).restore(
+    target=abstract_train_state(TINY, _optimizer(), mesh)
+  )
   _assert_trees_equal(state, good)
   assert meta["run_config"] == run_config.to_dict()
   assert meta["run_config"]["algo"]["temperature"] == run_config.rollout.temperature
@@ -196,7 +218,9 @@ def test_export_hf_loads_in_transformers(saved, tmp_path):
   transformers = pytest.importorskip("transformers")
   directory, states = saved
   mesh = sharding.make_mesh((2, 2, 2))
-  state, _ = CheckpointManager(directory).restore(target=abstract_train_state(TINY, _optimizer(), mesh))
+  state, _ = CheckpointManager(directory).restore(
+    target=abstract_train_state(TINY, _optimizer(), mesh)
+  )
   out = export_hf(TINY, state.params, tmp_path / "hf")
   model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
   tokens = np.random.default_rng(0).integers(0, TINY.vocab_size, (2, 7)).astype(np.int32)

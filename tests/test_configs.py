@@ -13,10 +13,22 @@ import sys
 import pytest
 
 from configs import alfworld, common, default, paper, search_qa, webshop
-from sdar_jax.algos import (ADVANTAGE_ESTIMATORS, AGG_MODES, ALGO_PRESETS, GATES, KL_PENALTIES,
-                            SDAR_FORMS, get_preset)
-from sdar_jax.config_validation import (ConfigError, batch_divisor_of, mesh_shape,
-                                        model_config_from, validate)
+from sdar_jax.algos import (
+  ADVANTAGE_ESTIMATORS,
+  AGG_MODES,
+  ALGO_PRESETS,
+  GATES,
+  KL_PENALTIES,
+  SDAR_FORMS,
+  get_preset,
+)
+from sdar_jax.config_validation import (
+  ConfigError,
+  batch_divisor_of,
+  mesh_shape,
+  model_config_from,
+  validate,
+)
 from sdar_jax.models import ModelConfig
 from sdar_jax.train import unknown_override_keys
 
@@ -36,8 +48,13 @@ def _problems(config, num_devices: int = 8) -> str:
 
 # ------------------------------------------------------------------------------------ parse_arg
 def test_parse_arg_types_and_defaults():
-  arg = common.parse_arg("model=qwen3-1.7b,local=True,steps=7,lr=1e-5", model="qwen2.5-3b",
-                         local=False, steps=150, lr=1e-6)
+  arg = common.parse_arg(
+    "model=qwen3-1.7b,local=True,steps=7,lr=1e-5",
+    model="qwen2.5-3b",
+    local=False,
+    steps=150,
+    lr=1e-6,
+  )
   assert (arg.model, arg.local, arg.steps, arg.lr) == ("qwen3-1.7b", True, 7, 1e-5)
   assert isinstance(arg.steps, int) and isinstance(arg.lr, float)
   assert common.parse_arg("", model="x", local=False).to_dict() == {"model": "x", "local": False}
@@ -65,15 +82,30 @@ def test_reference_hyperparameters_per_env():
   assert (w.env.history, w.env.max_turns, w.env.group_size, w.env.tasks_per_step) == (2, 15, 8, 16)
   assert (s.env.history, s.env.max_turns, s.env.group_size, s.env.tasks_per_step) == (4, 4, 8, 128)
   assert (a.algo.kl_coef, w.algo.kl_coef, s.algo.kl_coef) == (0.01, 0.01, 0.001)
-  assert (a.algo.invalid_penalty, w.algo.invalid_penalty, s.algo.invalid_penalty) == (0.1, 0.1, 0.01)
+  assert (a.algo.invalid_penalty, w.algo.invalid_penalty, s.algo.invalid_penalty) == (
+    0.1,
+    0.1,
+    0.01,
+  )
   assert (a.rollout.max_prompt_len, w.rollout.max_prompt_len, s.rollout.max_prompt_len) == (
-      2048, 4096, 4096)
+    2048,
+    4096,
+    4096,
+  )
   assert (a.rollout.val_temperature, w.rollout.val_temperature, s.rollout.val_temperature) == (
-      0.4, 0.4, 0.0)
+    0.4,
+    0.4,
+    0.0,
+  )
   assert (a.optim.warmup_steps, s.optim.warmup_steps) == (0, 15)
   assert s.rollout.prompt_truncation == "left" and a.rollout.prompt_truncation == "error"
   for c in (a, w, s):
-    assert (c.algo.beta, c.algo.lam, c.algo.gate, c.algo.teacher_source) == (5.0, 0.01, "gap", "rollout")
+    assert (c.algo.beta, c.algo.lam, c.algo.gate, c.algo.teacher_source) == (
+      5.0,
+      0.01,
+      "gap",
+      "rollout",
+    )
     assert (c.optim.lr, c.optim.weight_decay, c.optim.clip_norm) == (1e-6, 0.01, 1.0)
     assert (c.algo.entropy_coef, c.algo.clip_c, c.rollout.temperature) == (0.001, 3.0, 1.0)
     assert c.train.total_steps == 150 and c.rollout.max_new_tokens == 512
@@ -92,7 +124,11 @@ def test_default_is_the_offline_demo():
   config = default.get_config()
   model_config = validate(config, num_devices=1)
   assert (config.env.name, config.algo.name, config.env.data_dir, config.model.path) == (
-      "alfworld", "sdar", None, None)
+    "alfworld",
+    "sdar",
+    None,
+    None,
+  )
   assert model_config.family == "qwen3" and model_config.num_params < 20_000_000
   assert model_config.vocab_size >= 151669  # the real Qwen tokenizer's ids all fit
   assert config.train.total_steps <= 10
@@ -112,6 +148,7 @@ def test_every_algo_preset_is_selectable(name):
 def test_algo_section_feeds_the_train_step(name):
   """The update reads config.algo as is: every preset field reaches its LossConfig."""
   from sdar_jax.train_step import LossConfig
+
   config = _local(name)
   config.algo.teacher_source = "step"
   loss = LossConfig.from_config(config.algo)
@@ -119,11 +156,17 @@ def test_algo_section_feeds_the_train_step(name):
     assert config.algo[key] == value, key
 
 
-@pytest.mark.parametrize("key,names", [
-    ("gate", GATES.names()), ("form", SDAR_FORMS.names()), ("agg", AGG_MODES.names()),
-    ("kl_kind", KL_PENALTIES.names()), ("advantage", ADVANTAGE_ESTIMATORS.names()),
+@pytest.mark.parametrize(
+  "key,names",
+  [
+    ("gate", GATES.names()),
+    ("form", SDAR_FORMS.names()),
+    ("agg", AGG_MODES.names()),
+    ("kl_kind", KL_PENALTIES.names()),
+    ("advantage", ADVANTAGE_ESTIMATORS.names()),
     ("teacher_source", ["step", "rollout"]),
-])
+  ],
+)
 def test_every_registered_name_is_selectable(key, names):
   for name in names:
     config = _local("sdar")
@@ -132,17 +175,28 @@ def test_every_registered_name_is_selectable(key, names):
     assert config.algo[key] == name
 
 
-@pytest.mark.parametrize("key,registry", [
-    ("gate", GATES), ("form", SDAR_FORMS), ("agg", AGG_MODES), ("kl_kind", KL_PENALTIES),
-    ("advantage", ADVANTAGE_ESTIMATORS), ("distill", None), ("teacher_source", None),
-])
+@pytest.mark.parametrize(
+  "key,registry",
+  [
+    ("gate", GATES),
+    ("form", SDAR_FORMS),
+    ("agg", AGG_MODES),
+    ("kl_kind", KL_PENALTIES),
+    ("advantage", ADVANTAGE_ESTIMATORS),
+    ("distill", None),
+    ("teacher_source", None),
+  ],
+)
 def test_unknown_names_list_the_valid_ones(key, registry):
   config = _local()
   config.algo[key] = "nope"
   msg = _problems(config)
   assert f"algo.{key}='nope'" in msg
-  valid = registry.names() if registry else (["none", "sdar", "skill_sd"] if key == "distill"
-                                             else ["rollout", "step"])
+  valid = (
+    registry.names()
+    if registry
+    else (["none", "sdar", "skill_sd"] if key == "distill" else ["rollout", "step"])
+  )
   assert str(sorted(valid)) in msg
 
 
@@ -161,8 +215,13 @@ def test_configs_are_locked_against_typos():
 
 def test_unknown_override_keys_names_them():
   config = _local()
-  argv = ["prog", "--config.algo.betta=2", "--config.algoo.beta=1", "--config.algo.beta=3",
-          "--config.env.skills.strategy=bm25"]
+  argv = [
+    "prog",
+    "--config.algo.betta=2",
+    "--config.algoo.beta=1",
+    "--config.algo.beta=3",
+    "--config.env.skills.strategy=bm25",
+  ]
   problems = unknown_override_keys(config, argv)
   assert len(problems) == 2
   assert "--config.algo.betta" in problems[0] and "Did you mean 'beta'" in problems[0]
@@ -177,15 +236,19 @@ def test_scoring_temperature_follows_the_rollout():
 
 
 # ------------------------------------------------------------------------------------ impossible values
-@pytest.mark.parametrize("overrides,expected", [
+@pytest.mark.parametrize(
+  "overrides,expected",
+  [
     ({"algo.beta": -1.0}, ["algo.beta=-1.0", ">= 0"]),
     ({"algo.lam": -0.5}, ["algo.lam=-0.5"]),
     ({"rollout.temperature": -1.0}, ["rollout.temperature=-1.0", "algo.temperature=-1.0"]),
     ({"rollout.temperature": 0.0}, ["rollout.temperature=0.0", "val_temperature=0"]),
     ({"rollout.val_temperature": -0.1}, ["rollout.val_temperature=-0.1"]),
     ({"train.mini_batch_size": 20}, ["train.mini_batch_size=20", "micro_batch_size=8"]),
-    ({"train.micro_batch_size": 4, "train.mini_batch_size": 16}, ["train.micro_batch_size=4",
-                                                                   "8 x 1 = 8"]),
+    (
+      {"train.micro_batch_size": 4, "train.mini_batch_size": 16},
+      ["train.micro_batch_size=4", "8 x 1 = 8"],
+    ),
     ({"env.tasks_per_step": 3}, ["env.tasks_per_step=3", "3 x 4 = 12", "multiple of 8"]),
     ({"mesh.data": 3}, ["product of the axes is 3", "8 devices"]),
     ({"mesh.data": -1, "mesh.fsdp": -1}, ["only one axis may be -1"]),
@@ -198,12 +261,15 @@ def test_scoring_temperature_follows_the_rollout():
     ({"env.name": "minecraft"}, ["env.name='minecraft'", "'search_qa'"]),
     ({"model.preset": "qwen9"}, ["model.preset='qwen9'", "qwen2.5-3b"]),
     ({"model.tiny.vocab_size": 512}, ["model.tiny.vocab_size=512", "151669"]),
-    ({"rollout.max_prompt_len": 8192}, ["max_prompt_len + max_new_tokens = 8240",
-                                        "max_position_embeddings=8192"]),
+    (
+      {"rollout.max_prompt_len": 8192},
+      ["max_prompt_len + max_new_tokens = 8240", "max_position_embeddings=8192"],
+    ),
     ({"env.data_dir": "/no/such/dir"}, ["env.data_dir='/no/such/dir'", "no such directory"]),
     ({"optim.b2": 1.0}, ["optim.b2=1.0"]),
     ({"checkpoint.keep": 0}, ["checkpoint.keep=0"]),
-])
+  ],
+)
 def test_impossible_values_are_named(overrides, expected):
   config = common.override(_local(), overrides)
   msg = _problems(config)
@@ -218,15 +284,18 @@ def test_lam_without_a_distill_term_is_refused():
 
 
 def test_all_problems_are_reported_at_once():
-  config = common.override(_local(), {"algo.beta": -1.0, "algo.gate": "nope",
-                                      "env.tasks_per_step": 3})
+  config = common.override(
+    _local(), {"algo.beta": -1.0, "algo.gate": "nope", "env.tasks_per_step": 3}
+  )
   msg = _problems(config)
   assert msg.startswith("3 problem(s)")
 
 
 def test_mesh_resolution():
   assert mesh_shape({"data": -1, "fsdp": 2, "tensor": 1}, 8) == {"data": 4, "fsdp": 2, "tensor": 1}
-  assert batch_divisor_of({"data": 4, "fsdp": 2, "tensor": 2}) == 8  # tensor does not split the batch
+  assert (
+    batch_divisor_of({"data": 4, "fsdp": 2, "tensor": 2}) == 8
+  )  # tensor does not split the batch
   config = common.override(_local(), {"mesh.data": 1, "mesh.fsdp": -1, "mesh.tensor": 2})
   validate(config, num_devices=8)  # batch shards 1 x 4 = 4 divide 8 episodes and micro 8
 
@@ -240,7 +309,9 @@ def test_model_path_must_match_the_preset(tmp_path):
   found = model_config_from(config)
   assert dataclasses.replace(found, name="x") == dataclasses.replace(tiny, name="x")
   common.override(config, {"model.tiny.hidden_size": 128, "model.tiny.num_layers": 3})
-  with pytest.raises(ConfigError, match=r"hidden_size=64 \(preset: 128\), num_layers=2 \(preset: 3\)"):
+  with pytest.raises(
+    ConfigError, match=r"hidden_size=64 \(preset: 128\), num_layers=2 \(preset: 3\)"
+  ):
     model_config_from(config)
   config = common.override(_local(), {"model.path": str(tmp_path / "missing")})
   assert "model.path=" in _problems(config) and "no such directory" in _problems(config)
@@ -250,7 +321,9 @@ def test_model_presets_resolve():
   for name in ("qwen2.5-3b", "qwen2.5-7b", "qwen3-1.7b"):
     config = alfworld.get_config(f"model={name}")
     model_config = model_config_from(config)
-    assert model_config == ModelConfig.preset(name, dtype="bfloat16", param_dtype="float32", remat=True)
+    assert model_config == ModelConfig.preset(
+      name, dtype="bfloat16", param_dtype="float32", remat=True
+    )
   assert alfworld.get_config("model=qwen3-1.7b").model.chat_template == "qwen3"
   assert alfworld.get_config("model=qwen2.5-7b").model.hf_id == "Qwen/Qwen2.5-7B-Instruct"
 
@@ -275,7 +348,9 @@ def test_paper_rows():
   assert sdar.env.skills.rules_version == "pre_fix"  # the paper predates the retrieval fix
   assert paper.get_config("row=sdar,model=qwen2.5-7b,env=search_qa").paper.reported["avg"] == 49.0
   assert paper.get_config("row=grpo,model=qwen3-1.7b,env=webshop").paper.reported.to_dict() == {
-      "score": 67.3, "acc": 38.3}
+    "score": 67.3,
+    "acc": 38.3,
+  }
   vanilla = paper.get_config("row=vanilla,model=qwen2.5-3b,env=search_qa")
   assert vanilla.train.total_steps == 0 and vanilla.train.eval_before_train
   plain = paper.get_config("row=skill_grpo,model=qwen2.5-3b,env=alfworld")
@@ -283,7 +358,8 @@ def test_paper_rows():
   assert plain.algo.skills_in_student and plain.eval.skills == "both"
   assert (plain.paper.reads, star.paper.reads) == ("without", "with")
   assert {k: v for k, v in plain.to_dict().items() if k != "paper"} == {
-      k: v for k, v in star.to_dict().items() if k != "paper"}  # one training run, read two ways
+    k: v for k, v in star.to_dict().items() if k != "paper"
+  }  # one training run, read two ways
   with pytest.raises(ValueError, match="unknown row 'sdar2'"):
     paper.get_config("row=sdar2")
 
@@ -291,13 +367,23 @@ def test_paper_rows():
 # ------------------------------------------------------------------------------------ CLI
 def _cli(*args: str) -> subprocess.CompletedProcess:
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
-  return subprocess.run([sys.executable, "-m", "sdar_jax.train", *args], cwd=REPO, env=env,
-                        capture_output=True, text=True, timeout=300)
+  return subprocess.run(
+    [sys.executable, "-m", "sdar_jax.train", *args],
+    cwd=REPO,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
 
 
 def test_cli_dry_run_applies_overrides():
-  out = _cli("--config=configs/default.py", "--config.algo.beta=2.0", "--config.algo.gate=entropy",
-             "--dry_run")
+  out = _cli(
+    "--config=configs/default.py",
+    "--config.algo.beta=2.0",
+    "--config.algo.gate=entropy",
+    "--dry_run",
+  )
   assert out.returncode == 0, out.stderr
   algo = re.split(r"\n(?=\S)", out.stdout.split("algo:\n", 1)[1], maxsplit=1)[0]  # the algo section
   assert {"  beta: 2.0", "  gate: entropy"} <= set(algo.splitlines()), out.stdout

@@ -1,6 +1,7 @@
 """ALFWorld on the real engine: generated games of every type are won by their walkthroughs, the env's
 rules (reward 10·won, 50-step limit, no-op on malformed output), data-dir loading, the pool, and
 the generator's determinism, splits and variety."""
+
 import json
 import os
 import random
@@ -18,187 +19,207 @@ from envs.alfworld.tasks import TASK_TYPES, extract_task, success_rates, task_ty
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    """One checked game per task type in train, and two valid_unseen games (real engine + planner)."""
-    out = str(tmp_path_factory.mktemp("alfworld"))
-    engine = generator.engine_lib.start_engine()
-    generator.generate_split(out, "train", 1, seed=7, engine=engine, progress=False)
-    generator.generate_split(out, "valid_unseen", 1, seed=7, engine=engine, progress=False,
-                             task_types=["pick_and_place_simple", "pick_heat_then_place_in_recep"])
-    return out
+  """One checked game per task type in train, and two valid_unseen games (real engine + planner)."""
+  out = str(tmp_path_factory.mktemp("alfworld"))
+  engine = generator.engine_lib.start_engine()
+  generator.generate_split(out, "train", 1, seed=7, engine=engine, progress=False)
+  generator.generate_split(
+    out,
+    "valid_unseen",
+    1,
+    seed=7,
+    engine=engine,
+    progress=False,
+    task_types=["pick_and_place_simple", "pick_heat_then_place_in_recep"],
+  )
+  return out
 
 
 @pytest.fixture(scope="module")
 def train_games(data_dir):
-    return collect_game_files(data_dir, "train")
+  return collect_game_files(data_dir, "train")
 
 
 def _walkthrough(gamefile):
-    with open(gamefile) as f:
-        return json.load(f)["walkthrough"]
+  with open(gamefile) as f:
+    return json.load(f)["walkthrough"]
 
 
 def test_every_task_type_is_generated_once(train_games):
-    assert sorted(task_type_from_path(g) for g in train_games) == sorted(TASK_TYPES)
+  assert sorted(task_type_from_path(g) for g in train_games) == sorted(TASK_TYPES)
 
 
 @pytest.mark.parametrize("task_type", TASK_TYPES)
 def test_walkthrough_wins_on_the_real_engine(train_games, task_type):
-    (gamefile,) = [g for g in train_games if task_type_from_path(g) == task_type]
-    env = AlfworldEnv.from_game_files([gamefile])
-    obs, info = env.reset(0)
-    assert obs.startswith("-= Welcome to TextWorld, ALFRED! =-")
-    assert info["task_type"] == task_type and info["gamefile"] == gamefile and not info["won"]
-    assert info["task"] == extract_task(obs) and info["task"]
-    actions = _walkthrough(gamefile)
-    for n, action in enumerate(actions, 1):
-        assert action in info["admissible_commands"]
-        obs, reward, done, info = env.step(action)
-        assert obs != "Nothing happens."
-        if n < len(actions):
-            assert (reward, done, info["won"]) == (0.0, False, False)
-    assert (reward, done, info["won"]) == (10.0, True, True)
-    # A finished episode stays finished and pays nothing more.
-    assert env.step("look")[1:3] == (0.0, True)
-    env.close()
+  (gamefile,) = [g for g in train_games if task_type_from_path(g) == task_type]
+  env = AlfworldEnv.from_game_files([gamefile])
+  obs, info = env.reset(0)
+  assert obs.startswith("-= Welcome to TextWorld, ALFRED! =-")
+  assert info["task_type"] == task_type and info["gamefile"] == gamefile and not info["won"]
+  assert info["task"] == extract_task(obs) and info["task"]
+  actions = _walkthrough(gamefile)
+  for n, action in enumerate(actions, 1):
+    assert action in info["admissible_commands"]
+    obs, reward, done, info = env.step(action)
+    assert obs != "Nothing happens."
+    if n < len(actions):
+      assert (reward, done, info["won"]) == (0.0, False, False)
+  assert (reward, done, info["won"]) == (10.0, True, True)
+  # A finished episode stays finished and pays nothing more.
+  assert env.step("look")[1:3] == (0.0, True)
+  env.close()
 
 
 def test_walkthrough_file_matches_the_games(data_dir, train_games):
-    with open(os.path.join(data_dir, "walkthroughs", "train.jsonl")) as f:
-        records = [json.loads(line) for line in f]
-    assert sorted(r["task_type"] for r in records) == sorted(TASK_TYPES)
-    for record in records:
-        gamefile = os.path.join(data_dir, record["gamefile"])
-        assert record["actions"] == _walkthrough(gamefile) == [s["action"] for s in record["steps"]]
-        with open(os.path.join(os.path.dirname(gamefile), "traj_data.json")) as f:
-            traj = json.load(f)
-        assert traj["task_type"] == record["task_type"] and traj["walkthrough"] == record["actions"]
-    # The recorded first step is what the engine shows at reset (checked on two games).
-    env = AlfworldEnv.from_game_files(train_games)
-    for record in records[:2]:
-        obs, info = env.reset(train_games.index(os.path.join(data_dir, record["gamefile"])))
-        assert record["steps"][0]["observation"] == obs
-        assert record["steps"][0]["admissible_commands"] == info["admissible_commands"]
-        assert record["task"] == info["task"] and record["task_type"] == info["task_type"]
-    env.close()
+  with open(os.path.join(data_dir, "walkthroughs", "train.jsonl")) as f:
+    records = [json.loads(line) for line in f]
+  assert sorted(r["task_type"] for r in records) == sorted(TASK_TYPES)
+  for record in records:
+    gamefile = os.path.join(data_dir, record["gamefile"])
+    assert record["actions"] == _walkthrough(gamefile) == [s["action"] for s in record["steps"]]
+    with open(os.path.join(os.path.dirname(gamefile), "traj_data.json")) as f:
+      traj = json.load(f)
+    assert traj["task_type"] == record["task_type"] and traj["walkthrough"] == record["actions"]
+  # The recorded first step is what the engine shows at reset (checked on two games).
+  env = AlfworldEnv.from_game_files(train_games)
+  for record in records[:2]:
+    obs, info = env.reset(train_games.index(os.path.join(data_dir, record["gamefile"])))
+    assert record["steps"][0]["observation"] == obs
+    assert record["steps"][0]["admissible_commands"] == info["admissible_commands"]
+    assert record["task"] == info["task"] and record["task_type"] == info["task_type"]
+  env.close()
 
 
 def test_malformed_and_inadmissible_outputs(train_games):
-    env = AlfworldEnv.from_game_files(train_games[:1])
-    obs0, info = env.reset(0)
-    # No action tags: the env gets the output's last 30 characters, a no-op; the step still counts.
-    command, valid = project_action("I think I should go to the fridge now, really.")
-    assert not valid and command == " go to the fridge now, really."
-    obs, reward, done, info = env.step(command)
-    assert (obs, reward, done, info["steps"]) == ("Nothing happens.", 0.0, False, 1)
-    # Well-formed but not admissible: format-valid, and the engine answers with a no-op.
-    command, valid = project_action("<think>fly</think><action>fly to the moon</action>")
-    assert valid and command == "fly to the moon" and command not in info["admissible_commands"]
-    obs, reward, done, info = env.step(command)
-    assert (obs, reward, done) == ("Nothing happens.", 0.0, False)
-    assert env.reset(0)[0] == obs0
-    env.close()
+  env = AlfworldEnv.from_game_files(train_games[:1])
+  obs0, info = env.reset(0)
+  # No action tags: the env gets the output's last 30 characters, a no-op; the step still counts.
+  command, valid = project_action("I think I should go to the fridge now, really.")
+  assert not valid and command == " go to the fridge now, really."
+  obs, reward, done, info = env.step(command)
+  assert (obs, reward, done, info["steps"]) == ("Nothing happens.", 0.0, False, 1)
+  # Well-formed but not admissible: format-valid, and the engine answers with a no-op.
+  command, valid = project_action("<think>fly</think><action>fly to the moon</action>")
+  assert valid and command == "fly to the moon" and command not in info["admissible_commands"]
+  obs, reward, done, info = env.step(command)
+  assert (obs, reward, done) == ("Nothing happens.", 0.0, False)
+  assert env.reset(0)[0] == obs0
+  env.close()
 
 
 def test_episode_ends_after_50_steps_without_a_win(train_games):
-    env = AlfworldEnv.from_game_files(train_games[:1])
-    env.reset(0)
-    for n in range(1, 51):
-        obs, reward, done, info = env.step("inventory")
-        assert done == (n == 50) and reward == 0.0 and not info["won"]
-    env.close()
+  env = AlfworldEnv.from_game_files(train_games[:1])
+  env.reset(0)
+  for n in range(1, 51):
+    obs, reward, done, info = env.step("inventory")
+    assert done == (n == 50) and reward == 0.0 and not info["won"]
+  env.close()
 
 
 def test_data_dir_splits_and_filters(data_dir):
-    unseen = collect_game_files(data_dir, "valid_unseen")
-    assert len(unseen) == 2
-    heat = collect_game_files(data_dir, "train", task_types=["pick_heat_then_place_in_recep"])
-    assert len(heat) == 1 and "pick_heat_then_place_in_recep" in heat[0]
-    with pytest.raises(FileNotFoundError, match="valid_seen"):
-        collect_game_files(data_dir, "valid_seen")
-    assert envs.make("alfworld", data_dir=data_dir, split="train").num_tasks == len(TASK_TYPES)
-    # reset() without a task walks a seeded shuffle of all games: every game once per pass.
-    two_types = ["look_at_obj_in_light", "pick_two_obj_and_place"]
-    env = envs.make("alfworld", data_dir=data_dir, split="train", task_types=two_types, seed=1)
-    seen = [env.reset()[1]["task_type"] for _ in range(2)]
-    assert sorted(seen) == sorted(two_types)
-    again = envs.make("alfworld", data_dir=data_dir, split="train", task_types=two_types, seed=1)
-    assert [again.reset()[1]["task_type"] for _ in range(2)] == seen
-    env.close(), again.close()
+  unseen = collect_game_files(data_dir, "valid_unseen")
+  assert len(unseen) == 2
+  heat = collect_game_files(data_dir, "train", task_types=["pick_heat_then_place_in_recep"])
+  assert len(heat) == 1 and "pick_heat_then_place_in_recep" in heat[0]
+  with pytest.raises(FileNotFoundError, match="valid_seen"):
+    collect_game_files(data_dir, "valid_seen")
+  assert envs.make("alfworld", data_dir=data_dir, split="train").num_tasks == len(TASK_TYPES)
+  # reset() without a task walks a seeded shuffle of all games: every game once per pass.
+  two_types = ["look_at_obj_in_light", "pick_two_obj_and_place"]
+  env = envs.make("alfworld", data_dir=data_dir, split="train", task_types=two_types, seed=1)
+  seen = [env.reset()[1]["task_type"] for _ in range(2)]
+  assert sorted(seen) == sorted(two_types)
+  again = envs.make("alfworld", data_dir=data_dir, split="train", task_types=two_types, seed=1)
+  assert [again.reset()[1]["task_type"] for _ in range(2)] == seen
+  env.close(), again.close()
 
 
 def test_make_without_data_explains_how_to_get_games():
-    with pytest.raises(ValueError, match="envs.alfworld.generator"):
-        envs.make("alfworld")
+  with pytest.raises(ValueError, match="envs.alfworld.generator"):
+    envs.make("alfworld")
 
 
 def test_pool_plays_group_copies_of_the_same_game(train_games):
-    with envs.EnvPool("alfworld", 4, env_kwargs={"game_files": train_games}, num_workers=2, timeout_s=120) as pool:
-        results = pool.reset(tasks=[2, 2, 4, 4])
-        assert results[0].observation == results[1].observation
-        assert results[0].info["gamefile"] == train_games[2] and results[2].info["gamefile"] == train_games[4]
-        walkthrough = _walkthrough(train_games[2])
-        # Copy 0 plays the walkthrough, copy 1 says something malformed: same game, different fates.
-        for action in walkthrough:
-            results = pool.step([action, "no tags here"], indices=[0, 1])
-        assert results[0].info["won"] and results[0].reward == 10.0
-        assert not results[1].info["won"] and results[1].observation == "Nothing happens."
+  with envs.EnvPool(
+    "alfworld", 4, env_kwargs={"game_files": train_games}, num_workers=2, timeout_s=120
+  ) as pool:
+    results = pool.reset(tasks=[2, 2, 4, 4])
+    assert results[0].observation == results[1].observation
+    assert (
+      results[0].info["gamefile"] == train_games[2]
+      and results[2].info["gamefile"] == train_games[4]
+    )
+    walkthrough = _walkthrough(train_games[2])
+    # Copy 0 plays the walkthrough, copy 1 says something malformed: same game, different fates.
+    for action in walkthrough:
+      results = pool.step([action, "no tags here"], indices=[0, 1])
+    assert results[0].info["won"] and results[0].reward == 10.0
+    assert not results[1].info["won"] and results[1].observation == "Nothing happens."
 
 
 # -- the generator without the engine (fast) ---------------------------------------------------
 
 
 def _specs(task_type, split, n, seed=0):
-    specs = []
-    for i in range(n):
-        rng = random.Random(f"{seed}:{split}:{task_type}:{i}")
-        spec = None
-        while spec is None:
-            spec = generator.sample_spec(task_type, split, rng)
-        specs.append(spec)
-    return specs
+  specs = []
+  for i in range(n):
+    rng = random.Random(f"{seed}:{split}:{task_type}:{i}")
+    spec = None
+    while spec is None:
+      spec = generator.sample_spec(task_type, split, rng)
+    specs.append(spec)
+  return specs
 
 
 def test_generation_is_deterministic_by_seed():
-    a = [pddl_problem(s) for s in _specs("pick_two_obj_and_place", "train", 5, seed=1)]
-    b = [pddl_problem(s) for s in _specs("pick_two_obj_and_place", "train", 5, seed=1)]
-    c = [pddl_problem(s) for s in _specs("pick_two_obj_and_place", "train", 5, seed=2)]
-    assert a == b and a != c
+  a = [pddl_problem(s) for s in _specs("pick_two_obj_and_place", "train", 5, seed=1)]
+  b = [pddl_problem(s) for s in _specs("pick_two_obj_and_place", "train", 5, seed=1)]
+  c = [pddl_problem(s) for s in _specs("pick_two_obj_and_place", "train", 5, seed=2)]
+  assert a == b and a != c
 
 
 def test_valid_unseen_uses_held_out_scenes_only():
-    unseen = {n for room in ROOMS.values() for n in scene_numbers(room, unseen=True)}
-    seen = {n for room in ROOMS.values() for n in scene_numbers(room, unseen=False)}
-    assert unseen and not unseen & seen
-    for task_type in TASK_TYPES:
-        assert all(s.scene in unseen for s in _specs(task_type, "valid_unseen", 10))
-        assert all(s.scene in seen for s in _specs(task_type, "train", 10))
+  unseen = {n for room in ROOMS.values() for n in scene_numbers(room, unseen=True)}
+  seen = {n for room in ROOMS.values() for n in scene_numbers(room, unseen=False)}
+  assert unseen and not unseen & seen
+  for task_type in TASK_TYPES:
+    assert all(s.scene in unseen for s in _specs(task_type, "valid_unseen", 10))
+    assert all(s.scene in seen for s in _specs(task_type, "train", 10))
 
 
 def test_generated_games_are_varied_and_sensible():
-    rooms, objects, targets, receptacles = Counter(), Counter(), Counter(), set()
-    for task_type in TASK_TYPES:
-        for spec in _specs(task_type, "train", 30):
-            rooms[spec.room] += 1
-            objects[spec.object_target] += 1
-            targets[spec.parent_target or spec.toggle_target] += 1
-            receptacles |= {r.type for r in spec.receptacles}
-            types = {r.id: r.type for r in spec.receptacles}
-            goal_things = [t for t in spec.things if t.type == spec.object_target]
-            assert len(goal_things) >= (2 if task_type == "pick_two_obj_and_place" else 1)
-            if spec.parent_target:  # the task must not be done before the agent acts
-                assert all(types[t.receptacle] != spec.parent_target for t in goal_things)
-            assert len({t.type for t in spec.things}) >= 4  # goal type plus distractors
-            if task_type == "pick_heat_then_place_in_recep":
-                assert "Microwave" in types.values() and spec.parent_target != "Microwave"
-            if task_type == "look_at_obj_in_light":
-                assert any(t.type == spec.toggle_target for t in spec.things)
-    assert set(rooms) == set(ROOMS)
-    assert len(objects) >= 25 and len(targets) >= 12 and len(receptacles) >= 25
+  rooms, objects, targets, receptacles = Counter(), Counter(), Counter(), set()
+  for task_type in TASK_TYPES:
+    for spec in _specs(task_type, "train", 30):
+      rooms[spec.room] += 1
+      objects[spec.object_target] += 1
+      targets[spec.parent_target or spec.toggle_target] += 1
+      receptacles |= {r.type for r in spec.receptacles}
+      types = {r.id: r.type for r in spec.receptacles}
+      goal_things = [t for t in spec.things if t.type == spec.object_target]
+      assert len(goal_things) >= (2 if task_type == "pick_two_obj_and_place" else 1)
+      if spec.parent_target:  # the task must not be done before the agent acts
+        assert all(types[t.receptacle] != spec.parent_target for t in goal_things)
+      assert len({t.type for t in spec.things}) >= 4  # goal type plus distractors
+      if task_type == "pick_heat_then_place_in_recep":
+        assert "Microwave" in types.values() and spec.parent_target != "Microwave"
+      if task_type == "look_at_obj_in_light":
+        assert any(t.type == spec.toggle_target for t in spec.things)
+  assert set(rooms) == set(ROOMS)
+  assert len(objects) >= 25 and len(targets) >= 12 and len(receptacles) >= 25
 
 
 def test_success_rates_per_task_type_and_overall():
-    episodes = [("pick_heat_then_place_in_recep", True), ("pick_heat_then_place_in_recep", False),
-                ("pick_two_obj_and_place", True), ("look_at_obj_in_light", False)]
-    assert success_rates(episodes) == {"heat_success_rate": 0.5, "pick2_success_rate": 1.0,
-                                       "look_success_rate": 0.0, "success_rate": 0.5}
-    assert success_rates([]) == {}
+  episodes = [
+    ("pick_heat_then_place_in_recep", True),
+    ("pick_heat_then_place_in_recep", False),
+    ("pick_two_obj_and_place", True),
+    ("look_at_obj_in_light", False),
+  ]
+  assert success_rates(episodes) == {
+    "heat_success_rate": 0.5,
+    "pick2_success_rate": 1.0,
+    "look_success_rate": 0.0,
+    "success_rate": 0.5,
+  }
+  assert success_rates([]) == {}

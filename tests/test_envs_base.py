@@ -1,4 +1,5 @@
 """The env registry and EnvPool: batched reset/step, and survival of envs that raise, hang or crash."""
+
 import pytest
 
 import envs
@@ -7,102 +8,105 @@ from envs.dummy import WORDS, DummyEnv
 
 
 def test_make_builds_registered_env_and_imports_modules_on_demand():
-    env = envs.make("dummy", seed=3)
-    assert isinstance(env, DummyEnv)
-    assert "dummy" in envs.registered_names()
-    assert isinstance(env, envs.TextEnv)
+  env = envs.make("dummy", seed=3)
+  assert isinstance(env, DummyEnv)
+  assert "dummy" in envs.registered_names()
+  assert isinstance(env, envs.TextEnv)
 
 
 def test_make_unknown_name_names_the_fix():
-    with pytest.raises(KeyError, match="no_such_env"):
-        envs.make("no_such_env")
+  with pytest.raises(KeyError, match="no_such_env"):
+    envs.make("no_such_env")
 
 
 def test_register_refuses_a_second_factory_under_a_taken_name():
-    with pytest.raises(ValueError, match="already registered"):
-        envs.register("dummy")(lambda: None)
+  with pytest.raises(ValueError, match="already registered"):
+    envs.register("dummy")(lambda: None)
 
 
 def test_envpool_is_importable_from_base():
-    from envs.base import EnvPool
-    assert EnvPool is envs.EnvPool
+  from envs.base import EnvPool
+
+  assert EnvPool is envs.EnvPool
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_pool_batched_reset_and_step_follow_the_game_rules(num_workers):
-    with envs.EnvPool("dummy", 4, num_workers=num_workers, timeout_s=30) as pool:
-        results = pool.reset(tasks=[0, 1, 1, 5])
-        assert [r.observation for r in results] == [f"Your task is to: say {WORDS[t]}." for t in (0, 1, 1, 5)]
-        assert all(isinstance(r, StepResult) and not r.done and r.reward == 0 for r in results)
-        # Env 0 and 2 say their word and win; env 1 and 3 say a wrong word.
-        results = pool.step([WORDS[0], "nope", WORDS[1], WORDS[0]])
-        assert [r.done for r in results] == [True, False, True, False]
-        assert [r.reward for r in results] == [1.0, 0.0, 1.0, 0.0]
-        assert [r.info["won"] for r in results] == [True, False, True, False]
-        # Stepping a subset only touches those envs.
-        results = pool.step([WORDS[5]], indices=[3])
-        assert len(results) == 1 and results[0].info["won"] and results[0].info["steps"] == 2
+  with envs.EnvPool("dummy", 4, num_workers=num_workers, timeout_s=30) as pool:
+    results = pool.reset(tasks=[0, 1, 1, 5])
+    assert [r.observation for r in results] == [
+      f"Your task is to: say {WORDS[t]}." for t in (0, 1, 1, 5)
+    ]
+    assert all(isinstance(r, StepResult) and not r.done and r.reward == 0 for r in results)
+    # Env 0 and 2 say their word and win; env 1 and 3 say a wrong word.
+    results = pool.step([WORDS[0], "nope", WORDS[1], WORDS[0]])
+    assert [r.done for r in results] == [True, False, True, False]
+    assert [r.reward for r in results] == [1.0, 0.0, 1.0, 0.0]
+    assert [r.info["won"] for r in results] == [True, False, True, False]
+    # Stepping a subset only touches those envs.
+    results = pool.step([WORDS[5]], indices=[3])
+    assert len(results) == 1 and results[0].info["won"] and results[0].info["steps"] == 2
 
 
 def test_pool_checks_argument_lengths():
-    with envs.EnvPool("dummy", 2, num_workers=0) as pool:
-        with pytest.raises(ValueError, match="2 envs"):
-            pool.step(["a"])
-        with pytest.raises(ValueError, match="one task per env"):
-            pool.reset(tasks=[0, 1, 2])
-        with pytest.raises(ValueError, match="entries for num_envs"):
-            envs.EnvPool("dummy", 3, env_kwargs=[{}, {}], num_workers=0)
+  with envs.EnvPool("dummy", 2, num_workers=0) as pool:
+    with pytest.raises(ValueError, match="2 envs"):
+      pool.step(["a"])
+    with pytest.raises(ValueError, match="one task per env"):
+      pool.reset(tasks=[0, 1, 2])
+    with pytest.raises(ValueError, match="entries for num_envs"):
+      envs.EnvPool("dummy", 3, env_kwargs=[{}, {}], num_workers=0)
 
 
 def test_pool_survives_an_env_that_raises():
-    kwargs = [{"seed": 0}, {"seed": 1, "fail_on_step": 2}, {"seed": 2}]
-    with envs.EnvPool("dummy", 3, env_kwargs=kwargs, num_workers=3, timeout_s=30) as pool:
-        pool.reset(tasks=[0, 1, 2])
-        assert not any(r.failed for r in pool.step(["x", "x", "x"]))
-        results = pool.step(["x", "x", "x"])
-        assert results[1].failed and results[1].done and not results[1].info["won"]
-        assert "fail on step 2" in results[1].info["env_error"]
-        assert results[1].info["task_type"] == "say_word"  # kept for per-type metrics
-        assert not results[0].failed and not results[2].failed
-        # The failed env keeps answering "failed" until it is reset; then it is rebuilt and plays normally.
-        assert pool.step(["x"], indices=[1])[0].failed
-        assert not pool.reset(tasks=[1], indices=[1])[0].failed
-        won = pool.step([WORDS[1]], indices=[1])[0]
-        assert won.info["won"] and won.reward == 1.0
-        assert pool.restarts == 0  # an exception does not cost a worker
+  kwargs = [{"seed": 0}, {"seed": 1, "fail_on_step": 2}, {"seed": 2}]
+  with envs.EnvPool("dummy", 3, env_kwargs=kwargs, num_workers=3, timeout_s=30) as pool:
+    pool.reset(tasks=[0, 1, 2])
+    assert not any(r.failed for r in pool.step(["x", "x", "x"]))
+    results = pool.step(["x", "x", "x"])
+    assert results[1].failed and results[1].done and not results[1].info["won"]
+    assert "fail on step 2" in results[1].info["env_error"]
+    assert results[1].info["task_type"] == "say_word"  # kept for per-type metrics
+    assert not results[0].failed and not results[2].failed
+    # The failed env keeps answering "failed" until it is reset; then it is rebuilt and plays normally.
+    assert pool.step(["x"], indices=[1])[0].failed
+    assert not pool.reset(tasks=[1], indices=[1])[0].failed
+    won = pool.step([WORDS[1]], indices=[1])[0]
+    assert won.info["won"] and won.reward == 1.0
+    assert pool.restarts == 0  # an exception does not cost a worker
 
 
 def test_pool_restarts_a_worker_whose_env_hangs():
-    # Envs 0 and 2 share worker 0 (env i lives on worker i % 2); env 0 hangs on its first step.
-    kwargs = [{"hang_on_step": 1}, {}, {}, {}]
-    with envs.EnvPool("dummy", 4, env_kwargs=kwargs, num_workers=2, timeout_s=1.0) as pool:
-        pool.reset(tasks=[0, 1, 2, 3])
-        results = pool.step(["x", "x", "x"], indices=[0, 1, 3])
-        assert results[0].failed and "timed out" in results[0].info["env_error"] and results[0].done
-        assert not results[1].failed and not results[2].failed  # other worker untouched
-        assert pool.restarts == 1
-        # Env 2 was not stepped, but its episode died with the worker: its next step says so.
-        lost = pool.step(["x"], indices=[2])[0]
-        assert lost.failed and "worker was restarted" in lost.info["env_error"]
-        # After a reset every env plays again.
-        results = pool.reset(tasks=[1, 1, 2, 3])
-        assert not any(r.failed for r in results)
-        assert pool.step([WORDS[2]], indices=[2])[0].info["won"]
+  # Envs 0 and 2 share worker 0 (env i lives on worker i % 2); env 0 hangs on its first step.
+  kwargs = [{"hang_on_step": 1}, {}, {}, {}]
+  with envs.EnvPool("dummy", 4, env_kwargs=kwargs, num_workers=2, timeout_s=1.0) as pool:
+    pool.reset(tasks=[0, 1, 2, 3])
+    results = pool.step(["x", "x", "x"], indices=[0, 1, 3])
+    assert results[0].failed and "timed out" in results[0].info["env_error"] and results[0].done
+    assert not results[1].failed and not results[2].failed  # other worker untouched
+    assert pool.restarts == 1
+    # Env 2 was not stepped, but its episode died with the worker: its next step says so.
+    lost = pool.step(["x"], indices=[2])[0]
+    assert lost.failed and "worker was restarted" in lost.info["env_error"]
+    # After a reset every env plays again.
+    results = pool.reset(tasks=[1, 1, 2, 3])
+    assert not any(r.failed for r in results)
+    assert pool.step([WORDS[2]], indices=[2])[0].info["won"]
 
 
 def test_pool_restarts_a_worker_that_dies():
-    kwargs = [{}, {"exit_on_step": 1}]
-    with envs.EnvPool("dummy", 2, env_kwargs=kwargs, num_workers=2, timeout_s=30) as pool:
-        pool.reset(tasks=[0, 1])
-        results = pool.step([WORDS[0], "x"])
-        assert results[0].info["won"]
-        assert results[1].failed and "died" in results[1].info["env_error"]
-        assert pool.restarts == 1
-        assert not pool.reset(tasks=[1], indices=[1])[0].failed
+  kwargs = [{}, {"exit_on_step": 1}]
+  with envs.EnvPool("dummy", 2, env_kwargs=kwargs, num_workers=2, timeout_s=30) as pool:
+    pool.reset(tasks=[0, 1])
+    results = pool.step([WORDS[0], "x"])
+    assert results[0].info["won"]
+    assert results[1].failed and "died" in results[1].info["env_error"]
+    assert pool.restarts == 1
+    assert not pool.reset(tasks=[1], indices=[1])[0].failed
 
 
 def test_pool_reports_an_env_that_fails_to_reset():
-    with envs.EnvPool("dummy", 2, env_kwargs=[{}, {"fail_on_reset": True}], num_workers=0) as pool:
-        results = pool.reset()
-        assert not results[0].failed
-        assert results[1].failed and "reset" in results[1].info["env_error"]
+  with envs.EnvPool("dummy", 2, env_kwargs=[{}, {"fail_on_reset": True}], num_workers=0) as pool:
+    results = pool.reset()
+    assert not results[0].failed
+    assert results[1].failed and "reset" in results[1].info["env_error"]

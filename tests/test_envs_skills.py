@@ -1,4 +1,5 @@
 """Skill files and the retrieval strategies (rules before/after the fix, bm25, random, none)."""
+
 import os
 import re
 import subprocess
@@ -12,113 +13,125 @@ from envs.skills import BLOCK_HEADER, SkillLibrary, SkillRetriever, skills_dir
 ALFWORLD = skills_dir("alfworld")
 # Which task file the fixed rules must pick for each task type (from the reference mapping).
 EXPECTED_SKILL = {
-    "pick_and_place_simple": "pick_and_place",
-    "look_at_obj_in_light": "look_at_obj_in_light",
-    "pick_clean_then_place_in_recep": "clean",
-    "pick_heat_then_place_in_recep": "heat",
-    "pick_cool_then_place_in_recep": "cool",
-    "pick_two_obj_and_place": "pick_and_place",
+  "pick_and_place_simple": "pick_and_place",
+  "look_at_obj_in_light": "look_at_obj_in_light",
+  "pick_clean_then_place_in_recep": "clean",
+  "pick_heat_then_place_in_recep": "heat",
+  "pick_cool_then_place_in_recep": "cool",
+  "pick_two_obj_and_place": "pick_and_place",
 }
-FILES = {"general": "general_skills.md", "pick_and_place": "pick_and_place.md",
-         "look_at_obj_in_light": "look_at_obj_in_light.md", "clean": "clean.md", "heat": "heat.md", "cool": "cool.md"}
+FILES = {
+  "general": "general_skills.md",
+  "pick_and_place": "pick_and_place.md",
+  "look_at_obj_in_light": "look_at_obj_in_light.md",
+  "clean": "clean.md",
+  "heat": "heat.md",
+  "cool": "cool.md",
+}
 
 
 def _read(name):
-    with open(os.path.join(ALFWORLD, FILES[name])) as f:
-        return f.read().strip()
+  with open(os.path.join(ALFWORLD, FILES[name])) as f:
+    return f.read().strip()
 
 
 def _game(task_type):
-    return f"/data/json_2.1.1/train/{task_type}-Apple-None-CounterTop-12/trial_T2019/game.tw-pddl"
+  return f"/data/json_2.1.1/train/{task_type}-Apple-None-CounterTop-12/trial_T2019/game.tw-pddl"
 
 
 @pytest.mark.parametrize("name", list(FILES))
 def test_skill_files_follow_the_format(name):
-    lines = _read(name).splitlines()
-    header = "### GENERAL SKILLS ###" if name == "general" else f"### TASK: {name} ###"
-    assert lines[0] == header and lines[1] and not lines[2]
-    items = [l for l in lines[3:] if l]
-    assert len(items) >= 5 and all(re.match(rf"{n}\. [^:]+: .+ Apply this ", l) for n, l in enumerate(items, 1))
+  lines = _read(name).splitlines()
+  header = "### GENERAL SKILLS ###" if name == "general" else f"### TASK: {name} ###"
+  assert lines[0] == header and lines[1] and not lines[2]
+  items = [l for l in lines[3:] if l]
+  assert len(items) >= 5 and all(
+    re.match(rf"{n}\. [^:]+: .+ Apply this ", l) for n, l in enumerate(items, 1)
+  )
 
 
 def test_library_parses_every_item():
-    library = SkillLibrary.load("alfworld")
-    assert len(library.general.items) == 12
-    assert list(library.tasks) == [n for n in FILES if n != "general"]
-    assert len(library.all_items()) == sum(len(_read(n).splitlines()) - 3 for n in FILES)
+  library = SkillLibrary.load("alfworld")
+  assert len(library.general.items) == 12
+  assert list(library.tasks) == [n for n in FILES if n != "general"]
+  assert len(library.all_items()) == sum(len(_read(n).splitlines()) - 3 for n in FILES)
 
 
 def _block(text):
-    return f"{BLOCK_HEADER}{text}\n\n"
+  return f"{BLOCK_HEADER}{text}\n\n"
 
 
 def test_rules_before_the_fix_give_general_skills_only():
-    retriever = SkillRetriever("alfworld", strategy="rules", rules_version="pre_fix")
-    for task_type in TASK_TYPES:
-        assert retriever.privileged_block(task_type=task_type, gamefile=_game(task_type)) == _block(_read("general"))
+  retriever = SkillRetriever("alfworld", strategy="rules", rules_version="pre_fix")
+  for task_type in TASK_TYPES:
+    assert retriever.privileged_block(task_type=task_type, gamefile=_game(task_type)) == _block(
+      _read("general")
+    )
 
 
 @pytest.mark.parametrize("task_type", TASK_TYPES)
 def test_rules_after_the_fix_add_the_matching_task_file(task_type):
-    retriever = SkillRetriever("alfworld", strategy="rules", rules_version="post_fix")
-    expected = _block(_read("general") + "\n\n" + _read(EXPECTED_SKILL[task_type]))
-    assert retriever.privileged_block(gamefile=_game(task_type)) == expected
-    assert retriever.privileged_block(task_type=task_type) == expected
+  retriever = SkillRetriever("alfworld", strategy="rules", rules_version="post_fix")
+  expected = _block(_read("general") + "\n\n" + _read(EXPECTED_SKILL[task_type]))
+  assert retriever.privileged_block(gamefile=_game(task_type)) == expected
+  assert retriever.privileged_block(task_type=task_type) == expected
 
 
 def test_rules_after_the_fix_fall_back_to_keywords_then_general():
-    retriever = SkillRetriever("alfworld", strategy="rules", rules_version="post_fix")
-    both = retriever.skill_text(query="Your task is to: heat some egg and put it in the cool fridge.")
-    assert both == _read("general") + "\n\n" + _read("heat") + "\n\n" + _read("cool")
-    assert retriever.skill_text(query="Your task is to: put a mug in cabinet.") == _read("general")
-    assert retriever.skill_text(gamefile="/somewhere/game.tw-pddl") == _read("general")
+  retriever = SkillRetriever("alfworld", strategy="rules", rules_version="post_fix")
+  both = retriever.skill_text(query="Your task is to: heat some egg and put it in the cool fridge.")
+  assert both == _read("general") + "\n\n" + _read("heat") + "\n\n" + _read("cool")
+  assert retriever.skill_text(query="Your task is to: put a mug in cabinet.") == _read("general")
+  assert retriever.skill_text(gamefile="/somewhere/game.tw-pddl") == _read("general")
 
 
 def test_bm25_ranks_the_relevant_items_first():
-    retriever = SkillRetriever("alfworld", strategy="bm25", top_k=3)
-    text = retriever.skill_text(query="heat the potato with the microwave")
-    numbered = [l for l in text.splitlines() if re.match(r"\d+\. ", l)]
-    assert len(numbered) == 3
-    # The three items that mention both "heat" and "microwave" are the heat file's, in rank order.
-    assert text.startswith("### TASK: heat ###") and text.count("###") == 2
-    assert all("microwave" in l.lower() and "heat" in l.lower() for l in numbered)
-    lamp = retriever.skill_text(query="switch on the desklamp while holding the book")
-    assert "### TASK: look_at_obj_in_light ###" in lamp
-    assert retriever.skill_text(query="zzzz qqqq") == ""  # nothing relevant: no block
-    assert retriever.privileged_block(query="zzzz") == ""
+  retriever = SkillRetriever("alfworld", strategy="bm25", top_k=3)
+  text = retriever.skill_text(query="heat the potato with the microwave")
+  numbered = [l for l in text.splitlines() if re.match(r"\d+\. ", l)]
+  assert len(numbered) == 3
+  # The three items that mention both "heat" and "microwave" are the heat file's, in rank order.
+  assert text.startswith("### TASK: heat ###") and text.count("###") == 2
+  assert all("microwave" in l.lower() and "heat" in l.lower() for l in numbered)
+  lamp = retriever.skill_text(query="switch on the desklamp while holding the book")
+  assert "### TASK: look_at_obj_in_light ###" in lamp
+  assert retriever.skill_text(query="zzzz qqqq") == ""  # nothing relevant: no block
+  assert retriever.privileged_block(query="zzzz") == ""
 
 
 def test_random_is_seeded_and_draws_k_items():
-    a = SkillRetriever("alfworld", strategy="random", top_k=4, seed=1)
-    b = SkillRetriever("alfworld", strategy="random", top_k=4, seed=1)
-    first = [a.skill_text(sample_id=i) for i in range(5)]
-    assert first == [b.skill_text(sample_id=i) for i in range(5)]
-    assert len(set(first)) > 1  # different samples get different draws
-    assert all(len(re.findall(r"^\d+\. ", t, flags=re.M)) == 4 for t in first)
-    other_seed = SkillRetriever("alfworld", strategy="random", top_k=4, seed=2)
-    assert [other_seed.skill_text(sample_id=i) for i in range(5)] != first
-    # Without a sample id the retriever's own seeded stream is used.
-    assert [a.skill_text() for _ in range(3)] == [b.skill_text() for _ in range(3)]
+  a = SkillRetriever("alfworld", strategy="random", top_k=4, seed=1)
+  b = SkillRetriever("alfworld", strategy="random", top_k=4, seed=1)
+  first = [a.skill_text(sample_id=i) for i in range(5)]
+  assert first == [b.skill_text(sample_id=i) for i in range(5)]
+  assert len(set(first)) > 1  # different samples get different draws
+  assert all(len(re.findall(r"^\d+\. ", t, flags=re.M)) == 4 for t in first)
+  other_seed = SkillRetriever("alfworld", strategy="random", top_k=4, seed=2)
+  assert [other_seed.skill_text(sample_id=i) for i in range(5)] != first
+  # Without a sample id the retriever's own seeded stream is used.
+  assert [a.skill_text() for _ in range(3)] == [b.skill_text() for _ in range(3)]
 
 
 def test_none_gives_an_empty_block():
-    assert SkillRetriever("alfworld", strategy="none").privileged_block(task_type=TASK_TYPES[0]) == ""
+  assert SkillRetriever("alfworld", strategy="none").privileged_block(task_type=TASK_TYPES[0]) == ""
 
 
 def test_bad_arguments_are_named():
-    with pytest.raises(ValueError, match="'bm52'"):
-        SkillRetriever("alfworld", strategy="bm52")
-    with pytest.raises(ValueError, match="rules_version"):
-        SkillRetriever("alfworld", rules_version="2026")
-    with pytest.raises(FileNotFoundError, match="no_env"):
-        SkillRetriever("no_env")
+  with pytest.raises(ValueError, match="'bm52'"):
+    SkillRetriever("alfworld", strategy="bm52")
+  with pytest.raises(ValueError, match="rules_version"):
+    SkillRetriever("alfworld", rules_version="2026")
+  with pytest.raises(FileNotFoundError, match="no_env"):
+    SkillRetriever("no_env")
 
 
 def test_envs_never_import_jax():
-    code = ("import sys, envs, envs.alfworld, envs.skills\n"
-            "from envs.skills import SkillRetriever\n"
-            "SkillRetriever('alfworld', strategy='bm25').skill_text(query='heat an apple')\n"
-            "envs.make('dummy')\n"
-            "assert 'jax' not in sys.modules, 'jax was imported'\n")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=root)
+  code = (
+    "import sys, envs, envs.alfworld, envs.skills\n"
+    "from envs.skills import SkillRetriever\n"
+    "SkillRetriever('alfworld', strategy='bm25').skill_text(query='heat an apple')\n"
+    "envs.make('dummy')\n"
+    "assert 'jax' not in sys.modules, 'jax was imported'\n"
+  )
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  subprocess.run([sys.executable, "-c", code], check=True, cwd=root)

@@ -19,7 +19,9 @@ LENGTHS = [11, 4, 7, 1]  # ragged, left-padded; one single-token row
 CASES = [("qwen2", False), ("qwen2", True), ("qwen3", False), ("qwen3", True)]
 
 
-@pytest.fixture(scope="module", params=CASES, ids=[f"{f}-{'tied' if t else 'untied'}" for f, t in CASES])
+@pytest.fixture(
+  scope="module", params=CASES, ids=[f"{f}-{'tied' if t else 'untied'}" for f, t in CASES]
+)
 def hf_case(request, tmp_path_factory):
   family, tied = request.param
   model = hf_fixtures.make_hf_model(family, tied, seed=len(family) + tied)
@@ -52,7 +54,7 @@ def test_left_padding_does_not_change_real_tokens(hf_case):
   tokens, mask = hf_fixtures.ragged_batch(config.vocab_size, LENGTHS)
   batched = np.asarray(forward(config, params, tokens, mask))
   for i, n in enumerate(LENGTHS):
-    alone = np.asarray(forward(config, params, tokens[i:i + 1, -n:]))
+    alone = np.asarray(forward(config, params, tokens[i : i + 1, -n:]))
     np.testing.assert_allclose(batched[i, -n:], alone[0], atol=1e-4, rtol=0)
 
 
@@ -60,7 +62,11 @@ def test_save_then_transformers_load_gives_same_logits(hf_case, tmp_path):
   _, _, model, path = hf_case
   config, params = load_pretrained(path)
   out = save_pretrained(config, params, tmp_path / "exported")
-  reloaded = transformers.AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager").float().eval()
+  reloaded = (
+    transformers.AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager")
+    .float()
+    .eval()
+  )
   tokens, mask = hf_fixtures.ragged_batch(config.vocab_size, LENGTHS, seed=3)
   a = hf_fixtures.hf_logits(model, tokens, mask)
   b = hf_fixtures.hf_logits(reloaded, tokens, mask)
@@ -86,8 +92,16 @@ def test_bf16_forward_within_documented_bound(hf_case):
 
 
 def test_sharded_checkpoint_roundtrip(tmp_path):
-  config = ModelConfig.tiny("qwen3", vocab_size=256, hidden_size=64, intermediate_size=128,
-                            num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16)
+  config = ModelConfig.tiny(
+    "qwen3",
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+  )
   params = init_params(config, jax.random.key(1))
   out = save_pretrained(config, params, tmp_path / "sharded", max_shard_bytes=100_000)
   assert os.path.exists(os.path.join(out, "model.safetensors.index.json"))
@@ -95,12 +109,21 @@ def test_sharded_checkpoint_roundtrip(tmp_path):
   assert len(shards) > 1
   config2, params2 = load_pretrained(out)
   assert config2.head_dim == 16 and config2.num_layers == 2
-  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), params, params2)
+  jax.tree.map(
+    lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), params, params2
+  )
   # transformers reads the same sharded directory and agrees with our forward.
-  hf = transformers.AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager").float().eval()
+  hf = (
+    transformers.AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager")
+    .float()
+    .eval()
+  )
   tokens, mask = hf_fixtures.ragged_batch(256, [5, 3])
-  np.testing.assert_allclose(np.asarray(forward(config, params, tokens, mask))[mask.astype(bool)],
-                             hf_fixtures.hf_logits(hf, tokens, mask)[mask.astype(bool)], atol=1e-4)
+  np.testing.assert_allclose(
+    np.asarray(forward(config, params, tokens, mask))[mask.astype(bool)],
+    hf_fixtures.hf_logits(hf, tokens, mask)[mask.astype(bool)],
+    atol=1e-4,
+  )
 
 
 def _small_dir(tmp_path, family="qwen2", tied=False):
@@ -157,8 +180,16 @@ def test_rope_theta_from_either_layout():
 
 def test_presets_match_published_sizes():
   # Published parameter counts (billions, rounded as in the model names / model cards).
-  expected = {"qwen2.5-0.5b": 0.49, "qwen2.5-1.5b": 1.54, "qwen2.5-3b": 3.09, "qwen2.5-7b": 7.62,
-              "qwen3-0.6b": 0.60, "qwen3-1.7b": 1.72, "qwen3-4b": 4.02, "qwen3-8b": 8.19}
+  expected = {
+    "qwen2.5-0.5b": 0.49,
+    "qwen2.5-1.5b": 1.54,
+    "qwen2.5-3b": 3.09,
+    "qwen2.5-7b": 7.62,
+    "qwen3-0.6b": 0.60,
+    "qwen3-1.7b": 1.72,
+    "qwen3-4b": 4.02,
+    "qwen3-8b": 8.19,
+  }
   for name, billions in expected.items():
     assert abs(ModelConfig.preset(name).num_params / 1e9 - billions) < 0.01, name
   assert ModelConfig.preset("Qwen2.5-3B-Instruct").tie_word_embeddings

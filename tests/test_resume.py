@@ -32,8 +32,9 @@ def test_save_restore_continue_is_bit_identical(tmp_path):
 
   with CheckpointManager(tmp_path / "ckpt", keep=2) as ckpt:
     assert ckpt.latest_step() == 1
-    state, _ = ckpt.restore(target=abstract_train_state(CONFIG, optimizer, mesh),
-                            model_config=CONFIG)
+    state, _ = ckpt.restore(
+      target=abstract_train_state(CONFIG, optimizer, mesh), model_config=CONFIG
+    )
   assert int(state.step) == 1
   for batch in batches[1:]:
     state, _ = step(state, batch)

@@ -15,19 +15,25 @@ from sdar_jax.train_state import make_optimizer
 
 
 def _turn(n_resp=3, valid=True, version=0, prompt=(5, 6, 7)):
-  return Turn(prompt_ids=list(prompt), response_ids=list(range(1, n_resp + 1)),
-              logprobs=[-1.0] * n_resp, action="look", valid=valid, policy_version=version,
-              teacher_prompt_ids=[9, 9] + list(prompt))
+  return Turn(
+    prompt_ids=list(prompt),
+    response_ids=list(range(1, n_resp + 1)),
+    logprobs=[-1.0] * n_resp,
+    action="look",
+    valid=valid,
+    policy_version=version,
+    teacher_prompt_ids=[9, 9] + list(prompt),
+  )
 
 
 def test_episode_scores_and_grpo_advantages_by_hand():
   # Group 0: a won episode (2 turns, one invalid) and a lost one (1 turn); group 1: one lost
   # episode alone; a failed env is left out.
   eps = [
-      Episode(0, task_id=3, group_id=0, reward=10.0, won=True, turns=[_turn(), _turn(valid=False)]),
-      Episode(1, task_id=3, group_id=0, reward=0.0, turns=[_turn()]),
-      Episode(2, task_id=4, group_id=1, reward=0.0, turns=[_turn(valid=False)]),
-      Episode(3, task_id=4, group_id=1, reward=10.0, turns=[_turn()], env_error="crashed"),
+    Episode(0, task_id=3, group_id=0, reward=10.0, won=True, turns=[_turn(), _turn(valid=False)]),
+    Episode(1, task_id=3, group_id=0, reward=0.0, turns=[_turn()]),
+    Episode(2, task_id=4, group_id=1, reward=0.0, turns=[_turn(valid=False)]),
+    Episode(3, task_id=4, group_id=1, reward=10.0, turns=[_turn()], env_error="crashed"),
   ]
   samples = episodes_to_samples(eps, invalid_penalty=0.1)
   scores = [s.score for s in samples]
@@ -47,22 +53,41 @@ def test_single_sample_group_uses_mean_zero_std_one():
 
 def test_pack_batch_aligns_student_and_teacher_responses():
   samples = [
-      TurnSample(prompt_ids=[11, 12, 13], response_ids=[21, 22], logprobs=[-0.5, -0.25], score=1,
-                 advantage=0.5, group_id=0, policy_version=0, valid=True,
-                 teacher_prompt_ids=[1, 2, 3, 4, 11, 12, 13]),
-      TurnSample(prompt_ids=[14], response_ids=[31, 32, 33, 34], logprobs=[-1, -2, -3, -4],
-                 score=0, advantage=-0.5, group_id=0, policy_version=0, valid=True,
-                 teacher_prompt_ids=[1, 2, 3, 4, 14]),
+    TurnSample(
+      prompt_ids=[11, 12, 13],
+      response_ids=[21, 22],
+      logprobs=[-0.5, -0.25],
+      score=1,
+      advantage=0.5,
+      group_id=0,
+      policy_version=0,
+      valid=True,
+      teacher_prompt_ids=[1, 2, 3, 4, 11, 12, 13],
+    ),
+    TurnSample(
+      prompt_ids=[14],
+      response_ids=[31, 32, 33, 34],
+      logprobs=[-1, -2, -3, -4],
+      score=0,
+      advantage=-0.5,
+      group_id=0,
+      policy_version=0,
+      valid=True,
+      teacher_prompt_ids=[1, 2, 3, 4, 14],
+    ),
   ]
   b = pack_batch(samples, batch_size=4, with_teacher=True, pad_id=0)
   Ps, Pt, R = prompt_bucket(3), prompt_bucket(7), new_tokens_bucket(4)
   assert b.student_tokens.shape == (4, Ps + R) and b.teacher_tokens.shape == (4, Pt + R)
   # Response token r sits at P + r in both branches.
-  np.testing.assert_array_equal(b.student_tokens[0, Ps - 3:Ps + 2], [11, 12, 13, 21, 22])
-  np.testing.assert_array_equal(b.teacher_tokens[0, Pt - 7:Pt + 2], [1, 2, 3, 4, 11, 12, 13, 21, 22])
-  np.testing.assert_array_equal(b.student_tokens[1, Ps:Ps + 4], b.teacher_tokens[1, Pt:Pt + 4])
-  np.testing.assert_array_equal(b.response_mask[:, :5], [[1, 1, 0, 0, 0], [1, 1, 1, 1, 0],
-                                                         [0] * 5, [0] * 5])
+  np.testing.assert_array_equal(b.student_tokens[0, Ps - 3 : Ps + 2], [11, 12, 13, 21, 22])
+  np.testing.assert_array_equal(
+    b.teacher_tokens[0, Pt - 7 : Pt + 2], [1, 2, 3, 4, 11, 12, 13, 21, 22]
+  )
+  np.testing.assert_array_equal(b.student_tokens[1, Ps : Ps + 4], b.teacher_tokens[1, Pt : Pt + 4])
+  np.testing.assert_array_equal(
+    b.response_mask[:, :5], [[1, 1, 0, 0, 0], [1, 1, 1, 1, 0], [0] * 5, [0] * 5]
+  )
   np.testing.assert_array_equal(b.old_logp[1, :4], [-1, -2, -3, -4])
   np.testing.assert_array_equal(b.advantages, [0.5, -0.5, 0, 0])
   assert b.student_mask[0].sum() == 5 and b.teacher_mask[1].sum() == 9
@@ -92,17 +117,39 @@ def test_replay_queue_drops_stale_samples():
 def test_sampler_logprobs_equal_update_logprobs():
   """The invariant of DESIGN.md: the sampler's behaviour log-probs equal the train step's
   log-probs of the same tokens, so the PPO ratio is exactly 1 at staleness 0."""
-  config = ModelConfig.tiny("qwen3", vocab_size=256, hidden_size=64, intermediate_size=128,
-                            num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16)
+  config = ModelConfig.tiny(
+    "qwen3",
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+  )
   params = init_params(config, jax.random.key(0), std=0.2)
   sampler = Sampler(config)
   rng = np.random.default_rng(0)
   prompts = [list(rng.integers(1, 256, n)) for n in (5, 17, 9)]
-  out = sampler.generate(params, prompts, SamplingParams(max_new_tokens=12, temperature=0.8,
-                                                         stop_token_ids=(3,)), jax.random.key(1))
-  samples = [TurnSample(prompt_ids=p, response_ids=t, logprobs=l, score=0, advantage=0,
-                        group_id=0, policy_version=0, valid=True)
-             for p, t, l in zip(prompts, out.tokens, out.logprobs)]
+  out = sampler.generate(
+    params,
+    prompts,
+    SamplingParams(max_new_tokens=12, temperature=0.8, stop_token_ids=(3,)),
+    jax.random.key(1),
+  )
+  samples = [
+    TurnSample(
+      prompt_ids=p,
+      response_ids=t,
+      logprobs=l,
+      score=0,
+      advantage=0,
+      group_id=0,
+      policy_version=0,
+      valid=True,
+    )
+    for p, t, l in zip(prompts, out.tokens, out.logprobs)
+  ]
   batch = pack_batch(samples, batch_size=4, with_teacher=False)
   step = make_train_step(config, {"temperature": 0.8, "kl_coef": 0.0}, make_optimizer(1e-3))
   scored = np.asarray(step.score_student(params, batch))

@@ -11,8 +11,15 @@ import torch
 
 from sdar_jax import sharding
 from sdar_jax.models import forward, load_pretrained
-from sdar_jax.sampling import (Sampler, SamplingParams, _categorical, generate, get_sampler,
-                               num_compilations, stop_string_table)
+from sdar_jax.sampling import (
+  Sampler,
+  SamplingParams,
+  _categorical,
+  generate,
+  get_sampler,
+  num_compilations,
+  stop_string_table,
+)
 from sdar_jax.tokenizer import Tokenizer
 from tests import hf_fixtures
 
@@ -23,7 +30,7 @@ GREEDY = SamplingParams(max_new_tokens=NEW, temperature=0.0, stop_token_ids=())
 
 def _prompts(vocab, lengths, seed=0):
   tokens, _ = hf_fixtures.ragged_batch(vocab, lengths, seed)
-  return [tokens[i, tokens.shape[1] - n:].tolist() for i, n in enumerate(lengths)]
+  return [tokens[i, tokens.shape[1] - n :].tolist() for i, n in enumerate(lengths)]
 
 
 def _left_pad(rows):
@@ -31,8 +38,8 @@ def _left_pad(rows):
   tokens = np.zeros((len(rows), T), np.int32)
   mask = np.zeros((len(rows), T), np.int32)
   for i, r in enumerate(rows):
-    tokens[i, T - len(r):] = r
-    mask[i, T - len(r):] = 1
+    tokens[i, T - len(r) :] = r
+    mask[i, T - len(r) :] = 1
   return tokens, mask
 
 
@@ -57,11 +64,17 @@ def _hf_greedy(hf, prompts, new, eos=None):
   torch.set_num_threads(1)  # tiny model: threads only add spin-waiting on a busy CPU
   try:
     with torch.no_grad():
-      out = hf.generate(torch.tensor(tokens, dtype=torch.long), attention_mask=torch.tensor(mask),
-                        max_new_tokens=new, do_sample=False, eos_token_id=eos, pad_token_id=0)
+      out = hf.generate(
+        torch.tensor(tokens, dtype=torch.long),
+        attention_mask=torch.tensor(mask),
+        max_new_tokens=new,
+        do_sample=False,
+        eos_token_id=eos,
+        pad_token_id=0,
+      )
   finally:
     torch.set_num_threads(threads)
-  return out[:, tokens.shape[1]:].numpy()
+  return out[:, tokens.shape[1] :].numpy()
 
 
 # ----------------------------------------------------------------------------------- greedy
@@ -129,8 +142,9 @@ def test_group_prefix_sharing_prefills_once_and_changes_nothing(qwen3):
 # ------------------------------------------------------------------------------ distribution
 @pytest.fixture(scope="module")
 def tiny_vocab(tmp_path_factory):
-  hf = hf_fixtures.make_hf_model("qwen3", tied=False, seed=12, vocab_size=24, num_hidden_layers=1,
-                                 num_key_value_heads=1)
+  hf = hf_fixtures.make_hf_model(
+    "qwen3", tied=False, seed=12, vocab_size=24, num_hidden_layers=1, num_key_value_heads=1
+  )
   config, params = load_pretrained(hf_fixtures.save_hf_model(hf, tmp_path_factory.mktemp("tiny")))
   prompt = [23, 22, 16, 23, 21]  # a high-entropy next-token distribution for this model
   logits = np.asarray(forward(config, params, np.asarray([prompt], np.int32)), np.float64)[0, -1]
@@ -171,7 +185,9 @@ def test_temperature_sampling_matches_model_distribution(tiny_vocab, temperature
   config, params, prompt, logits = tiny_vocab
   probs = _softmax(logits / temperature)
   assert probs.max() < 0.9 and (probs > 0.01).sum() >= 6  # a distribution worth testing
-  samples = _draw(config, params, prompt, N_DRAWS, seed=int(temperature * 10), temperature=temperature)
+  samples = _draw(
+    config, params, prompt, N_DRAWS, seed=int(temperature * 10), temperature=temperature
+  )
   assert _chi2_pvalue(samples, probs) > 1e-3
   other = _softmax(logits / (1.0 if temperature != 1.0 else 0.7))
   assert _chi2_pvalue(samples, other) < 1e-6  # the test can tell the temperatures apart
@@ -257,7 +273,9 @@ def test_stop_strings_end_only_their_sequences(qwen3):
   free = generate(config, params, prompts, GREEDY).tokens
   # A stop string that spans a token boundary in row 1: last byte of token 5 + token 6 + 1 byte.
   row = free[1]
-  spanning = (token_bytes[row[5]][-1:] + token_bytes[row[6]] + token_bytes[row[7]][:1]).decode("latin-1")
+  spanning = (token_bytes[row[5]][-1:] + token_bytes[row[6]] + token_bytes[row[7]][:1]).decode(
+    "latin-1"
+  )
   other = token_bytes[free[3][9]].decode("latin-1")
   for strings in [(spanning,), (spanning, other)]:
     if any(not s.isascii() for s in strings):
@@ -266,7 +284,7 @@ def test_stop_strings_end_only_their_sequences(qwen3):
     result = generate(config, params, prompts, sp, tokenizer=tok)
     for r, got, reason in zip(free, result.tokens, result.finish_reasons):
       at = _first_completion(token_bytes, r, strings)
-      assert got == (r if at is None else r[:at + 1])
+      assert got == (r if at is None else r[: at + 1])
       assert reason == ("length" if at is None else "stop_string")
     assert "length" in result.finish_reasons
     assert result.finish_reasons[1] == "stop_string" and len(result.tokens[1]) <= 8
@@ -301,8 +319,14 @@ def test_mesh_equals_one_device(qwen3, shape):
     single = generate(config, params, prompts, p, jax.random.key(2))
     with warnings.catch_warnings():
       warnings.simplefilter("error")  # every axis divides here: no replication fallback
-      sharded = generate(config, sharding.shard_params(params, config, mesh), prompts, p,
-                         jax.random.key(2), mesh=mesh)
+      sharded = generate(
+        config,
+        sharding.shard_params(params, config, mesh),
+        prompts,
+        p,
+        jax.random.key(2),
+        mesh=mesh,
+      )
     assert sharded.tokens == single.tokens
     np.testing.assert_allclose(sharded.logprobs, single.logprobs, atol=1e-5)
     assert sharded.shapes["batch"] % sharding.batch_divisor(mesh) == 0
@@ -317,7 +341,9 @@ def test_buckets_bound_compilations(qwen3):
   assert sampler.num_compilations == 1
   assert all(len(t) == 5 for t in first.tokens) and first.finish_reasons == ["length"] * 3
   # Same buckets (batch 4, prompt 16, new 16): no new compilation.
-  sampler.generate(params, _prompts(config.vocab_size, [14, 1, 5, 7], seed=1), SamplingParams(9, 0.0))
+  sampler.generate(
+    params, _prompts(config.vocab_size, [14, 1, 5, 7], seed=1), SamplingParams(9, 0.0)
+  )
   assert sampler.num_compilations == 1
   sampler.generate(params, _prompts(config.vocab_size, [20]), sp)  # prompt bucket 32
   assert sampler.num_compilations == 2

@@ -11,8 +11,16 @@ from sdar_jax import sharding
 from sdar_jax.models import ModelConfig, forward, init_params
 from tests import hf_fixtures
 
-CONFIG = ModelConfig.tiny("qwen3", vocab_size=512, hidden_size=64, intermediate_size=128,
-                          num_layers=2, num_heads=8, num_kv_heads=4, head_dim=16)
+CONFIG = ModelConfig.tiny(
+  "qwen3",
+  vocab_size=512,
+  hidden_size=64,
+  intermediate_size=128,
+  num_layers=2,
+  num_heads=8,
+  num_kv_heads=4,
+  head_dim=16,
+)
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +48,16 @@ def test_sharded_forward_equals_unsharded(reference, shape):
 
 
 def test_non_dividing_axis_replicates_with_warning():
-  config = ModelConfig.tiny("qwen2", vocab_size=256, hidden_size=56, intermediate_size=64,
-                            num_layers=1, num_heads=14, num_kv_heads=2, head_dim=4)
+  config = ModelConfig.tiny(
+    "qwen2",
+    vocab_size=256,
+    hidden_size=56,
+    intermediate_size=64,
+    num_layers=1,
+    num_heads=14,
+    num_kv_heads=2,
+    head_dim=4,
+  )
   mesh = sharding.make_mesh((2, 1, 4))
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")

@@ -11,11 +11,25 @@ from sdar_jax import sharding
 from sdar_jax.algos import get_preset
 from sdar_jax.models import ModelConfig, forward, init_params
 from sdar_jax.train_state import create_train_state, make_optimizer
-from sdar_jax.train_step import (LossConfig, TurnBatch, loss_and_grads, make_train_step,
-                                 response_logprobs, train_step_from_config)
+from sdar_jax.train_step import (
+  LossConfig,
+  TurnBatch,
+  loss_and_grads,
+  make_train_step,
+  response_logprobs,
+  train_step_from_config,
+)
 
-CONFIG = ModelConfig.tiny("qwen3", vocab_size=256, hidden_size=64, intermediate_size=128,
-                          num_layers=2, num_heads=8, num_kv_heads=4, head_dim=16)
+CONFIG = ModelConfig.tiny(
+  "qwen3",
+  vocab_size=256,
+  hidden_size=64,
+  intermediate_size=128,
+  num_layers=2,
+  num_heads=8,
+  num_kv_heads=4,
+  head_dim=16,
+)
 PS, PT, R = 7, 12, 6  # bucket: student prompt, teacher prompt, response slots
 SDAR = dict(get_preset("sdar"), kl_coef=0.0)
 
@@ -55,19 +69,26 @@ def make_batch(params, B=8, seed=0, ps=PS, pt=PT, r=R, min_prompt=2, nan_row=Non
     n_r = int(rng.integers(1, r + 1))
     prompt = rng.integers(1, CONFIG.vocab_size, n_p)
     resp = rng.integers(1, CONFIG.vocab_size, n_r)
-    st[i, ps - n_p:ps], sm[i, ps - n_p:ps] = prompt, 1
-    tt[i, pt - n_p - n_s:pt - n_p] = rng.integers(1, CONFIG.vocab_size, n_s)  # the skills block
-    tt[i, pt - n_p:pt] = prompt
-    tm[i, pt - n_p - n_s:pt] = 1
-    st[i, ps:ps + n_r], sm[i, ps:ps + n_r] = resp, 1
-    tt[i, pt:pt + n_r], tm[i, pt:pt + n_r] = resp, 1
+    st[i, ps - n_p : ps], sm[i, ps - n_p : ps] = prompt, 1
+    tt[i, pt - n_p - n_s : pt - n_p] = rng.integers(1, CONFIG.vocab_size, n_s)  # the skills block
+    tt[i, pt - n_p : pt] = prompt
+    tm[i, pt - n_p - n_s : pt] = 1
+    st[i, ps : ps + n_r], sm[i, ps : ps + n_r] = resp, 1
+    tt[i, pt : pt + n_r], tm[i, pt : pt + n_r] = resp, 1
     rm[i, :n_r] = 1
   adv = rng.normal(size=B).astype(np.float32)
   if nan_row is not None:
     adv[nan_row] = np.nan
   old = full_logp(params, st, sm, r)[0] if params is not None else np.zeros((B, r), np.float32)
-  return TurnBatch(student_tokens=st, student_mask=sm, response_mask=rm, old_logp=old,
-                   advantages=adv, teacher_tokens=tt, teacher_mask=tm)
+  return TurnBatch(
+    student_tokens=st,
+    student_mask=sm,
+    response_mask=rm,
+    old_logp=old,
+    advantages=adv,
+    teacher_tokens=tt,
+    teacher_mask=tm,
+  )
 
 
 def fresh_state(params, optimizer):
@@ -81,8 +102,9 @@ def to_np(tree):
 # ------------------------------------------------------------------------------- index map
 def test_response_logprobs_match_full_forward(params):
   batch = make_batch(params, seed=1)
-  logp, ent = jax.jit(lambda p: response_logprobs(
-      CONFIG, p, batch.teacher_tokens, batch.teacher_mask, R, 0.7, True))(params)
+  logp, ent = jax.jit(
+    lambda p: response_logprobs(CONFIG, p, batch.teacher_tokens, batch.teacher_mask, R, 0.7, True)
+  )(params)
   want_logp, want_ent = full_logp(params, batch.teacher_tokens, batch.teacher_mask, R, 0.7)
   m = batch.response_mask > 0
   np.testing.assert_allclose(np.asarray(logp)[m], want_logp[m], atol=2e-5)
@@ -93,15 +115,18 @@ def test_response_logprobs_match_full_forward(params):
 @pytest.fixture(scope="module")
 def sdar_step():
   """SDAR (KL term on frozen ref params), AdamW lr 1e-3 with warm-up, micro-batches of 4."""
-  step = train_step_from_config(CONFIG, _run_config(dict(get_preset("sdar")), micro=4,
-                                                    optim=dict(lr=1e-3, warmup_steps=2)))
+  step = train_step_from_config(
+    CONFIG, _run_config(dict(get_preset("sdar")), micro=4, optim=dict(lr=1e-3, warmup_steps=2))
+  )
   return step, step.optimizer
 
 
 def _run_config(algo, micro, optim):
   import ml_collections as mlc
-  return mlc.ConfigDict(dict(algo=dict(algo, teacher_source="step"), optim=optim,
-                             train=dict(micro_batch_size=micro)))
+
+  return mlc.ConfigDict(
+    dict(algo=dict(algo, teacher_source="step"), optim=optim, train=dict(micro_batch_size=micro))
+  )
 
 
 def test_loss_decreases_on_a_fixed_batch(params, sdar_step):
@@ -159,13 +184,17 @@ def test_step_and_rollout_teacher_sources_agree(params):
   state_a, metrics_a = on_step(fresh_state(params, optimizer), batch)
   with pytest.raises(ValueError, match="teacher_logp"):
     on_rollout(fresh_state(params, optimizer), batch)
-  state_b, metrics_b = on_rollout(fresh_state(params, optimizer),
-                                  batch.replace(teacher_logp=teacher_logp))
+  state_b, metrics_b = on_rollout(
+    fresh_state(params, optimizer), batch.replace(teacher_logp=teacher_logp)
+  )
   assert set(metrics_a) == set(metrics_b) and "sdar/gate_mean" in metrics_a
   for k in metrics_a:
     np.testing.assert_allclose(float(metrics_a[k]), float(metrics_b[k]), atol=1e-6, err_msg=k)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6),
-               to_np(state_a.params), to_np(state_b.params))
+  jax.tree.map(
+    lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6),
+    to_np(state_a.params),
+    to_np(state_b.params),
+  )
 
 
 # ---------------------------------------------------------------------- gradient identities
@@ -178,14 +207,12 @@ def close_to_scale(actual, desired, rtol=1e-5):
 def test_micro_batch_accumulation_equals_one_batch(params):
   """RLSD advantages + SDAR term + entropy + KL (from batch ref_logp); ragged responses, so the
   micro-batches hold different token counts and only a global denominator makes them add up."""
-  lc = LossConfig.from_config(get_preset("sdar"), advantage="rlsd", entropy_coef=0.01,
-                              kl_coef=0.01)
+  lc = LossConfig.from_config(get_preset("sdar"), advantage="rlsd", entropy_coef=0.01, kl_coef=0.01)
   batch = make_batch(params, seed=10)
   batch = batch.replace(ref_logp=batch.old_logp - 0.3 * batch.response_mask)
 
   def run(micro):
-    fn = jax.jit(lambda p, b: loss_and_grads(CONFIG, lc, p, b, micro_batch_size=micro,
-                                             iteration=3))
+    fn = jax.jit(lambda p, b: loss_and_grads(CONFIG, lc, p, b, micro_batch_size=micro, iteration=3))
     return to_np(fn(params, batch))
 
   (g_one, m_one), (g_acc, m_acc) = run(None), run(2)
@@ -204,8 +231,9 @@ def test_sdar_gradient_is_minus_lambda_gate_times_score(params):
   lc = LossConfig(pg_coef=0.0, distill="sdar", lam=lam, beta=beta, entropy_coef=0.0, kl_coef=0.0)
   batch = make_batch(params, seed=11)
   remat = CONFIG.replace(remat=True)  # the rematerialised path, against an independent truth
-  grads, metrics = jax.jit(
-      lambda p: loss_and_grads(remat, lc, p, batch, micro_batch_size=4))(params)
+  grads, metrics = jax.jit(lambda p: loss_and_grads(remat, lc, p, batch, micro_batch_size=4))(
+    params
+  )
   student = full_logp(params, batch.student_tokens, batch.student_mask, R)[0]
   teacher = full_logp(params, batch.teacher_tokens, batch.teacher_mask, R)[0]
   m = batch.response_mask
@@ -214,14 +242,15 @@ def test_sdar_gradient_is_minus_lambda_gate_times_score(params):
 
   def surrogate(p):
     logits = forward(CONFIG, p, batch.student_tokens, batch.student_mask)
-    logp = jax.nn.log_softmax(logits[:, prompt - 1:prompt - 1 + R], axis=-1)
+    logp = jax.nn.log_softmax(logits[:, prompt - 1 : prompt - 1 + R], axis=-1)
     lt = jnp.take_along_axis(logp, batch.student_tokens[:, prompt:, None], axis=-1)[..., 0]
     return -lam * jnp.sum(gate * lt * m) / m.sum()
 
   want = jax.grad(surrogate)(params)
   jax.tree.map(close_to_scale, to_np(grads), to_np(want))
-  np.testing.assert_allclose(float(metrics["sdar/gate_mean"]), (gate * m).sum() / m.sum(),
-                             rtol=1e-5)
+  np.testing.assert_allclose(
+    float(metrics["sdar/gate_mean"]), (gate * m).sum() / m.sum(), rtol=1e-5
+  )
 
 
 # --------------------------------------------------------------------------------- sharding
@@ -248,8 +277,9 @@ def test_sharded_step_equals_one_device_step(params, one_device_update, shape):
   assert ("tensor" in jax.tree.leaves(tuple(q))) == (shape[2] > 1)
   for k, v in want_metrics.items():
     np.testing.assert_allclose(float(metrics[k]), v, rtol=1e-5, atol=1e-6, err_msg=k)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), to_np(state.params),
-               want_params)
+  jax.tree.map(
+    lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), to_np(state.params), want_params
+  )
 
 
 # ------------------------------------------------------------------------------ host checks

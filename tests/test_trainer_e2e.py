@@ -14,15 +14,29 @@ def _config(total_steps: int):
   from configs import alfworld, common
 
   config = alfworld.get_config("model=tiny,algo=sdar,local=True")
-  common.override(config, {
-      "mesh.data": 2, "mesh.fsdp": 1, "mesh.tensor": 4,
-      "env.tasks_per_step": 1, "env.group_size": 2, "env.max_turns": 2, "env.num_workers": 1,
-      "env.offline.num_train": 1, "env.offline.num_eval": 1,
-      "eval.num_tasks": 2, "rollout.max_new_tokens": 16,
-      "train.total_steps": total_steps, "train.mini_batch_size": 4, "train.micro_batch_size": 2,
-      "train.eval_every": 2, "checkpoint.every": 1,
-      "warm_start.steps": 2, "warm_start.batch_size": 4,
-  })
+  common.override(
+    config,
+    {
+      "mesh.data": 2,
+      "mesh.fsdp": 1,
+      "mesh.tensor": 4,
+      "env.tasks_per_step": 1,
+      "env.group_size": 2,
+      "env.max_turns": 2,
+      "env.num_workers": 1,
+      "env.offline.num_train": 1,
+      "env.offline.num_eval": 1,
+      "eval.num_tasks": 2,
+      "rollout.max_new_tokens": 16,
+      "train.total_steps": total_steps,
+      "train.mini_batch_size": 4,
+      "train.micro_batch_size": 2,
+      "train.eval_every": 2,
+      "checkpoint.every": 1,
+      "warm_start.steps": 2,
+      "warm_start.batch_size": 4,
+    },
+  )
   return config
 
 
@@ -64,6 +78,7 @@ def test_train_checkpoint_export_resume(tmp_path, monkeypatch):
 
   # The export is a Hugging Face directory transformers can read.
   import transformers
+
   export = os.path.join(workdir, "hf_export")
   hf = transformers.AutoModelForCausalLM.from_pretrained(export)
   assert hf.config.num_hidden_layers == 2

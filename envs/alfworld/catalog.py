@@ -4,12 +4,22 @@ Type names follow ALFRED's CamelCase object classes (the engine lower-cases them
 shown as "countertop 1"). The tables are our own description of ordinary households, written for
 the offline generator; they are plain data, read by `generator.py`.
 """
+
 from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["ObjectKind", "RoomKind", "OBJECTS", "ROOMS", "OPENABLE", "LAMPS", "STATE_RECEPTACLE",
-           "receptacle_id_stem", "scene_numbers"]
+__all__ = [
+  "ObjectKind",
+  "RoomKind",
+  "OBJECTS",
+  "ROOMS",
+  "OPENABLE",
+  "LAMPS",
+  "STATE_RECEPTACLE",
+  "receptacle_id_stem",
+  "scene_numbers",
+]
 
 # Receptacles that start closed and must be opened before looking inside or putting something in.
 OPENABLE = frozenset({"Cabinet", "Drawer", "Fridge", "Microwave", "Safe"})
@@ -19,27 +29,44 @@ STATE_RECEPTACLE = {"clean": "SinkBasin", "heat": "Microwave", "cool": "Fridge"}
 
 LAMPS = ("DeskLamp", "FloorLamp")
 
-_TABLES = ("CounterTop", "DiningTable", "Desk", "SideTable", "CoffeeTable", "Dresser", "TVStand", "Shelf", "Cart")
+_TABLES = (
+  "CounterTop",
+  "DiningTable",
+  "Desk",
+  "SideTable",
+  "CoffeeTable",
+  "Dresser",
+  "TVStand",
+  "Shelf",
+  "Cart",
+)
 _SEATS = ("Bed", "Sofa", "ArmChair", "Ottoman")
 
 
 @dataclasses.dataclass(frozen=True)
 class ObjectKind:
-    """An object class: the receptacle classes it may rest in and which state changes apply to it."""
-    name: str
-    places: tuple[str, ...]
-    heatable: bool = False
-    coolable: bool = False
-    cleanable: bool = False
-    lookable: bool = False  # a sensible thing to examine under a lamp
+  """An object class: the receptacle classes it may rest in and which state changes apply to it."""
+
+  name: str
+  places: tuple[str, ...]
+  heatable: bool = False
+  coolable: bool = False
+  cleanable: bool = False
+  lookable: bool = False  # a sensible thing to examine under a lamp
 
 
-def _kind(name: str, *places: str | tuple[str, ...], heat: bool = False, cool: bool = False,
-          clean: bool = False, look: bool = False) -> ObjectKind:
-    flat: list[str] = []
-    for p in places:
-        flat.extend(p if isinstance(p, tuple) else (p,))
-    return ObjectKind(name, tuple(dict.fromkeys(flat)), heat, cool, clean, look)
+def _kind(
+  name: str,
+  *places: str | tuple[str, ...],
+  heat: bool = False,
+  cool: bool = False,
+  clean: bool = False,
+  look: bool = False,
+) -> ObjectKind:
+  flat: list[str] = []
+  for p in places:
+    flat.extend(p if isinstance(p, tuple) else (p,))
+  return ObjectKind(name, tuple(dict.fromkeys(flat)), heat, cool, clean, look)
 
 
 _FOOD_PLACES = (_TABLES, "Fridge", "Microwave", "SinkBasin", "GarbageCan")
@@ -47,7 +74,9 @@ _DISH_PLACES = (_TABLES, "Cabinet", "Fridge", "Microwave", "SinkBasin")
 _UTENSIL_PLACES = (_TABLES, "Drawer", "SinkBasin")
 _SMALL_PLACES = (_TABLES, "Drawer", "Cabinet", "Safe")
 
-OBJECTS: dict[str, ObjectKind] = {k.name: k for k in (
+OBJECTS: dict[str, ObjectKind] = {
+  k.name: k
+  for k in (
     # food
     _kind("Apple", _FOOD_PLACES, heat=True, cool=True, clean=True),
     _kind("Bread", _TABLES, "Fridge", "Microwave", "GarbageCan", "Cabinet", heat=True, cool=True),
@@ -98,82 +127,224 @@ OBJECTS: dict[str, ObjectKind] = {k.name: k for k in (
     _kind("TissueBox", _TABLES, "Cabinet", "Toilet", "GarbageCan"),
     # bathroom
     _kind("Candle", _TABLES, "Cabinet", "Drawer", "Toilet"),
-    _kind("Cloth", _TABLES, "Cabinet", "Drawer", "SinkBasin", "BathtubBasin", "GarbageCan", "LaundryHamper",
-          clean=True),
-    _kind("SoapBar", _TABLES, "Cabinet", "Drawer", "SinkBasin", "BathtubBasin", "Toilet", "GarbageCan", clean=True),
+    _kind(
+      "Cloth",
+      _TABLES,
+      "Cabinet",
+      "Drawer",
+      "SinkBasin",
+      "BathtubBasin",
+      "GarbageCan",
+      "LaundryHamper",
+      clean=True,
+    ),
+    _kind(
+      "SoapBar",
+      _TABLES,
+      "Cabinet",
+      "Drawer",
+      "SinkBasin",
+      "BathtubBasin",
+      "Toilet",
+      "GarbageCan",
+      clean=True,
+    ),
     _kind("SprayBottle", _TABLES, "Cabinet", "Toilet", "GarbageCan"),
     _kind("ToiletPaper", _TABLES, "Cabinet", "Drawer", "Toilet", "ToiletPaperHanger", "GarbageCan"),
     _kind("HandTowel", "HandTowelHolder", _TABLES),
     _kind("Towel", "TowelHolder", _TABLES, "LaundryHamper"),
-)}
+  )
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class RoomKind:
-    """A room type: receptacle classes with (min, max) counts, the object classes found there,
-    its lamp (None: no look tasks here), ALFRED-like scene numbers and those held out as unseen."""
-    name: str
-    receptacles: dict[str, tuple[int, int]]
-    objects: tuple[str, ...]
-    lamp_holders: tuple[str, ...] = ()
-    first_scene: int = 1
-    num_scenes: int = 30
-    num_unseen: int = 4
+  """A room type: receptacle classes with (min, max) counts, the object classes found there,
+  its lamp (None: no look tasks here), ALFRED-like scene numbers and those held out as unseen."""
+
+  name: str
+  receptacles: dict[str, tuple[int, int]]
+  objects: tuple[str, ...]
+  lamp_holders: tuple[str, ...] = ()
+  first_scene: int = 1
+  num_scenes: int = 30
+  num_unseen: int = 4
 
 
-ROOMS: dict[str, RoomKind] = {r.name: r for r in (
+ROOMS: dict[str, RoomKind] = {
+  r.name: r
+  for r in (
     RoomKind(
-        "kitchen",
-        {"CounterTop": (1, 3), "Cabinet": (3, 12), "Drawer": (2, 9), "Fridge": (1, 1), "Microwave": (1, 1),
-         "SinkBasin": (1, 1), "StoveBurner": (2, 4), "CoffeeMachine": (1, 1), "Toaster": (0, 1),
-         "GarbageCan": (1, 1), "DiningTable": (0, 2), "Shelf": (0, 3)},
-        ("Apple", "Bread", "Egg", "Potato", "Tomato", "Lettuce", "Mug", "Cup", "Bowl", "Plate", "Pan", "Pot",
-         "Kettle", "Fork", "Spoon", "Knife", "ButterKnife", "Spatula", "Ladle", "DishSponge", "SaltShaker",
-         "PepperShaker", "WineBottle", "SoapBottle", "PaperTowelRoll", "CreditCard", "Vase"),
-        first_scene=1),
+      "kitchen",
+      {
+        "CounterTop": (1, 3),
+        "Cabinet": (3, 12),
+        "Drawer": (2, 9),
+        "Fridge": (1, 1),
+        "Microwave": (1, 1),
+        "SinkBasin": (1, 1),
+        "StoveBurner": (2, 4),
+        "CoffeeMachine": (1, 1),
+        "Toaster": (0, 1),
+        "GarbageCan": (1, 1),
+        "DiningTable": (0, 2),
+        "Shelf": (0, 3),
+      },
+      (
+        "Apple",
+        "Bread",
+        "Egg",
+        "Potato",
+        "Tomato",
+        "Lettuce",
+        "Mug",
+        "Cup",
+        "Bowl",
+        "Plate",
+        "Pan",
+        "Pot",
+        "Kettle",
+        "Fork",
+        "Spoon",
+        "Knife",
+        "ButterKnife",
+        "Spatula",
+        "Ladle",
+        "DishSponge",
+        "SaltShaker",
+        "PepperShaker",
+        "WineBottle",
+        "SoapBottle",
+        "PaperTowelRoll",
+        "CreditCard",
+        "Vase",
+      ),
+      first_scene=1,
+    ),
     RoomKind(
-        "livingroom",
-        {"Sofa": (1, 1), "ArmChair": (0, 2), "CoffeeTable": (0, 1), "SideTable": (1, 3), "TVStand": (0, 1),
-         "Dresser": (0, 1), "Drawer": (0, 6), "Cabinet": (0, 4), "Shelf": (0, 4), "GarbageCan": (1, 1),
-         "DiningTable": (0, 1), "Ottoman": (0, 1), "Safe": (0, 1)},
-        ("Book", "Box", "CellPhone", "CreditCard", "KeyChain", "Laptop", "Newspaper", "Pillow", "RemoteControl",
-         "Statue", "Vase", "Watch", "TissueBox", "Plate", "Bowl", "Candle"),
-        lamp_holders=("SideTable", "Dresser", "TVStand", "CoffeeTable"),
-        first_scene=201),
+      "livingroom",
+      {
+        "Sofa": (1, 1),
+        "ArmChair": (0, 2),
+        "CoffeeTable": (0, 1),
+        "SideTable": (1, 3),
+        "TVStand": (0, 1),
+        "Dresser": (0, 1),
+        "Drawer": (0, 6),
+        "Cabinet": (0, 4),
+        "Shelf": (0, 4),
+        "GarbageCan": (1, 1),
+        "DiningTable": (0, 1),
+        "Ottoman": (0, 1),
+        "Safe": (0, 1),
+      },
+      (
+        "Book",
+        "Box",
+        "CellPhone",
+        "CreditCard",
+        "KeyChain",
+        "Laptop",
+        "Newspaper",
+        "Pillow",
+        "RemoteControl",
+        "Statue",
+        "Vase",
+        "Watch",
+        "TissueBox",
+        "Plate",
+        "Bowl",
+        "Candle",
+      ),
+      lamp_holders=("SideTable", "Dresser", "TVStand", "CoffeeTable"),
+      first_scene=201,
+    ),
     RoomKind(
-        "bedroom",
-        {"Bed": (1, 1), "Desk": (0, 1), "SideTable": (1, 2), "Dresser": (0, 1), "Drawer": (2, 8),
-         "Shelf": (0, 6), "GarbageCan": (1, 1), "LaundryHamper": (0, 1), "Safe": (0, 1), "ArmChair": (0, 1)},
-        ("AlarmClock", "Book", "CD", "CellPhone", "CreditCard", "KeyChain", "Laptop", "Pen", "Pencil", "Pillow",
-         "Mug", "Bowl", "Box", "TeddyBear", "Cloth", "Watch", "Vase"),
-        lamp_holders=("Desk", "SideTable", "Dresser"),
-        first_scene=301),
+      "bedroom",
+      {
+        "Bed": (1, 1),
+        "Desk": (0, 1),
+        "SideTable": (1, 2),
+        "Dresser": (0, 1),
+        "Drawer": (2, 8),
+        "Shelf": (0, 6),
+        "GarbageCan": (1, 1),
+        "LaundryHamper": (0, 1),
+        "Safe": (0, 1),
+        "ArmChair": (0, 1),
+      },
+      (
+        "AlarmClock",
+        "Book",
+        "CD",
+        "CellPhone",
+        "CreditCard",
+        "KeyChain",
+        "Laptop",
+        "Pen",
+        "Pencil",
+        "Pillow",
+        "Mug",
+        "Bowl",
+        "Box",
+        "TeddyBear",
+        "Cloth",
+        "Watch",
+        "Vase",
+      ),
+      lamp_holders=("Desk", "SideTable", "Dresser"),
+      first_scene=301,
+    ),
     RoomKind(
-        "bathroom",
-        {"SinkBasin": (1, 2), "CounterTop": (1, 1), "Cabinet": (1, 4), "Drawer": (0, 4), "Toilet": (1, 1),
-         "ToiletPaperHanger": (1, 1), "TowelHolder": (0, 1), "HandTowelHolder": (0, 2), "GarbageCan": (1, 1),
-         "BathtubBasin": (0, 1), "Shelf": (0, 3), "Cart": (0, 1), "Dresser": (0, 1)},
-        ("Candle", "Cloth", "HandTowel", "Towel", "SoapBar", "SoapBottle", "SprayBottle", "ToiletPaper",
-         "TissueBox", "PaperTowelRoll"),
-        first_scene=401),
-)}
+      "bathroom",
+      {
+        "SinkBasin": (1, 2),
+        "CounterTop": (1, 1),
+        "Cabinet": (1, 4),
+        "Drawer": (0, 4),
+        "Toilet": (1, 1),
+        "ToiletPaperHanger": (1, 1),
+        "TowelHolder": (0, 1),
+        "HandTowelHolder": (0, 2),
+        "GarbageCan": (1, 1),
+        "BathtubBasin": (0, 1),
+        "Shelf": (0, 3),
+        "Cart": (0, 1),
+        "Dresser": (0, 1),
+      },
+      (
+        "Candle",
+        "Cloth",
+        "HandTowel",
+        "Towel",
+        "SoapBar",
+        "SoapBottle",
+        "SprayBottle",
+        "ToiletPaper",
+        "TissueBox",
+        "PaperTowelRoll",
+      ),
+      first_scene=401,
+    ),
+  )
+}
 
 
 def scene_numbers(room: RoomKind, unseen: bool) -> list[int]:
-    """The room's scene numbers: the last `num_unseen` are held out for valid_unseen."""
-    numbers = list(range(room.first_scene, room.first_scene + room.num_scenes))
-    cut = room.num_scenes - room.num_unseen
-    return numbers[cut:] if unseen else numbers[:cut]
+  """The room's scene numbers: the last `num_unseen` are held out for valid_unseen."""
+  numbers = list(range(room.first_scene, room.first_scene + room.num_scenes))
+  cut = room.num_scenes - room.num_unseen
+  return numbers[cut:] if unseen else numbers[:cut]
 
 
 def receptacle_id_stem(receptacle_type: str) -> tuple[str, str]:
-    """(prefix, suffix) of a receptacle's PDDL id around its number.
+  """(prefix, suffix) of a receptacle's PDDL id around its number.
 
-    ALFRED names basins after their fixture ("Sink|...|SinkBasin") and alfworld's demangler relies on
-    that: it keeps the part before the first "|" and appends "basin" when the id mentions one, so a
-    sink basin must be written ``Sink_bar_<n>_bar_SinkBasin`` to be shown as "sinkbasin <n>".
-    """
-    if receptacle_type.endswith("Basin"):
-        fixture = receptacle_type[: -len("Basin")]
-        return fixture, f"_bar_{receptacle_type}"
-    return receptacle_type, ""
+  ALFRED names basins after their fixture ("Sink|...|SinkBasin") and alfworld's demangler relies on
+  that: it keeps the part before the first "|" and appends "basin" when the id mentions one, so a
+  sink basin must be written ``Sink_bar_<n>_bar_SinkBasin`` to be shown as "sinkbasin <n>".
+  """
+  if receptacle_type.endswith("Basin"):
+    fixture = receptacle_type[: -len("Basin")]
+    return fixture, f"_bar_{receptacle_type}"
+  return receptacle_type, ""

@@ -6,6 +6,7 @@ as alfworld's own generator writes them. TextWorld's `PddlEnv` plays it (Fast Do
 problem; its planner gives `policy_commands`), and alfworld's `AlfredDemangler` turns ids such as
 ``Cabinet_bar_3`` into "cabinet 3", `AlfredInfos` adds the game path to the state.
 """
+
 from __future__ import annotations
 
 import functools
@@ -15,45 +16,58 @@ import os
 import threading
 from typing import Any, Sequence
 
-__all__ = ["domain_text", "grammar_text", "game_json", "write_game_file", "start_engine", "release_engine"]
+__all__ = [
+  "domain_text",
+  "grammar_text",
+  "game_json",
+  "write_game_file",
+  "start_engine",
+  "release_engine",
+]
 
 _TASK_PLACEHOLDER = "UNKNOWN GOAL"
 
 
 @functools.lru_cache(maxsize=None)
 def domain_text() -> str:
-    """alfworld's ALFRED PDDL domain (ships inside the `alfworld` package)."""
-    return (importlib.resources.files("alfworld") / "data" / "alfred.pddl").read_text()
+  """alfworld's ALFRED PDDL domain (ships inside the `alfworld` package)."""
+  return (importlib.resources.files("alfworld") / "data" / "alfred.pddl").read_text()
 
 
 @functools.lru_cache(maxsize=None)
 def grammar_text() -> str:
-    """alfworld's TextWorld grammar for the ALFRED domain, with the task still a placeholder."""
-    text = (importlib.resources.files("alfworld") / "data" / "alfred.twl2").read_text()
-    if _TASK_PLACEHOLDER not in text:
-        raise RuntimeError(f"alfworld's grammar no longer contains {_TASK_PLACEHOLDER!r}; "
-                           "this alfworld version is not supported (tested with alfworld==0.4.2)")
-    return text
+  """alfworld's TextWorld grammar for the ALFRED domain, with the task still a placeholder."""
+  text = (importlib.resources.files("alfworld") / "data" / "alfred.twl2").read_text()
+  if _TASK_PLACEHOLDER not in text:
+    raise RuntimeError(
+      f"alfworld's grammar no longer contains {_TASK_PLACEHOLDER!r}; "
+      "this alfworld version is not supported (tested with alfworld==0.4.2)"
+    )
+  return text
 
 
-def game_json(problem: str, task_desc: str, walkthrough: Sequence[str] | None = None,
-              extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The content of a `.tw-pddl` file for `problem` with task sentence `task_desc`."""
-    data = {
-        "pddl_domain": domain_text(),
-        "grammar": grammar_text().replace(_TASK_PLACEHOLDER, task_desc),
-        "pddl_problem": problem,
-        "solvable": walkthrough is not None,
-        "walkthrough": list(walkthrough) if walkthrough is not None else None,
-    }
-    data.update(extra or {})
-    return data
+def game_json(
+  problem: str,
+  task_desc: str,
+  walkthrough: Sequence[str] | None = None,
+  extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+  """The content of a `.tw-pddl` file for `problem` with task sentence `task_desc`."""
+  data = {
+    "pddl_domain": domain_text(),
+    "grammar": grammar_text().replace(_TASK_PLACEHOLDER, task_desc),
+    "pddl_problem": problem,
+    "solvable": walkthrough is not None,
+    "walkthrough": list(walkthrough) if walkthrough is not None else None,
+  }
+  data.update(extra or {})
+  return data
 
 
 def write_game_file(path: str, data: dict[str, Any]) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(data, f)
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path, "w") as f:
+    json.dump(data, f)
 
 
 # Every PddlEnv loads a private copy of Fast Downward's C++ library (34 MB). Unloading a copy
@@ -66,27 +80,32 @@ _IDLE_LOCK = threading.Lock()
 
 
 def start_engine(policy_commands: bool = False, facts: bool = False) -> Any:
-    """A TextWorld PDDL env wrapped like alfworld's text env (demangled names, gamefile in the state).
+  """A TextWorld PDDL env wrapped like alfworld's text env (demangled names, gamefile in the state).
 
-    Load a game with `.load(path)`, then `.reset()` / `.step(command)` return TextWorld GameStates.
-    `policy_commands=True` asks the planner for a plan at every state (slow: use for experts only).
-    """
-    key = (bool(policy_commands), bool(facts))
-    with _IDLE_LOCK:
-        if _IDLE.get(key):
-            return _IDLE[key].pop()
-    import textworld
-    from textworld.envs import PddlEnv
-    from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
+  Load a game with `.load(path)`, then `.reset()` / `.step(command)` return TextWorld GameStates.
+  `policy_commands=True` asks the planner for a plan at every state (slow: use for experts only).
+  """
+  key = (bool(policy_commands), bool(facts))
+  with _IDLE_LOCK:
+    if _IDLE.get(key):
+      return _IDLE[key].pop()
+  import textworld
+  from textworld.envs import PddlEnv
+  from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
 
-    infos = textworld.EnvInfos(won=True, admissible_commands=True, policy_commands=policy_commands, facts=facts,
-                               extras=["gamefile"])
-    env = AlfredInfos(AlfredDemangler(PddlEnv(infos), shuffle=False))
-    env.sdar_engine_key = key
-    return env
+  infos = textworld.EnvInfos(
+    won=True,
+    admissible_commands=True,
+    policy_commands=policy_commands,
+    facts=facts,
+    extras=["gamefile"],
+  )
+  env = AlfredInfos(AlfredDemangler(PddlEnv(infos), shuffle=False))
+  env.sdar_engine_key = key
+  return env
 
 
 def release_engine(env: Any) -> None:
-    """Parks an engine for reuse by `start_engine` (its library stays loaded: see `_IDLE`)."""
-    with _IDLE_LOCK:
-        _IDLE.setdefault(getattr(env, "sdar_engine_key", (False, False)), []).append(env)
+  """Parks an engine for reuse by `start_engine` (its library stays loaded: see `_IDLE`)."""
+  with _IDLE_LOCK:
+    _IDLE.setdefault(getattr(env, "sdar_engine_key", (False, False)), []).append(env)

@@ -13,6 +13,7 @@ One deliberate difference: when "</action>" occurs only before "<action>", the r
 empty string and calls it valid; we look for the closing tag after the opening one and otherwise
 treat the tags as missing (no-op, invalid).
 """
+
 from __future__ import annotations
 
 import re
@@ -26,18 +27,18 @@ _OPEN, _CLOSE = "<action>", "</action>"
 
 
 def project_action(text: str) -> tuple[str, bool]:
-    """Returns (command for the env, format valid)."""
-    lowered = text.lower()
-    start = lowered.find(_OPEN)
-    end = lowered.find(_CLOSE, start + len(_OPEN)) if start != -1 else -1
-    if start == -1 or end == -1:
-        return lowered[-NO_TAG_TAIL_CHARS:], False
-    action = lowered[start + len(_OPEN):end].strip()
-    valid = "<think>" in text and "</think>" in text and not _CJK.search(text)
-    return action, valid
+  """Returns (command for the env, format valid)."""
+  lowered = text.lower()
+  start = lowered.find(_OPEN)
+  end = lowered.find(_CLOSE, start + len(_OPEN)) if start != -1 else -1
+  if start == -1 or end == -1:
+    return lowered[-NO_TAG_TAIL_CHARS:], False
+  action = lowered[start + len(_OPEN) : end].strip()
+  valid = "<think>" in text and "</think>" in text and not _CJK.search(text)
+  return action, valid
 
 
 def project_actions(texts: Sequence[str]) -> tuple[list[str], list[bool]]:
-    """Batched `project_action`: (commands, validity flags)."""
-    pairs = [project_action(t) for t in texts]
-    return [a for a, _ in pairs], [v for _, v in pairs]
+  """Batched `project_action`: (commands, validity flags)."""
+  pairs = [project_action(t) for t in texts]
+  return [a for a, _ in pairs], [v for _, v in pairs]

@@ -8,6 +8,7 @@ numbered items "N. Title: principle. Apply this when ...". The mapping has
   contains it, the first matching key in file order wins,
 - `task_keywords` (optional): skill name -> keywords for the keyword rule.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,107 +23,123 @@ GENERAL = "general"
 
 
 def skills_dir(env: str) -> str:
-    """The folder of the skills shipped for environment `env`."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), env)
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"no skills for environment {env!r} (expected the folder {path})")
-    return path
+  """The folder of the skills shipped for environment `env`."""
+  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), env)
+  if not os.path.isdir(path):
+    raise FileNotFoundError(f"no skills for environment {env!r} (expected the folder {path})")
+  return path
 
 
 @dataclasses.dataclass(frozen=True)
 class SkillItem:
-    """One numbered strategy from a skill file."""
-    skill: str    # the skill (file) it comes from, e.g. "heat"
-    number: int   # its number in that file
-    text: str     # "Title: principle. Apply this when ...", without the number
+  """One numbered strategy from a skill file."""
 
-    @property
-    def title(self) -> str:
-        return self.text.split(":", 1)[0]
+  skill: str  # the skill (file) it comes from, e.g. "heat"
+  number: int  # its number in that file
+  text: str  # "Title: principle. Apply this when ...", without the number
+
+  @property
+  def title(self) -> str:
+    return self.text.split(":", 1)[0]
 
 
 @dataclasses.dataclass(frozen=True)
 class SkillFile:
-    name: str
-    header: str
-    intro: str
-    items: tuple[SkillItem, ...]
-    raw: str  # the file's text, stripped
+  name: str
+  header: str
+  intro: str
+  items: tuple[SkillItem, ...]
+  raw: str  # the file's text, stripped
 
-    def render(self, items: tuple[SkillItem, ...] | None = None) -> str:
-        """Header, intro and the given items (default all), renumbered from 1."""
-        chosen = self.items if items is None else items
-        lines = [self.header, self.intro, ""] + [f"{n}. {item.text}" for n, item in enumerate(chosen, 1)]
-        return "\n".join(lines)
+  def render(self, items: tuple[SkillItem, ...] | None = None) -> str:
+    """Header, intro and the given items (default all), renumbered from 1."""
+    chosen = self.items if items is None else items
+    lines = [self.header, self.intro, ""] + [
+      f"{n}. {item.text}" for n, item in enumerate(chosen, 1)
+    ]
+    return "\n".join(lines)
 
 
 def _parse_skill_file(name: str, text: str) -> SkillFile:
-    lines = text.strip().splitlines()
-    if not lines or not lines[0].startswith("###"):
-        raise ValueError(f"skill file {name!r} must start with a '### ... ###' header line, got {lines[:1]}")
-    header, intro_lines, items, current = lines[0].strip(), [], [], None
-    for line in lines[1:]:
-        match = _ITEM_START.match(line.strip())
-        if match:
-            if current:
-                items.append(current)
-            current = [int(match.group(1)), match.group(2).strip()]
-        elif current:
-            if line.strip():
-                current[1] += " " + line.strip()
-        elif line.strip():
-            intro_lines.append(line.strip())
-    if current:
+  lines = text.strip().splitlines()
+  if not lines or not lines[0].startswith("###"):
+    raise ValueError(
+      f"skill file {name!r} must start with a '### ... ###' header line, got {lines[:1]}"
+    )
+  header, intro_lines, items, current = lines[0].strip(), [], [], None
+  for line in lines[1:]:
+    match = _ITEM_START.match(line.strip())
+    if match:
+      if current:
         items.append(current)
-    if not items:
-        raise ValueError(f"skill file {name!r} has no numbered items ('1. Title: ...')")
-    return SkillFile(name, header, " ".join(intro_lines),
-                     tuple(SkillItem(name, number, body) for number, body in items), text.strip())
+      current = [int(match.group(1)), match.group(2).strip()]
+    elif current:
+      if line.strip():
+        current[1] += " " + line.strip()
+    elif line.strip():
+      intro_lines.append(line.strip())
+  if current:
+    items.append(current)
+  if not items:
+    raise ValueError(f"skill file {name!r} has no numbered items ('1. Title: ...')")
+  return SkillFile(
+    name,
+    header,
+    " ".join(intro_lines),
+    tuple(SkillItem(name, number, body) for number, body in items),
+    text.strip(),
+  )
 
 
 @dataclasses.dataclass(frozen=True)
 class SkillLibrary:
-    """The general file, the task files (in mapping order) and the matching rules of one environment."""
-    general: SkillFile | None
-    tasks: dict[str, SkillFile]
-    task_to_skill: dict[str, str]
-    task_keywords: dict[str, list[str]]
+  """The general file, the task files (in mapping order) and the matching rules of one environment."""
 
-    @classmethod
-    def load(cls, folder_or_env: str) -> "SkillLibrary":
-        """Loads a skills folder, or the shipped skills of an environment name (e.g. "alfworld")."""
-        folder = folder_or_env if os.path.isdir(folder_or_env) else skills_dir(folder_or_env)
-        with open(os.path.join(folder, "skill_mapping.json")) as f:
-            mapping = json.load(f)
-        files = {}
-        for name, filename in mapping["skill_files"].items():
-            with open(os.path.join(folder, filename)) as f:
-                files[name] = _parse_skill_file(name, f.read())
-        unknown = {s for s in mapping.get("task_to_skill", {}).values() if s not in files}
-        if unknown:
-            raise ValueError(f"task_to_skill in {folder} names skills without a file: {sorted(unknown)}")
-        return cls(general=files.pop(GENERAL, None), tasks=files,
-                   task_to_skill=dict(mapping.get("task_to_skill", {})),
-                   task_keywords={k: list(v) for k, v in mapping.get("task_keywords", {}).items()})
+  general: SkillFile | None
+  tasks: dict[str, SkillFile]
+  task_to_skill: dict[str, str]
+  task_keywords: dict[str, list[str]]
 
-    def all_items(self) -> list[SkillItem]:
-        """Every item: general first, then the task files in mapping order."""
-        files = ([self.general] if self.general else []) + list(self.tasks.values())
-        return [item for f in files for item in f.items]
+  @classmethod
+  def load(cls, folder_or_env: str) -> "SkillLibrary":
+    """Loads a skills folder, or the shipped skills of an environment name (e.g. "alfworld")."""
+    folder = folder_or_env if os.path.isdir(folder_or_env) else skills_dir(folder_or_env)
+    with open(os.path.join(folder, "skill_mapping.json")) as f:
+      mapping = json.load(f)
+    files = {}
+    for name, filename in mapping["skill_files"].items():
+      with open(os.path.join(folder, filename)) as f:
+        files[name] = _parse_skill_file(name, f.read())
+    unknown = {s for s in mapping.get("task_to_skill", {}).values() if s not in files}
+    if unknown:
+      raise ValueError(f"task_to_skill in {folder} names skills without a file: {sorted(unknown)}")
+    return cls(
+      general=files.pop(GENERAL, None),
+      tasks=files,
+      task_to_skill=dict(mapping.get("task_to_skill", {})),
+      task_keywords={k: list(v) for k, v in mapping.get("task_keywords", {}).items()},
+    )
 
-    def file(self, name: str) -> SkillFile:
-        if name == GENERAL and self.general:
-            return self.general
-        return self.tasks[name]
+  def all_items(self) -> list[SkillItem]:
+    """Every item: general first, then the task files in mapping order."""
+    files = ([self.general] if self.general else []) + list(self.tasks.values())
+    return [item for f in files for item in f.items]
 
-    def match_task(self, key: str) -> str | None:
-        """The skill for a game path or task type: the first task_to_skill key contained in it."""
-        for task_key, skill in self.task_to_skill.items():
-            if task_key in key:
-                return skill
-        return None
+  def file(self, name: str) -> SkillFile:
+    if name == GENERAL and self.general:
+      return self.general
+    return self.tasks[name]
 
-    def match_keywords(self, text: str) -> list[str]:
-        """Skills whose keywords occur in `text` (lower-cased substring test), in task_keywords order."""
-        lowered = text.lower()
-        return [skill for skill, words in self.task_keywords.items() if any(w and w in lowered for w in words)]
+  def match_task(self, key: str) -> str | None:
+    """The skill for a game path or task type: the first task_to_skill key contained in it."""
+    for task_key, skill in self.task_to_skill.items():
+      if task_key in key:
+        return skill
+    return None
+
+  def match_keywords(self, text: str) -> list[str]:
+    """Skills whose keywords occur in `text` (lower-cased substring test), in task_keywords order."""
+    lowered = text.lower()
+    return [
+      skill for skill, words in self.task_keywords.items() if any(w and w in lowered for w in words)
+    ]

@@ -17,6 +17,7 @@ Strategies:
 string the caller places before the chat-templated prompt (teacher; for Skill-GRPO also student),
 or "" when there is no skill text.
 """
+
 from __future__ import annotations
 
 import random
@@ -33,107 +34,128 @@ BLOCK_HEADER = "[Privileged Skill Information]\n"
 
 
 def _import_bm25s() -> Any:
-    """Imports bm25s without letting it import JAX (it does when JAX is installed): envs/ stays JAX-free.
+  """Imports bm25s without letting it import JAX (it does when JAX is installed): envs/ stays JAX-free.
 
-    If JAX is already loaded (the trainer process) bm25s may use it; we always ask for numpy selection.
-    """
-    if "bm25s" in sys.modules or "jax" in sys.modules:
-        import bm25s
-        return bm25s
-    sys.modules["jax"] = None  # type: ignore[assignment]  # makes `import jax` raise ImportError
-    try:
-        import bm25s
-    finally:
-        del sys.modules["jax"]
+  If JAX is already loaded (the trainer process) bm25s may use it; we always ask for numpy selection.
+  """
+  if "bm25s" in sys.modules or "jax" in sys.modules:
+    import bm25s
+
     return bm25s
+  sys.modules["jax"] = None  # type: ignore[assignment]  # makes `import jax` raise ImportError
+  try:
+    import bm25s
+  finally:
+    del sys.modules["jax"]
+  return bm25s
 
 
 class SkillRetriever:
-    """Selects skill text for a turn-sample.
+  """Selects skill text for a turn-sample.
 
-    Args:
-      library: a SkillLibrary, or an environment name / skills folder to load one from.
-      strategy: one of STRATEGIES.
-      rules_version: for "rules", "pre_fix" (general only) or "post_fix" (general + matched task file).
-      top_k: items returned by "bm25" and "random".
-      seed: seed of the "random" strategy.
-    """
+  Args:
+    library: a SkillLibrary, or an environment name / skills folder to load one from.
+    strategy: one of STRATEGIES.
+    rules_version: for "rules", "pre_fix" (general only) or "post_fix" (general + matched task file).
+    top_k: items returned by "bm25" and "random".
+    seed: seed of the "random" strategy.
+  """
 
-    def __init__(self, library: SkillLibrary | str = "alfworld", strategy: str = "rules",
-                 rules_version: str = "post_fix", top_k: int = 5, seed: int = 0):
-        if strategy not in STRATEGIES:
-            raise ValueError(f"unknown skill strategy {strategy!r}; choose one of {STRATEGIES}")
-        if rules_version not in RULES_VERSIONS:
-            raise ValueError(f"unknown rules_version {rules_version!r}; choose one of {RULES_VERSIONS}")
-        if top_k < 1:
-            raise ValueError(f"top_k must be >= 1, got {top_k}")
-        self.library = library if isinstance(library, SkillLibrary) else SkillLibrary.load(library)
-        self.strategy = strategy
-        self.rules_version = rules_version
-        self.top_k = top_k
-        self.seed = seed
-        self._items = self.library.all_items()
-        self._rng = random.Random(seed)
-        self._bm25: Any = None
+  def __init__(
+    self,
+    library: SkillLibrary | str = "alfworld",
+    strategy: str = "rules",
+    rules_version: str = "post_fix",
+    top_k: int = 5,
+    seed: int = 0,
+  ):
+    if strategy not in STRATEGIES:
+      raise ValueError(f"unknown skill strategy {strategy!r}; choose one of {STRATEGIES}")
+    if rules_version not in RULES_VERSIONS:
+      raise ValueError(f"unknown rules_version {rules_version!r}; choose one of {RULES_VERSIONS}")
+    if top_k < 1:
+      raise ValueError(f"top_k must be >= 1, got {top_k}")
+    self.library = library if isinstance(library, SkillLibrary) else SkillLibrary.load(library)
+    self.strategy = strategy
+    self.rules_version = rules_version
+    self.top_k = top_k
+    self.seed = seed
+    self._items = self.library.all_items()
+    self._rng = random.Random(seed)
+    self._bm25: Any = None
 
-    # -- strategies ----------------------------------------------------------------------------
+  # -- strategies ----------------------------------------------------------------------------
 
-    def _rules(self, task_type: str | None, gamefile: str | None, query: str) -> str:
-        general = [self.library.general.raw] if self.library.general else []
-        if self.rules_version == "pre_fix":
-            return "\n\n".join(general)
-        skill = None
-        if gamefile:
-            skill = self.library.match_task(gamefile)
-        if skill is None and task_type:
-            skill = self.library.match_task(task_type)
-        skills = [skill] if skill else (self.library.match_keywords(query) if query else [])
-        return "\n\n".join(general + [self.library.file(s).raw for s in skills])
+  def _rules(self, task_type: str | None, gamefile: str | None, query: str) -> str:
+    general = [self.library.general.raw] if self.library.general else []
+    if self.rules_version == "pre_fix":
+      return "\n\n".join(general)
+    skill = None
+    if gamefile:
+      skill = self.library.match_task(gamefile)
+    if skill is None and task_type:
+      skill = self.library.match_task(task_type)
+    skills = [skill] if skill else (self.library.match_keywords(query) if query else [])
+    return "\n\n".join(general + [self.library.file(s).raw for s in skills])
 
-    def _render(self, items: list[SkillItem]) -> str:
-        """Items grouped under their file's header, files in library order, renumbered within each file."""
-        blocks = []
-        for name in ([GENERAL] if self.library.general else []) + list(self.library.tasks):
-            chosen = tuple(item for item in items if item.skill == name)
-            if chosen:
-                blocks.append(self.library.file(name).render(chosen))
-        return "\n\n".join(blocks)
+  def _render(self, items: list[SkillItem]) -> str:
+    """Items grouped under their file's header, files in library order, renumbered within each file."""
+    blocks = []
+    for name in ([GENERAL] if self.library.general else []) + list(self.library.tasks):
+      chosen = tuple(item for item in items if item.skill == name)
+      if chosen:
+        blocks.append(self.library.file(name).render(chosen))
+    return "\n\n".join(blocks)
 
-    def _bm25_items(self, query: str) -> list[SkillItem]:
-        bm25s = _import_bm25s()
-        if self._bm25 is None:
-            corpus = bm25s.tokenize([item.text for item in self._items], stopwords="en", show_progress=False)
-            self._bm25 = bm25s.BM25()
-            self._bm25.index(corpus, show_progress=False)
-        tokens = bm25s.tokenize([query], stopwords="en", return_ids=False, show_progress=False)
-        vocab = self._bm25.vocab_dict
-        tokens = [[t for t in tokens[0] if t in vocab]]
-        if not tokens[0]:
-            return []
-        k = min(self.top_k, len(self._items))
-        ids, scores = self._bm25.retrieve(tokens, k=k, show_progress=False, backend_selection="numpy", n_threads=0)
-        return [self._items[int(i)] for i, s in zip(ids[0], scores[0]) if s > 0]
+  def _bm25_items(self, query: str) -> list[SkillItem]:
+    bm25s = _import_bm25s()
+    if self._bm25 is None:
+      corpus = bm25s.tokenize(
+        [item.text for item in self._items], stopwords="en", show_progress=False
+      )
+      self._bm25 = bm25s.BM25()
+      self._bm25.index(corpus, show_progress=False)
+    tokens = bm25s.tokenize([query], stopwords="en", return_ids=False, show_progress=False)
+    vocab = self._bm25.vocab_dict
+    tokens = [[t for t in tokens[0] if t in vocab]]
+    if not tokens[0]:
+      return []
+    k = min(self.top_k, len(self._items))
+    ids, scores = self._bm25.retrieve(
+      tokens, k=k, show_progress=False, backend_selection="numpy", n_threads=0
+    )
+    return [self._items[int(i)] for i, s in zip(ids[0], scores[0]) if s > 0]
 
-    def _random_items(self, sample_id: Any) -> list[SkillItem]:
-        rng = self._rng if sample_id is None else random.Random(f"{self.seed}:{sample_id}")
-        picked = rng.sample(range(len(self._items)), min(self.top_k, len(self._items)))
-        return [self._items[i] for i in sorted(picked)]
+  def _random_items(self, sample_id: Any) -> list[SkillItem]:
+    rng = self._rng if sample_id is None else random.Random(f"{self.seed}:{sample_id}")
+    picked = rng.sample(range(len(self._items)), min(self.top_k, len(self._items)))
+    return [self._items[i] for i in sorted(picked)]
 
-    # -- public --------------------------------------------------------------------------------
+  # -- public --------------------------------------------------------------------------------
 
-    def skill_text(self, task_type: str | None = None, gamefile: str | None = None, query: str = "",
-                   sample_id: Any = None) -> str:
-        """The selected skill text ("" for "none", or when bm25 finds nothing relevant)."""
-        if self.strategy == "none":
-            return ""
-        if self.strategy == "rules":
-            return self._rules(task_type, gamefile, query)
-        if self.strategy == "bm25":
-            return self._render(self._bm25_items(query or (task_type or "").replace("_", " ")))
-        return self._render(self._random_items(sample_id))
+  def skill_text(
+    self,
+    task_type: str | None = None,
+    gamefile: str | None = None,
+    query: str = "",
+    sample_id: Any = None,
+  ) -> str:
+    """The selected skill text ("" for "none", or when bm25 finds nothing relevant)."""
+    if self.strategy == "none":
+      return ""
+    if self.strategy == "rules":
+      return self._rules(task_type, gamefile, query)
+    if self.strategy == "bm25":
+      return self._render(self._bm25_items(query or (task_type or "").replace("_", " ")))
+    return self._render(self._random_items(sample_id))
 
-    def privileged_block(self, task_type: str | None = None, gamefile: str | None = None, query: str = "",
-                         sample_id: Any = None) -> str:
-        """The block to place before the chat-templated prompt ("" when there is no skill text)."""
-        text = self.skill_text(task_type=task_type, gamefile=gamefile, query=query, sample_id=sample_id)
-        return f"{BLOCK_HEADER}{text}\n\n" if text else ""
+  def privileged_block(
+    self,
+    task_type: str | None = None,
+    gamefile: str | None = None,
+    query: str = "",
+    sample_id: Any = None,
+  ) -> str:
+    """The block to place before the chat-templated prompt ("" when there is no skill text)."""
+    text = self.skill_text(task_type=task_type, gamefile=gamefile, query=query, sample_id=sample_id)
+    return f"{BLOCK_HEADER}{text}\n\n" if text else ""

@@ -23,6 +23,7 @@ counted as a sequence. Positions where mask == 0 are zeroed with `where`, so NaN
 padding cannot leak into the value or its gradient. The last guard differs from verl only
 when a row has no response token at all (impossible in verl, common for our bucket padding).
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -40,72 +41,72 @@ AGG_MODES: Registry[AggFn] = Registry("aggregation mode")
 
 
 def _safe(d: ArrayLike) -> Array:
-    """A denominator that is never zero (0 -> 1; the numerator is then 0 as well)."""
-    d = jnp.asarray(d, jnp.float32)
-    return jnp.where(d > 0, d, 1.0)
+  """A denominator that is never zero (0 -> 1; the numerator is then 0 as well)."""
+  d = jnp.asarray(d, jnp.float32)
+  return jnp.where(d > 0, d, 1.0)
 
 
 def masked_values(values: ArrayLike, mask: ArrayLike) -> tuple[Array, Array]:
-    """Returns (values*mask with masked-out positions exactly 0, mask as float32)."""
-    values = jnp.asarray(values, jnp.float32)
-    m = jnp.asarray(mask, jnp.float32)
-    if m.shape != values.shape:
-        raise ValueError(f"mask shape {m.shape} must equal values shape {values.shape}")
-    return jnp.where(m != 0, values * m, 0.0), m
+  """Returns (values*mask with masked-out positions exactly 0, mask as float32)."""
+  values = jnp.asarray(values, jnp.float32)
+  m = jnp.asarray(mask, jnp.float32)
+  if m.shape != values.shape:
+    raise ValueError(f"mask shape {m.shape} must equal values shape {values.shape}")
+  return jnp.where(m != 0, values * m, 0.0), m
 
 
 def token_count(mask: ArrayLike) -> Array:
-    """Sum of the mask (the token-mean denominator of this batch)."""
-    return jnp.sum(jnp.asarray(mask, jnp.float32))
+  """Sum of the mask (the token-mean denominator of this batch)."""
+  return jnp.sum(jnp.asarray(mask, jnp.float32))
 
 
 def seq_count(mask: ArrayLike) -> Array:
-    """Number of rows with at least one masked token (the seq-mean denominator)."""
-    m = jnp.asarray(mask, jnp.float32)
-    return jnp.sum((jnp.sum(m, axis=-1) > 0).astype(jnp.float32))
+  """Number of rows with at least one masked token (the seq-mean denominator)."""
+  m = jnp.asarray(mask, jnp.float32)
+  return jnp.sum((jnp.sum(m, axis=-1) > 0).astype(jnp.float32))
 
 
 def masked_mean(values: ArrayLike, mask: ArrayLike, denom: ArrayLike | None = None) -> Array:
-    """sum(values*mask) / denom, denom = sum(mask) by default (see module doc)."""
-    vm, m = masked_values(values, mask)
-    d = jnp.sum(m) if denom is None else denom
-    return jnp.sum(vm) / _safe(d)
+  """sum(values*mask) / denom, denom = sum(mask) by default (see module doc)."""
+  vm, m = masked_values(values, mask)
+  d = jnp.sum(m) if denom is None else denom
+  return jnp.sum(vm) / _safe(d)
 
 
 @AGG_MODES.register("token-mean")
 def _token_mean(values: Array, mask: Array, denom=None, num_seqs=None) -> Array:
-    del num_seqs  # token-mean normalises by tokens only
-    return masked_mean(values, mask, denom)
+  del num_seqs  # token-mean normalises by tokens only
+  return masked_mean(values, mask, denom)
 
 
 @AGG_MODES.register("seq-mean-token-sum")
 def _seq_mean_token_sum(values: Array, mask: Array, denom=None, num_seqs=None) -> Array:
-    del denom
-    vm, m = masked_values(values, mask)
-    row_sums = jnp.sum(vm, axis=-1)
-    n = seq_count(m) if num_seqs is None else num_seqs
-    return jnp.sum(row_sums) / _safe(n)
+  del denom
+  vm, m = masked_values(values, mask)
+  row_sums = jnp.sum(vm, axis=-1)
+  n = seq_count(m) if num_seqs is None else num_seqs
+  return jnp.sum(row_sums) / _safe(n)
 
 
 @AGG_MODES.register("seq-mean-token-mean")
 def _seq_mean_token_mean(values: Array, mask: Array, denom=None, num_seqs=None) -> Array:
-    del denom
-    vm, m = masked_values(values, mask)
-    row_means = jnp.sum(vm, axis=-1) / _safe(jnp.sum(m, axis=-1))
-    n = seq_count(m) if num_seqs is None else num_seqs
-    return jnp.sum(row_means) / _safe(n)
+  del denom
+  vm, m = masked_values(values, mask)
+  row_means = jnp.sum(vm, axis=-1) / _safe(jnp.sum(m, axis=-1))
+  n = seq_count(m) if num_seqs is None else num_seqs
+  return jnp.sum(row_means) / _safe(n)
 
 
 def agg_loss(
-    values: ArrayLike,
-    mask: ArrayLike,
-    agg: str = "token-mean",
-    denom: ArrayLike | None = None,
-    num_seqs: ArrayLike | None = None,
+  values: ArrayLike,
+  mask: ArrayLike,
+  agg: str = "token-mean",
+  denom: ArrayLike | None = None,
+  num_seqs: ArrayLike | None = None,
 ) -> Array:
-    """Aggregates per-token `values` under `mask` with mode `agg` (see module doc).
+  """Aggregates per-token `values` under `mask` with mode `agg` (see module doc).
 
-    `denom` is used by "token-mean" only and `num_seqs` by the seq modes only, so a caller may
-    always pass both.
-    """
-    return AGG_MODES.get(agg)(values, mask, denom, num_seqs)
+  `denom` is used by "token-mean" only and `num_seqs` by the seq modes only, so a caller may
+  always pass both.
+  """
+  return AGG_MODES.get(agg)(values, mask, denom, num_seqs)

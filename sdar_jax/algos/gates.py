@@ -9,6 +9,7 @@ sampled token) and h_t, the student's per-token entropy in nats.
 The entropy and soft-OR gates are described in the paper but absent from the released code;
 these are their formulas taken literally (h and Δ are not rescaled to [0, 1]).
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -26,49 +27,49 @@ GATES: Registry[GateFn] = Registry("gate")
 
 
 def _need_entropy(name: str, entropy: Array | None) -> Array:
-    if entropy is None:
-        raise ValueError(
-            f"gate {name!r} needs the student's per-token entropy: pass entropy=[B, R] "
-            "(e.g. entropy_from_logits(logits)), or use gate 'gap' or 'constant'"
-        )
-    return entropy
+  if entropy is None:
+    raise ValueError(
+      f"gate {name!r} needs the student's per-token entropy: pass entropy=[B, R] "
+      "(e.g. entropy_from_logits(logits)), or use gate 'gap' or 'constant'"
+    )
+  return entropy
 
 
 @GATES.register("gap")
 def gap_gate(beta: ArrayLike, gap: Array, entropy: Array | None = None) -> Array:
-    del entropy
-    return jax.nn.sigmoid(beta * gap)
+  del entropy
+  return jax.nn.sigmoid(beta * gap)
 
 
 @GATES.register("entropy")
 def entropy_gate(beta: ArrayLike, gap: Array, entropy: Array | None = None) -> Array:
-    del gap
-    return jax.nn.sigmoid(beta * _need_entropy("entropy", entropy))
+  del gap
+  return jax.nn.sigmoid(beta * _need_entropy("entropy", entropy))
 
 
 @GATES.register("soft_or")
 def soft_or_gate(beta: ArrayLike, gap: Array, entropy: Array | None = None) -> Array:
-    h = _need_entropy("soft_or", entropy)
-    return jax.nn.sigmoid(beta * (1.0 - (1.0 - h) * (1.0 - gap)))
+  h = _need_entropy("soft_or", entropy)
+  return jax.nn.sigmoid(beta * (1.0 - (1.0 - h) * (1.0 - gap)))
 
 
 @GATES.register("constant")
 def constant_gate(beta: ArrayLike, gap: Array, entropy: Array | None = None) -> Array:
-    del beta, entropy
-    return jnp.full_like(gap, 0.5)
+  del beta, entropy
+  return jnp.full_like(gap, 0.5)
 
 
 def compute_gate(
-    name: str,
-    *,
-    beta: ArrayLike,
-    gap: ArrayLike,
-    entropy: ArrayLike | None = None,
+  name: str,
+  *,
+  beta: ArrayLike,
+  gap: ArrayLike,
+  entropy: ArrayLike | None = None,
 ) -> Array:
-    """Gate `name` evaluated on `gap` (and `entropy`); inputs and output are stop-gradient."""
-    fn = GATES.get(name)
-    gap = jax.lax.stop_gradient(jnp.asarray(gap, jnp.float32))
-    if entropy is not None:
-        entropy = jax.lax.stop_gradient(jnp.asarray(entropy, jnp.float32))
-    beta = jax.lax.stop_gradient(jnp.asarray(beta, jnp.float32))
-    return jax.lax.stop_gradient(fn(beta, gap, entropy))
+  """Gate `name` evaluated on `gap` (and `entropy`); inputs and output are stop-gradient."""
+  fn = GATES.get(name)
+  gap = jax.lax.stop_gradient(jnp.asarray(gap, jnp.float32))
+  if entropy is not None:
+    entropy = jax.lax.stop_gradient(jnp.asarray(entropy, jnp.float32))
+  beta = jax.lax.stop_gradient(jnp.asarray(beta, jnp.float32))
+  return jax.lax.stop_gradient(fn(beta, gap, entropy))

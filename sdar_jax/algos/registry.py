@@ -1,4 +1,5 @@
 """A tiny name -> function registry, so configs select objectives by string."""
+
 from __future__ import annotations
 
 from typing import Callable, Generic, Iterator, TypeVar
@@ -7,51 +8,49 @@ F = TypeVar("F", bound=Callable)
 
 
 class Registry(Generic[F]):
-    """Maps names to functions; `get` fails with the list of valid names.
+  """Maps names to functions; `get` fails with the list of valid names.
 
-    Usage::
+  Usage::
 
-        GATES = Registry("gate")
+      GATES = Registry("gate")
 
-        @GATES.register("gap")
-        def gap_gate(...): ...
+      @GATES.register("gap")
+      def gap_gate(...): ...
 
-        GATES.get("gap")
-    """
+      GATES.get("gap")
+  """
 
-    def __init__(self, kind: str):
-        self.kind = kind
-        self._items: dict[str, F] = {}
+  def __init__(self, kind: str):
+    self.kind = kind
+    self._items: dict[str, F] = {}
 
-    def register(self, name: str) -> Callable[[F], F]:
-        """Decorator registering a function under `name` (duplicates are an error)."""
+  def register(self, name: str) -> Callable[[F], F]:
+    """Decorator registering a function under `name` (duplicates are an error)."""
 
-        def decorator(fn: F) -> F:
-            if name in self._items:
-                raise ValueError(f"{self.kind} {name!r} is already registered")
-            self._items[name] = fn
-            return fn
+    def decorator(fn: F) -> F:
+      if name in self._items:
+        raise ValueError(f"{self.kind} {name!r} is already registered")
+      self._items[name] = fn
+      return fn
 
-        return decorator
+    return decorator
 
-    def get(self, name: str) -> F:
-        """Returns the function registered as `name`."""
-        try:
-            return self._items[name]
-        except KeyError:
-            raise ValueError(
-                f"unknown {self.kind} {name!r}; valid names: {self.names()}"
-            ) from None
+  def get(self, name: str) -> F:
+    """Returns the function registered as `name`."""
+    try:
+      return self._items[name]
+    except KeyError:
+      raise ValueError(f"unknown {self.kind} {name!r}; valid names: {self.names()}") from None
 
-    def names(self) -> list[str]:
-        """The registered names, sorted."""
-        return sorted(self._items)
+  def names(self) -> list[str]:
+    """The registered names, sorted."""
+    return sorted(self._items)
 
-    def __contains__(self, name: object) -> bool:
-        return name in self._items
+  def __contains__(self, name: object) -> bool:
+    return name in self._items
 
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.names())
+  def __iter__(self) -> Iterator[str]:
+    return iter(self.names())
 
-    def __repr__(self) -> str:
-        return f"Registry({self.kind!r}, {self.names()})"
+  def __repr__(self) -> str:
+    return f"Registry({self.kind!r}, {self.names()})"

@@ -2,12 +2,33 @@
 
 from sdar_jax.models.config import ModelConfig
 from sdar_jax.models.hf_io import load_pretrained, save_pretrained
-from sdar_jax.models.qwen import (KVCache, Params, apply, forward, hidden_states, init_params,
-                                  logits_from_hidden, param_logical_axes, param_shapes,
-                                  param_specs, positions_from_mask)
+from sdar_jax.models.qwen import (
+  KVCache,
+  Params,
+  apply,
+  forward,
+  hidden_states,
+  init_params,
+  logits_from_hidden,
+  param_logical_axes,
+  param_shapes,
+  param_specs,
+  positions_from_mask,
+)
 
 __all__ = [
-    "ModelConfig", "Params", "KVCache", "load_pretrained", "save_pretrained", "init_params",
-    "forward", "apply", "hidden_states", "logits_from_hidden", "param_logical_axes",
-    "param_shapes", "param_specs", "positions_from_mask",
+  "ModelConfig",
+  "Params",
+  "KVCache",
+  "load_pretrained",
+  "save_pretrained",
+  "init_params",
+  "forward",
+  "apply",
+  "hidden_states",
+  "logits_from_hidden",
+  "param_logical_axes",
+  "param_shapes",
+  "param_specs",
+  "positions_from_mask",
 ]

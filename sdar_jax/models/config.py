@@ -55,14 +55,24 @@ class ModelConfig:
     for field in ("dtype", "param_dtype"):
       if getattr(self, field) not in DTYPES:
         raise ValueError(f"ModelConfig.{field}={getattr(self, field)!r}; choose one of {DTYPES}.")
-    for field in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-                  "num_kv_heads", "head_dim"):
+    for field in (
+      "vocab_size",
+      "hidden_size",
+      "intermediate_size",
+      "num_layers",
+      "num_heads",
+      "num_kv_heads",
+      "head_dim",
+    ):
       if int(getattr(self, field)) <= 0:
-        raise ValueError(f"ModelConfig.{field}={getattr(self, field)!r} must be a positive integer.")
+        raise ValueError(
+          f"ModelConfig.{field}={getattr(self, field)!r} must be a positive integer."
+        )
     if self.num_heads % self.num_kv_heads:
       raise ValueError(
-          f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}: "
-          "grouped-query attention needs every kv head to serve the same number of q heads.")
+        f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}: "
+        "grouped-query attention needs every kv head to serve the same number of q heads."
+      )
     if self.head_dim % 2:
       raise ValueError(f"head_dim={self.head_dim} must be even for rotary embeddings.")
 
@@ -107,36 +117,54 @@ class ModelConfig:
     return sorted(_PRESETS)
 
   @classmethod
-  def qwen2_5_0_5b(cls, **kw): return cls.preset("qwen2.5-0.5b", **kw)
+  def qwen2_5_0_5b(cls, **kw):
+    return cls.preset("qwen2.5-0.5b", **kw)
 
   @classmethod
-  def qwen2_5_1_5b(cls, **kw): return cls.preset("qwen2.5-1.5b", **kw)
+  def qwen2_5_1_5b(cls, **kw):
+    return cls.preset("qwen2.5-1.5b", **kw)
 
   @classmethod
-  def qwen2_5_3b(cls, **kw): return cls.preset("qwen2.5-3b", **kw)
+  def qwen2_5_3b(cls, **kw):
+    return cls.preset("qwen2.5-3b", **kw)
 
   @classmethod
-  def qwen2_5_7b(cls, **kw): return cls.preset("qwen2.5-7b", **kw)
+  def qwen2_5_7b(cls, **kw):
+    return cls.preset("qwen2.5-7b", **kw)
 
   @classmethod
-  def qwen3_0_6b(cls, **kw): return cls.preset("qwen3-0.6b", **kw)
+  def qwen3_0_6b(cls, **kw):
+    return cls.preset("qwen3-0.6b", **kw)
 
   @classmethod
-  def qwen3_1_7b(cls, **kw): return cls.preset("qwen3-1.7b", **kw)
+  def qwen3_1_7b(cls, **kw):
+    return cls.preset("qwen3-1.7b", **kw)
 
   @classmethod
-  def qwen3_4b(cls, **kw): return cls.preset("qwen3-4b", **kw)
+  def qwen3_4b(cls, **kw):
+    return cls.preset("qwen3-4b", **kw)
 
   @classmethod
-  def qwen3_8b(cls, **kw): return cls.preset("qwen3-8b", **kw)
+  def qwen3_8b(cls, **kw):
+    return cls.preset("qwen3-8b", **kw)
 
   @classmethod
   def tiny(cls, family: str = "qwen3", **kw) -> "ModelConfig":
     """A small random model of the given family, for the CPU demo, tests and benches."""
-    base = dict(family=family, vocab_size=4096, hidden_size=256, intermediate_size=768,
-                num_layers=4, num_heads=8, num_kv_heads=4, head_dim=32,
-                qkv_bias=family == "qwen2", qk_norm=family == "qwen3",
-                tie_word_embeddings=False, name=f"tiny-{family}")
+    base = dict(
+      family=family,
+      vocab_size=4096,
+      hidden_size=256,
+      intermediate_size=768,
+      num_layers=4,
+      num_heads=8,
+      num_kv_heads=4,
+      head_dim=32,
+      qkv_bias=family == "qwen2",
+      qk_norm=family == "qwen3",
+      tie_word_embeddings=False,
+      name=f"tiny-{family}",
+    )
     base.update(kw)
     return cls(**base)
 
@@ -149,43 +177,49 @@ class ModelConfig:
       if os.path.isdir(path):
         path = os.path.join(path, "config.json")
       if not os.path.exists(path):
-        raise FileNotFoundError(f"No config.json at {path!r}: point at a Hugging Face model directory.")
+        raise FileNotFoundError(
+          f"No config.json at {path!r}: point at a Hugging Face model directory."
+        )
       with open(path) as f:
         hf = json.load(f)
     family = _family_of(hf)
     if hf.get("hidden_act", "silu") != "silu":
-      raise ValueError(f"hidden_act={hf['hidden_act']!r}: Qwen decoders use 'silu'; this checkpoint is not supported.")
+      raise ValueError(
+        f"hidden_act={hf['hidden_act']!r}: Qwen decoders use 'silu'; this checkpoint is not supported."
+      )
     if hf.get("use_sliding_window", False):
       raise NotImplementedError(
-          "use_sliding_window=True is not supported (no published Qwen2.5/Qwen3 model uses it); "
-          "set it to false in config.json if the sliding window is not needed.")
+        "use_sliding_window=True is not supported (no published Qwen2.5/Qwen3 model uses it); "
+        "set it to false in config.json if the sliding window is not needed."
+      )
     theta, rope_type = _rope_of(hf)
     if rope_type not in (None, "default"):
       raise NotImplementedError(
-          f"rope type {rope_type!r} (rope scaling) is not supported; only default RoPE is implemented.")
+        f"rope type {rope_type!r} (rope scaling) is not supported; only default RoPE is implemented."
+      )
     heads = int(hf["num_attention_heads"])
     head_dim = hf.get("head_dim") or int(hf["hidden_size"]) // heads
     attention_bias = bool(hf.get("attention_bias", False))
     dtype = hf.get("dtype") or hf.get("torch_dtype") or "float32"
     values = dict(
-        family=family,
-        vocab_size=int(hf["vocab_size"]),
-        hidden_size=int(hf["hidden_size"]),
-        intermediate_size=int(hf["intermediate_size"]),
-        num_layers=int(hf["num_hidden_layers"]),
-        num_heads=heads,
-        num_kv_heads=int(hf.get("num_key_value_heads") or heads),
-        head_dim=int(head_dim),
-        rope_theta=float(theta),
-        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        qkv_bias=True if family == "qwen2" else attention_bias,
-        o_bias=False if family == "qwen2" else attention_bias,
-        qk_norm=family == "qwen3",
-        max_position_embeddings=int(hf.get("max_position_embeddings", 32768)),
-        dtype=dtype if dtype in DTYPES else "float32",
-        param_dtype=dtype if dtype in DTYPES else "float32",
-        name=hf.get("_name_or_path") or family,
+      family=family,
+      vocab_size=int(hf["vocab_size"]),
+      hidden_size=int(hf["hidden_size"]),
+      intermediate_size=int(hf["intermediate_size"]),
+      num_layers=int(hf["num_hidden_layers"]),
+      num_heads=heads,
+      num_kv_heads=int(hf.get("num_key_value_heads") or heads),
+      head_dim=int(head_dim),
+      rope_theta=float(theta),
+      rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+      tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+      qkv_bias=True if family == "qwen2" else attention_bias,
+      o_bias=False if family == "qwen2" else attention_bias,
+      qk_norm=family == "qwen3",
+      max_position_embeddings=int(hf.get("max_position_embeddings", 32768)),
+      dtype=dtype if dtype in DTYPES else "float32",
+      param_dtype=dtype if dtype in DTYPES else "float32",
+      name=hf.get("_name_or_path") or family,
     )
     values.update(overrides)
     return cls(**values)
@@ -193,41 +227,46 @@ class ModelConfig:
   def to_hf_config(self) -> dict[str, Any]:
     """A config.json dict that transformers' AutoConfig reads back into the same architecture."""
     if self.family == "qwen2" and (not self.qkv_bias or self.qk_norm or self.o_bias):
-      raise ValueError("A qwen2-family config must have qkv_bias=True, qk_norm=False, o_bias=False "
-                       "to be expressible as a transformers Qwen2 config.")
+      raise ValueError(
+        "A qwen2-family config must have qkv_bias=True, qk_norm=False, o_bias=False "
+        "to be expressible as a transformers Qwen2 config."
+      )
     if self.family == "qwen3" and (not self.qk_norm or self.qkv_bias != self.o_bias):
-      raise ValueError("A qwen3-family config must have qk_norm=True and qkv_bias == o_bias "
-                       "(transformers' attention_bias) to be expressible as a transformers Qwen3 config.")
+      raise ValueError(
+        "A qwen3-family config must have qk_norm=True and qkv_bias == o_bias "
+        "(transformers' attention_bias) to be expressible as a transformers Qwen3 config."
+      )
     hf = {
-        "architectures": ["Qwen2ForCausalLM" if self.family == "qwen2" else "Qwen3ForCausalLM"],
-        "model_type": self.family,
-        "vocab_size": self.vocab_size,
-        "hidden_size": self.hidden_size,
-        "intermediate_size": self.intermediate_size,
-        "num_hidden_layers": self.num_layers,
-        "num_attention_heads": self.num_heads,
-        "num_key_value_heads": self.num_kv_heads,
-        "hidden_act": "silu",
-        "max_position_embeddings": self.max_position_embeddings,
-        "rms_norm_eps": self.rms_norm_eps,
-        "rope_theta": self.rope_theta,
-        "rope_parameters": {"rope_theta": self.rope_theta, "rope_type": "default"},
-        "tie_word_embeddings": self.tie_word_embeddings,
-        "use_sliding_window": False,
-        "attention_dropout": 0.0,
-        "initializer_range": 0.02,
-        "use_cache": True,
-        "dtype": self.param_dtype,
-        "bos_token_id": 151643,
-        "eos_token_id": 151645,
+      "architectures": ["Qwen2ForCausalLM" if self.family == "qwen2" else "Qwen3ForCausalLM"],
+      "model_type": self.family,
+      "vocab_size": self.vocab_size,
+      "hidden_size": self.hidden_size,
+      "intermediate_size": self.intermediate_size,
+      "num_hidden_layers": self.num_layers,
+      "num_attention_heads": self.num_heads,
+      "num_key_value_heads": self.num_kv_heads,
+      "hidden_act": "silu",
+      "max_position_embeddings": self.max_position_embeddings,
+      "rms_norm_eps": self.rms_norm_eps,
+      "rope_theta": self.rope_theta,
+      "rope_parameters": {"rope_theta": self.rope_theta, "rope_type": "default"},
+      "tie_word_embeddings": self.tie_word_embeddings,
+      "use_sliding_window": False,
+      "attention_dropout": 0.0,
+      "initializer_range": 0.02,
+      "use_cache": True,
+      "dtype": self.param_dtype,
+      "bos_token_id": 151643,
+      "eos_token_id": 151645,
     }
     if self.family == "qwen3":
       hf["head_dim"] = self.head_dim
       hf["attention_bias"] = self.qkv_bias
     elif self.head_dim * self.num_heads != self.hidden_size:
       raise ValueError(
-          f"qwen2 family derives head_dim from hidden_size / num_heads, but head_dim={self.head_dim} != "
-          f"{self.hidden_size} / {self.num_heads}.")
+        f"qwen2 family derives head_dim from hidden_size / num_heads, but head_dim={self.head_dim} != "
+        f"{self.hidden_size} / {self.num_heads}."
+      )
     return hf
 
 
@@ -240,8 +279,9 @@ def _family_of(hf: dict[str, Any]) -> str:
     if arch in _ARCHITECTURES:
       return _ARCHITECTURES[arch]
   raise ValueError(
-      f"Unsupported architecture (model_type={model_type!r}, architectures={archs}): sdar-jax implements "
-      f"Qwen2 / Qwen2.5 (model_type 'qwen2') and Qwen3 (model_type 'qwen3') dense decoders only.")
+    f"Unsupported architecture (model_type={model_type!r}, architectures={archs}): sdar-jax implements "
+    f"Qwen2 / Qwen2.5 (model_type 'qwen2') and Qwen3 (model_type 'qwen3') dense decoders only."
+  )
 
 
 def _rope_of(hf: dict[str, Any]) -> tuple[float, str | None]:
@@ -258,27 +298,55 @@ def _rope_of(hf: dict[str, Any]) -> tuple[float, str | None]:
 
 
 def _qwen2(name, layers, hidden, inter, heads, kv, vocab, tied):
-  return ModelConfig(family="qwen2", vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
-                     num_layers=layers, num_heads=heads, num_kv_heads=kv, head_dim=hidden // heads,
-                     rope_theta=1e6, tie_word_embeddings=tied, qkv_bias=True, qk_norm=False,
-                     max_position_embeddings=32768, dtype="bfloat16", param_dtype="bfloat16", name=name)
+  return ModelConfig(
+    family="qwen2",
+    vocab_size=vocab,
+    hidden_size=hidden,
+    intermediate_size=inter,
+    num_layers=layers,
+    num_heads=heads,
+    num_kv_heads=kv,
+    head_dim=hidden // heads,
+    rope_theta=1e6,
+    tie_word_embeddings=tied,
+    qkv_bias=True,
+    qk_norm=False,
+    max_position_embeddings=32768,
+    dtype="bfloat16",
+    param_dtype="bfloat16",
+    name=name,
+  )
 
 
 def _qwen3(name, layers, hidden, inter, heads, kv, tied, theta=1e6):
-  return ModelConfig(family="qwen3", vocab_size=151936, hidden_size=hidden, intermediate_size=inter,
-                     num_layers=layers, num_heads=heads, num_kv_heads=kv, head_dim=128,
-                     rope_theta=theta, tie_word_embeddings=tied, qkv_bias=False, qk_norm=True,
-                     max_position_embeddings=40960, dtype="bfloat16", param_dtype="bfloat16", name=name)
+  return ModelConfig(
+    family="qwen3",
+    vocab_size=151936,
+    hidden_size=hidden,
+    intermediate_size=inter,
+    num_layers=layers,
+    num_heads=heads,
+    num_kv_heads=kv,
+    head_dim=128,
+    rope_theta=theta,
+    tie_word_embeddings=tied,
+    qkv_bias=False,
+    qk_norm=True,
+    max_position_embeddings=40960,
+    dtype="bfloat16",
+    param_dtype="bfloat16",
+    name=name,
+  )
 
 
 _PRESETS: dict[str, ModelConfig] = {
-    "qwen2.5-0.5b": _qwen2("Qwen2.5-0.5B-Instruct", 24, 896, 4864, 14, 2, 151936, True),
-    "qwen2.5-1.5b": _qwen2("Qwen2.5-1.5B-Instruct", 28, 1536, 8960, 12, 2, 151936, True),
-    "qwen2.5-3b": _qwen2("Qwen2.5-3B-Instruct", 36, 2048, 11008, 16, 2, 151936, True),
-    "qwen2.5-7b": _qwen2("Qwen2.5-7B-Instruct", 28, 3584, 18944, 28, 4, 152064, False),
-    "qwen3-0.6b": _qwen3("Qwen3-0.6B", 28, 1024, 3072, 16, 8, True),
-    "qwen3-1.7b": _qwen3("Qwen3-1.7B", 28, 2048, 6144, 16, 8, True),
-    "qwen3-4b": _qwen3("Qwen3-4B", 36, 2560, 9728, 32, 8, True),
-    "qwen3-4b-2507": _qwen3("Qwen3-4B-Instruct-2507", 36, 2560, 9728, 32, 8, True, theta=5e6),
-    "qwen3-8b": _qwen3("Qwen3-8B", 36, 4096, 12288, 32, 8, False),
+  "qwen2.5-0.5b": _qwen2("Qwen2.5-0.5B-Instruct", 24, 896, 4864, 14, 2, 151936, True),
+  "qwen2.5-1.5b": _qwen2("Qwen2.5-1.5B-Instruct", 28, 1536, 8960, 12, 2, 151936, True),
+  "qwen2.5-3b": _qwen2("Qwen2.5-3B-Instruct", 36, 2048, 11008, 16, 2, 151936, True),
+  "qwen2.5-7b": _qwen2("Qwen2.5-7B-Instruct", 28, 3584, 18944, 28, 4, 152064, False),
+  "qwen3-0.6b": _qwen3("Qwen3-0.6B", 28, 1024, 3072, 16, 8, True),
+  "qwen3-1.7b": _qwen3("Qwen3-1.7B", 28, 2048, 6144, 16, 8, True),
+  "qwen3-4b": _qwen3("Qwen3-4B", 36, 2560, 9728, 32, 8, True),
+  "qwen3-4b-2507": _qwen3("Qwen3-4B-Instruct-2507", 36, 2560, 9728, 32, 8, True, theta=5e6),
+  "qwen3-8b": _qwen3("Qwen3-8B", 36, 4096, 12288, 32, 8, False),
 }

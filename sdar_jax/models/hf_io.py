@@ -28,27 +28,27 @@ from sdar_jax.models.qwen import Params, param_specs
 # ----------------------------------------------------------------------------------- name table
 # (HF name relative to `model.layers.{i}.`, our name under params["layers"], transform)
 LAYER_TABLE: tuple[tuple[str, str, str], ...] = (
-    ("input_layernorm.weight", "attn_norm", "copy"),
-    ("self_attn.q_proj.weight", "q_proj", "in_heads"),
-    ("self_attn.k_proj.weight", "k_proj", "in_heads"),
-    ("self_attn.v_proj.weight", "v_proj", "in_heads"),
-    ("self_attn.o_proj.weight", "o_proj", "out_heads"),
-    ("self_attn.q_proj.bias", "q_bias", "heads"),
-    ("self_attn.k_proj.bias", "k_bias", "heads"),
-    ("self_attn.v_proj.bias", "v_bias", "heads"),
-    ("self_attn.o_proj.bias", "o_bias", "copy"),
-    ("self_attn.q_norm.weight", "q_norm", "copy"),
-    ("self_attn.k_norm.weight", "k_norm", "copy"),
-    ("post_attention_layernorm.weight", "mlp_norm", "copy"),
-    ("mlp.gate_proj.weight", "gate_proj", "transpose"),
-    ("mlp.up_proj.weight", "up_proj", "transpose"),
-    ("mlp.down_proj.weight", "down_proj", "transpose"),
+  ("input_layernorm.weight", "attn_norm", "copy"),
+  ("self_attn.q_proj.weight", "q_proj", "in_heads"),
+  ("self_attn.k_proj.weight", "k_proj", "in_heads"),
+  ("self_attn.v_proj.weight", "v_proj", "in_heads"),
+  ("self_attn.o_proj.weight", "o_proj", "out_heads"),
+  ("self_attn.q_proj.bias", "q_bias", "heads"),
+  ("self_attn.k_proj.bias", "k_bias", "heads"),
+  ("self_attn.v_proj.bias", "v_bias", "heads"),
+  ("self_attn.o_proj.bias", "o_bias", "copy"),
+  ("self_attn.q_norm.weight", "q_norm", "copy"),
+  ("self_attn.k_norm.weight", "k_norm", "copy"),
+  ("post_attention_layernorm.weight", "mlp_norm", "copy"),
+  ("mlp.gate_proj.weight", "gate_proj", "transpose"),
+  ("mlp.up_proj.weight", "up_proj", "transpose"),
+  ("mlp.down_proj.weight", "down_proj", "transpose"),
 )
 # (HF name, our top-level name, transform)
 TOP_TABLE: tuple[tuple[str, str, str], ...] = (
-    ("model.embed_tokens.weight", "embed", "copy"),
-    ("model.norm.weight", "final_norm", "copy"),
-    ("lm_head.weight", "lm_head", "transpose"),
+  ("model.embed_tokens.weight", "embed", "copy"),
+  ("model.norm.weight", "final_norm", "copy"),
+  ("lm_head.weight", "lm_head", "transpose"),
 )
 # Buffers some exporters include; never parameters.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -95,7 +95,9 @@ def _to_hf(kind: str, x: np.ndarray) -> np.ndarray:
   raise ValueError(kind)
 
 
-def expected_tensors(config: ModelConfig) -> dict[str, tuple[tuple[str, ...], str, tuple[int, ...]]]:
+def expected_tensors(
+  config: ModelConfig,
+) -> dict[str, tuple[tuple[str, ...], str, tuple[int, ...]]]:
   """HF name -> (our path, transform, HF shape) for every tensor this config needs."""
   specs = param_specs(config)
   out = {}
@@ -112,10 +114,16 @@ def expected_tensors(config: ModelConfig) -> dict[str, tuple[tuple[str, ...], st
 
 # ----------------------------------------------------------------------------------- safetensors
 _ST_DTYPES = {
-    "F64": np.dtype(np.float64), "F32": np.dtype(np.float32), "F16": np.dtype(np.float16),
-    "BF16": np.dtype(ml_dtypes.bfloat16), "I64": np.dtype(np.int64), "I32": np.dtype(np.int32),
-    "I16": np.dtype(np.int16), "I8": np.dtype(np.int8), "U8": np.dtype(np.uint8),
-    "BOOL": np.dtype(np.bool_),
+  "F64": np.dtype(np.float64),
+  "F32": np.dtype(np.float32),
+  "F16": np.dtype(np.float16),
+  "BF16": np.dtype(ml_dtypes.bfloat16),
+  "I64": np.dtype(np.int64),
+  "I32": np.dtype(np.int32),
+  "I16": np.dtype(np.int16),
+  "I8": np.dtype(np.int8),
+  "U8": np.dtype(np.uint8),
+  "BOOL": np.dtype(np.bool_),
 }
 _ST_NAMES = {v: k for k, v in _ST_DTYPES.items()}
 
@@ -155,11 +163,13 @@ class SafetensorsFile:
     if self._mmap is None:
       self._mmap = np.memmap(self.path, dtype=np.uint8, mode="r")
     begin, end = info["data_offsets"]
-    buf = self._mmap[self._data_start + begin:self._data_start + end]
+    buf = self._mmap[self._data_start + begin : self._data_start + end]
     return buf.view(_ST_DTYPES[info["dtype"]]).reshape(info["shape"])
 
 
-def write_safetensors(path: str, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None):
+def write_safetensors(
+  path: str, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None
+):
   """Writes a .safetensors file (header padded to 8 bytes, tensors in the given order)."""
   header: dict[str, Any] = {}
   offset = 0
@@ -168,8 +178,11 @@ def write_safetensors(path: str, tensors: dict[str, np.ndarray], metadata: dict[
     x = np.ascontiguousarray(x)
     if x.dtype not in _ST_NAMES:
       raise ValueError(f"tensor {name!r}: dtype {x.dtype} cannot be stored in safetensors.")
-    header[name] = {"dtype": _ST_NAMES[x.dtype], "shape": list(x.shape),
-                    "data_offsets": [offset, offset + x.nbytes]}
+    header[name] = {
+      "dtype": _ST_NAMES[x.dtype],
+      "shape": list(x.shape),
+      "data_offsets": [offset, offset + x.nbytes],
+    }
     offset += x.nbytes
     arrays.append(x)
   if metadata:
@@ -200,22 +213,33 @@ def _checkpoint_files(hf_dir: str) -> list[str]:
   if os.path.exists(single):
     return [single]
   present = sorted(os.listdir(hf_dir))
-  hint = (" It holds PyTorch .bin weights: convert them to safetensors first "
-          "(transformers: model.save_pretrained(dir, safe_serialization=True))."
-          if any(name.endswith(".bin") for name in present) else "")
+  hint = (
+    " It holds PyTorch .bin weights: convert them to safetensors first "
+    "(transformers: model.save_pretrained(dir, safe_serialization=True))."
+    if any(name.endswith(".bin") for name in present)
+    else ""
+  )
   raise FileNotFoundError(
-      f"No model.safetensors or model.safetensors.index.json in {hf_dir} (found: {present}).{hint}")
+    f"No model.safetensors or model.safetensors.index.json in {hf_dir} (found: {present}).{hint}"
+  )
 
 
 def check_tensors(config: ModelConfig, available: dict[str, tuple[int, ...]]) -> None:
   """Raises one ValueError naming every missing, unexpected and mis-shaped tensor."""
   expected = expected_tensors(config)
   missing = [name for name in expected if name not in available]
-  unexpected = [name for name in available if name not in expected
-                and not name.endswith(_IGNORED_SUFFIXES)
-                and not (name == "lm_head.weight" and config.tie_word_embeddings)]
-  misshaped = [f"{name}: checkpoint {tuple(available[name])}, config expects {expected[name][2]}"
-               for name in expected if name in available and tuple(available[name]) != expected[name][2]]
+  unexpected = [
+    name
+    for name in available
+    if name not in expected
+    and not name.endswith(_IGNORED_SUFFIXES)
+    and not (name == "lm_head.weight" and config.tie_word_embeddings)
+  ]
+  misshaped = [
+    f"{name}: checkpoint {tuple(available[name])}, config expects {expected[name][2]}"
+    for name in expected
+    if name in available and tuple(available[name]) != expected[name][2]
+  ]
   problems = []
   if missing:
     problems.append(f"missing tensors ({len(missing)}): {_short(missing)}")
@@ -224,9 +248,14 @@ def check_tensors(config: ModelConfig, available: dict[str, tuple[int, ...]]) ->
   if misshaped:
     problems.append(f"mis-shaped tensors ({len(misshaped)}): {_short(misshaped)}")
   if problems:
-    raise ValueError("Checkpoint does not match its config.json (" + config.name + "): "
-                     + "; ".join(problems) + ". Check that config.json and the weights come from "
-                     "the same model.")
+    raise ValueError(
+      "Checkpoint does not match its config.json ("
+      + config.name
+      + "): "
+      + "; ".join(problems)
+      + ". Check that config.json and the weights come from "
+      "the same model."
+    )
 
 
 def _short(items: list[str], limit: int = 8) -> str:
@@ -234,8 +263,9 @@ def _short(items: list[str], limit: int = 8) -> str:
   return shown + (f", ... (+{len(items) - limit} more)" if len(items) > limit else "")
 
 
-def load_pretrained(hf_dir: str | os.PathLike, dtype: str | None = "float32", mesh=None,
-                    rules=None) -> tuple[ModelConfig, Params]:
+def load_pretrained(
+  hf_dir: str | os.PathLike, dtype: str | None = "float32", mesh=None, rules=None
+) -> tuple[ModelConfig, Params]:
   """Loads a Hugging Face Qwen2/2.5/3 directory into (ModelConfig, params).
 
   `dtype` sets both the parameter storage and the compute dtype ("float32" or "bfloat16"; None
@@ -256,6 +286,7 @@ def load_pretrained(hf_dir: str | os.PathLike, dtype: str | None = "float32", me
   shardings = None
   if mesh is not None:
     from sdar_jax import sharding as sharding_lib
+
     shardings = sharding_lib.param_shardings(config, mesh, rules)
 
   def convert(hf_name: str, kind: str, shape: tuple[int, ...]) -> np.ndarray:
@@ -275,8 +306,9 @@ def load_pretrained(hf_dir: str | os.PathLike, dtype: str | None = "float32", me
     if ours not in specs["layers"]:
       continue
     shape = specs["layers"][ours].shape[1:]
-    stacked = np.stack([convert(f"model.layers.{i}.{hf_suffix}", kind, shape)
-                        for i in range(config.num_layers)])
+    stacked = np.stack(
+      [convert(f"model.layers.{i}.{hf_suffix}", kind, shape) for i in range(config.num_layers)]
+    )
     params["layers"][ours] = place(stacked, ("layers", ours))
   return config, params
 
@@ -295,9 +327,13 @@ def to_hf_tensors(config: ModelConfig, params: Params) -> Iterable[tuple[str, np
         yield f"model.layers.{i}.{hf_suffix}", _to_hf(kind, np.asarray(host["layers"][ours][i]))
 
 
-def save_pretrained(config: ModelConfig, params: Params, out_dir: str | os.PathLike,
-                    max_shard_bytes: int = 4 * 2**30, tokenizer_dir: str | os.PathLike | None = None
-                    ) -> str:
+def save_pretrained(
+  config: ModelConfig,
+  params: Params,
+  out_dir: str | os.PathLike,
+  max_shard_bytes: int = 4 * 2**30,
+  tokenizer_dir: str | os.PathLike | None = None,
+) -> str:
   """Writes a transformers-loadable directory: config.json, generation_config.json, safetensors
   (sharded with an index above `max_shard_bytes`) and, optionally, the tokenizer files.
 
@@ -312,8 +348,11 @@ def save_pretrained(config: ModelConfig, params: Params, out_dir: str | os.PathL
     with open(os.path.join(tmp, "config.json"), "w") as f:
       json.dump(config.to_hf_config(), f, indent=2)
     with open(os.path.join(tmp, "generation_config.json"), "w") as f:
-      json.dump({"bos_token_id": 151643, "eos_token_id": [151645, 151643], "pad_token_id": 151643}, f,
-                indent=2)
+      json.dump(
+        {"bos_token_id": 151643, "eos_token_id": [151645, 151643], "pad_token_id": 151643},
+        f,
+        indent=2,
+      )
     shards: list[dict[str, np.ndarray]] = [{}]
     size = 0
     for name, x in to_hf_tensors(config, params):

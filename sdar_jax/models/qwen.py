@@ -49,18 +49,25 @@ class ParamSpec:
 def param_specs(config: ModelConfig) -> dict[str, Any]:
   """Shape, logical axes and initialiser of every parameter, as a pytree shaped like the params."""
   c = config
-  L, D, N, K, H, F, V = (c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim,
-                         c.intermediate_size, c.vocab_size)
+  L, D, N, K, H, F, V = (
+    c.num_layers,
+    c.hidden_size,
+    c.num_heads,
+    c.num_kv_heads,
+    c.head_dim,
+    c.intermediate_size,
+    c.vocab_size,
+  )
   layers = {
-      "attn_norm": ParamSpec((L, D), ("layers", "norm"), "ones"),
-      "q_proj": ParamSpec((L, D, N, H), ("layers", "embed", "q_heads", "head_dim"), "normal"),
-      "k_proj": ParamSpec((L, D, K, H), ("layers", "embed", "kv_heads", "head_dim"), "normal"),
-      "v_proj": ParamSpec((L, D, K, H), ("layers", "embed", "kv_heads", "head_dim"), "normal"),
-      "o_proj": ParamSpec((L, N, H, D), ("layers", "q_heads", "head_dim", "embed"), "normal"),
-      "mlp_norm": ParamSpec((L, D), ("layers", "norm"), "ones"),
-      "gate_proj": ParamSpec((L, D, F), ("layers", "embed", "mlp"), "normal"),
-      "up_proj": ParamSpec((L, D, F), ("layers", "embed", "mlp"), "normal"),
-      "down_proj": ParamSpec((L, F, D), ("layers", "mlp", "embed"), "normal"),
+    "attn_norm": ParamSpec((L, D), ("layers", "norm"), "ones"),
+    "q_proj": ParamSpec((L, D, N, H), ("layers", "embed", "q_heads", "head_dim"), "normal"),
+    "k_proj": ParamSpec((L, D, K, H), ("layers", "embed", "kv_heads", "head_dim"), "normal"),
+    "v_proj": ParamSpec((L, D, K, H), ("layers", "embed", "kv_heads", "head_dim"), "normal"),
+    "o_proj": ParamSpec((L, N, H, D), ("layers", "q_heads", "head_dim", "embed"), "normal"),
+    "mlp_norm": ParamSpec((L, D), ("layers", "norm"), "ones"),
+    "gate_proj": ParamSpec((L, D, F), ("layers", "embed", "mlp"), "normal"),
+    "up_proj": ParamSpec((L, D, F), ("layers", "embed", "mlp"), "normal"),
+    "down_proj": ParamSpec((L, F, D), ("layers", "mlp", "embed"), "normal"),
   }
   if c.qkv_bias:
     layers["q_bias"] = ParamSpec((L, N, H), ("layers", "q_heads", "head_dim"), "zeros")
@@ -72,9 +79,9 @@ def param_specs(config: ModelConfig) -> dict[str, Any]:
     layers["q_norm"] = ParamSpec((L, H), ("layers", "head_dim"), "ones")
     layers["k_norm"] = ParamSpec((L, H), ("layers", "head_dim"), "ones")
   specs = {
-      "embed": ParamSpec((V, D), ("vocab", "embed"), "normal"),
-      "layers": layers,
-      "final_norm": ParamSpec((D,), ("norm",), "ones"),
+    "embed": ParamSpec((V, D), ("vocab", "embed"), "normal"),
+    "layers": layers,
+    "final_norm": ParamSpec((D,), ("norm",), "ones"),
   }
   if not c.tie_word_embeddings:
     specs["lm_head"] = ParamSpec((D, V), ("embed", "vocab"), "normal")
@@ -93,8 +100,9 @@ def param_logical_axes(config: ModelConfig) -> dict[str, Any]:
 def param_shapes(config: ModelConfig) -> dict[str, Any]:
   """`jax.ShapeDtypeStruct` per parameter (same tree as the params)."""
   dtype = config.jnp_param_dtype
-  return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, dtype), param_specs(config),
-                      is_leaf=_is_spec)
+  return jax.tree.map(
+    lambda s: jax.ShapeDtypeStruct(s.shape, dtype), param_specs(config), is_leaf=_is_spec
+  )
 
 
 def init_params(config: ModelConfig, rng: jax.Array, std: float = 0.02) -> Params:
@@ -125,7 +133,7 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
 def rope_tables(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
   """cos/sin [B, T, head_dim] (float32) for integer positions [B, T]."""
   exponents = np.arange(0, head_dim, 2, dtype=np.float32) / head_dim
-  inv_freq = jnp.asarray(1.0 / (theta ** exponents), jnp.float32)
+  inv_freq = jnp.asarray(1.0 / (theta**exponents), jnp.float32)
   freqs = positions.astype(jnp.float32)[..., None] * inv_freq
   angles = jnp.concatenate([freqs, freqs], axis=-1)
   return jnp.cos(angles), jnp.sin(angles)
@@ -158,8 +166,12 @@ class KVCache(NamedTuple):
   @classmethod
   def empty(cls, config: ModelConfig, batch: int, size: int) -> "KVCache":
     shape = (config.num_layers, batch, size, config.num_kv_heads, config.head_dim)
-    return cls(jnp.zeros(shape, config.jnp_dtype), jnp.zeros(shape, config.jnp_dtype),
-               jnp.zeros((batch, size), jnp.bool_), jnp.zeros((), jnp.int32))
+    return cls(
+      jnp.zeros(shape, config.jnp_dtype),
+      jnp.zeros(shape, config.jnp_dtype),
+      jnp.zeros((batch, size), jnp.bool_),
+      jnp.zeros((), jnp.int32),
+    )
 
   def write(self, k_new: jax.Array, v_new: jax.Array, valid_new: jax.Array) -> "KVCache":
     """Append T new slots (k/v [L, B, T, K, H], valid [B, T]) at `index`."""
@@ -177,7 +189,7 @@ def _attention(q, k, v, mask, cache_k=None, cache_v=None, cache_mask=None):
   B, T, N, H = q.shape
   K = k.shape[2]
   q = q.reshape(B, T, K, N // K, H)
-  scale = H ** -0.5
+  scale = H**-0.5
   scores = jnp.einsum("btkgh,bskh->bkgts", q, k, preferred_element_type=jnp.float32) * scale
   scores = jnp.where(mask[:, None, None], scores, _MASKED)
   if cache_k is None:
@@ -188,13 +200,15 @@ def _attention(q, k, v, mask, cache_k=None, cache_v=None, cache_mask=None):
     cached = jnp.einsum("btkgh,bskh->bkgts", q, cache_k, preferred_element_type=jnp.float32) * scale
     cached = jnp.where(cache_mask[:, None, None, None, :], cached, _MASKED)
     probs = jax.nn.softmax(jnp.concatenate([cached, scores], axis=-1), axis=-1).astype(v.dtype)
-    out = (jnp.einsum("bkgts,bskh->btkgh", probs[..., :S], cache_v)
-           + jnp.einsum("bkgts,bskh->btkgh", probs[..., S:], v))
+    out = jnp.einsum("bkgts,bskh->btkgh", probs[..., :S], cache_v) + jnp.einsum(
+      "bkgts,bskh->btkgh", probs[..., S:], v
+    )
   return out.reshape(B, T, N, H)
 
 
-def qkv_projection(config: ModelConfig, p: Params, x: jax.Array
-                   ) -> tuple[jax.Array, jax.Array, jax.Array]:
+def qkv_projection(
+  config: ModelConfig, p: Params, x: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
   """One layer's pre-attention norm and q/k/v projections of x [..., D] -> q [..., N, H] and
   k, v [..., K, H], with the q/k/v bias (Qwen2) or the per-head q/k RMSNorm (Qwen3); no RoPE."""
   eps, dt = config.rms_norm_eps, x.dtype
@@ -212,8 +226,9 @@ def qkv_projection(config: ModelConfig, p: Params, x: jax.Array
   return q, k, v
 
 
-def attention_out_and_mlp(config: ModelConfig, p: Params, x: jax.Array, attn: jax.Array
-                          ) -> jax.Array:
+def attention_out_and_mlp(
+  config: ModelConfig, p: Params, x: jax.Array, attn: jax.Array
+) -> jax.Array:
   """The rest of a layer after attention: o_proj of attn [..., N, H] into the residual x [..., D],
   then the gated SiLU MLP block."""
   dt = x.dtype
@@ -236,9 +251,14 @@ def _layer(config: ModelConfig, p: Params, x, cos, sin, mask, cache_kv, cache_ma
   return attention_out_and_mlp(config, p, x, attn), (k, v)
 
 
-def apply(config: ModelConfig, params: Params, tokens: jax.Array, positions: jax.Array,
-          attention_mask: jax.Array, cache: KVCache | None = None
-          ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+def apply(
+  config: ModelConfig,
+  params: Params,
+  tokens: jax.Array,
+  positions: jax.Array,
+  attention_mask: jax.Array,
+  cache: KVCache | None = None,
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
   """Runs the decoder on new tokens [B, T] and returns (final-normed hidden [B, T, D], new k/v).
 
   `attention_mask` [B, T] marks real new tokens (0 = padding); new tokens attend causally to the
@@ -254,8 +274,9 @@ def apply(config: ModelConfig, params: Params, tokens: jax.Array, positions: jax
 
   def body(x, layer_inputs):
     layer_params, cache_kv = layer_inputs
-    return _layer(config, layer_params, x, cos, sin, mask, cache_kv,
-                  None if cache is None else cache.valid)
+    return _layer(
+      config, layer_params, x, cos, sin, mask, cache_kv, None if cache is None else cache.valid
+    )
 
   if config.remat:
     body = jax.checkpoint(body, policy=jax.checkpoint_policies.nothing_saveable)
@@ -275,8 +296,9 @@ def logits_from_hidden(config: ModelConfig, params: Params, hidden: jax.Array) -
   return jnp.einsum("...d,dv->...v", hidden, w, preferred_element_type=jnp.float32)
 
 
-def hidden_states(config: ModelConfig, params: Params, tokens: jax.Array,
-                  attention_mask: jax.Array | None = None) -> jax.Array:
+def hidden_states(
+  config: ModelConfig, params: Params, tokens: jax.Array, attention_mask: jax.Array | None = None
+) -> jax.Array:
   """Final-normed hidden states [B, T, D] of a (left-padded) batch."""
   if attention_mask is None:
     attention_mask = jnp.ones(tokens.shape, jnp.int32)
@@ -284,8 +306,9 @@ def hidden_states(config: ModelConfig, params: Params, tokens: jax.Array,
   return h
 
 
-def _forward(config: ModelConfig, params: Params, tokens: jax.Array,
-             attention_mask: jax.Array | None = None) -> jax.Array:
+def _forward(
+  config: ModelConfig, params: Params, tokens: jax.Array, attention_mask: jax.Array | None = None
+) -> jax.Array:
   return logits_from_hidden(config, params, hidden_states(config, params, tokens, attention_mask))
 
 
@@ -301,5 +324,7 @@ def forward(config: ModelConfig, params: Params, tokens, attention_mask=None) ->
   if attention_mask is not None:
     attention_mask = jnp.asarray(attention_mask, jnp.int32)
     if attention_mask.shape != tokens.shape:
-      raise ValueError(f"attention_mask shape {attention_mask.shape} != tokens shape {tokens.shape}.")
+      raise ValueError(
+        f"attention_mask shape {attention_mask.shape} != tokens shape {tokens.shape}."
+      )
   return _forward_jit(config, params, tokens, attention_mask)

@@ -5,5 +5,15 @@ from sdar_jax.rollout.batching import TurnSample, episodes_to_samples, pack_batc
 from sdar_jax.rollout.replay import ReplayQueue
 from sdar_jax.rollout.trajectory import Episode, Turn
 
-__all__ = ["AgentLoop", "EnvAdapter", "Episode", "ReplayQueue", "Turn", "TurnSample",
-           "episodes_to_samples", "get_adapter", "pack_batch", "plan_minibatches"]
+__all__ = [
+  "AgentLoop",
+  "EnvAdapter",
+  "Episode",
+  "ReplayQueue",
+  "Turn",
+  "TurnSample",
+  "episodes_to_samples",
+  "get_adapter",
+  "pack_batch",
+  "plan_minibatches",
+]

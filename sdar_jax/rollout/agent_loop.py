@@ -49,11 +49,19 @@ class AlfworldAdapter:
 
   def user_text(self, view: EpisodeView, history_length: int) -> str:
     from envs.alfworld import build_prompt
-    return build_prompt(view.task, view.history, view.observation, view.admissible,
-                        step=len(view.history), history_length=history_length)
+
+    return build_prompt(
+      view.task,
+      view.history,
+      view.observation,
+      view.admissible,
+      step=len(view.history),
+      history_length=history_length,
+    )
 
   def project(self, text: str) -> tuple[str, bool]:
     from envs.alfworld import project_action
+
     return project_action(text)
 
   def skill_query(self, view: EpisodeView) -> str:
@@ -90,11 +98,24 @@ class AgentLoop:
     skills_in_student: Skill-GRPO: the block goes inside the student's user message.
   """
 
-  def __init__(self, pool, adapter: EnvAdapter, sampler: Sampler, tokenizer: Tokenizer,
-               chat_template: str, sampling: SamplingParams, max_turns: int,
-               history_length: int = 2, max_prompt_len: int = 2048, truncation: str = "error",
-               retriever=None, with_teacher: bool = False, skills_in_student: bool = False,
-               enable_thinking: bool = False, progress: bool = True):
+  def __init__(
+    self,
+    pool,
+    adapter: EnvAdapter,
+    sampler: Sampler,
+    tokenizer: Tokenizer,
+    chat_template: str,
+    sampling: SamplingParams,
+    max_turns: int,
+    history_length: int = 2,
+    max_prompt_len: int = 2048,
+    truncation: str = "error",
+    retriever=None,
+    with_teacher: bool = False,
+    skills_in_student: bool = False,
+    enable_thinking: bool = False,
+    progress: bool = True,
+  ):
     if truncation not in ("error", "left"):
       raise ValueError(f"rollout.prompt_truncation={truncation!r}; choose 'error' or 'left'.")
     if (with_teacher or skills_in_student) and retriever is None:
@@ -117,48 +138,68 @@ class AgentLoop:
 
   # ------------------------------------------------------------------------------- prompts
   def _template(self, user: str) -> str:
-    return apply_chat_template([{"role": "user", "content": user}], self.chat_template,
-                               add_generation_prompt=True, enable_thinking=self.enable_thinking)
+    return apply_chat_template(
+      [{"role": "user", "content": user}],
+      self.chat_template,
+      add_generation_prompt=True,
+      enable_thinking=self.enable_thinking,
+    )
 
   def _fit(self, ids: list[int], where: str) -> list[int]:
     if len(ids) <= self.max_prompt_len:
       return ids
     if self.truncation == "left":
-      return ids[-self.max_prompt_len:]
+      return ids[-self.max_prompt_len :]
     raise PromptTooLongError(
-        f"{where}: the prompt has {len(ids)} tokens, more than rollout.max_prompt_len="
-        f"{self.max_prompt_len}. Raise --config.rollout.max_prompt_len, shorten env.history, or set "
-        f"--config.rollout.prompt_truncation=left to keep the last tokens.")
+      f"{where}: the prompt has {len(ids)} tokens, more than rollout.max_prompt_len="
+      f"{self.max_prompt_len}. Raise --config.rollout.max_prompt_len, shorten env.history, or set "
+      f"--config.rollout.prompt_truncation=left to keep the last tokens."
+    )
 
-  def build_prompts(self, view: EpisodeView, sample_id: Any, where: str
-                    ) -> tuple[list[int], list[int] | None]:
+  def build_prompts(
+    self, view: EpisodeView, sample_id: Any, where: str
+  ) -> tuple[list[int], list[int] | None]:
     """(student prompt ids, teacher prompt ids or None) for one episode's current turn."""
     user = self.adapter.user_text(view, self.history_length)
     block = ""
     if self.with_teacher or self.skills_in_student:
-      block = self.retriever.privileged_block(task_type=view.task_type, gamefile=view.gamefile,
-                                              query=self.adapter.skill_query(view),
-                                              sample_id=sample_id)
+      block = self.retriever.privileged_block(
+        task_type=view.task_type,
+        gamefile=view.gamefile,
+        query=self.adapter.skill_query(view),
+        sample_id=sample_id,
+      )
     if self.skills_in_student:
       user = block + user
     student_text = self._template(user)
     student = self._fit(self.tokenizer.encode(student_text), where)
     teacher = None
     if self.with_teacher:
-      teacher = self.tokenizer.encode(block + student_text) if not self.skills_in_student else student
+      teacher = (
+        self.tokenizer.encode(block + student_text) if not self.skills_in_student else student
+      )
     return student, teacher
 
   # ------------------------------------------------------------------------------- rollout
-  def run(self, params, tasks: Sequence[int], group_ids: Sequence[int], rng: jax.Array,
-          policy_version: int = 0, sampling: SamplingParams | None = None,
-          desc: str = "rollout") -> list[Episode]:
+  def run(
+    self,
+    params,
+    tasks: Sequence[int],
+    group_ids: Sequence[int],
+    rng: jax.Array,
+    policy_version: int = 0,
+    sampling: SamplingParams | None = None,
+    desc: str = "rollout",
+  ) -> list[Episode]:
     """Plays one episode per entry of `tasks` on envs 0..len(tasks)-1 and returns them."""
     sampling = sampling or self.sampling
     n = len(tasks)
     if n > len(self.pool):
       raise ValueError(f"{n} episodes requested but the env pool has {len(self.pool)} envs.")
-    episodes = [Episode(env_index=i, task_id=int(t), group_id=int(g))
-                for i, (t, g) in enumerate(zip(tasks, group_ids))]
+    episodes = [
+      Episode(env_index=i, task_id=int(t), group_id=int(g))
+      for i, (t, g) in enumerate(zip(tasks, group_ids))
+    ]
     views: list[EpisodeView | None] = [None] * n
     for i, result in enumerate(self.pool.reset(list(tasks), list(range(n)))):
       self._absorb(episodes[i], views, i, result, first=True)
@@ -168,8 +209,10 @@ class AgentLoop:
       active = [i for i in range(n) if not episodes[i].done]
       if not active:
         break
-      prompts = [self.build_prompts(views[i], (episodes[i].group_id, turn), f"env {i} turn {turn}")
-                 for i in active]
+      prompts = [
+        self.build_prompts(views[i], (episodes[i].group_id, turn), f"env {i} turn {turn}")
+        for i in active
+      ]
       rng, key = jax.random.split(rng)
       out = self.sampler.generate(params, [p for p, _ in prompts], sampling, key)
       texts = self.tokenizer.decode_batch(out.tokens, skip_special_tokens=True)
@@ -177,11 +220,19 @@ class AgentLoop:
       results = self.pool.step([a for a, _ in actions], active)
       for k, i in enumerate(active):
         view = views[i]
-        episodes[i].turns.append(Turn(
-            prompt_ids=prompts[k][0], teacher_prompt_ids=prompts[k][1],
-            response_ids=out.tokens[k], logprobs=out.logprobs[k], action=actions[k][0],
-            valid=actions[k][1], policy_version=policy_version,
-            finish_reason=out.finish_reasons[k], observation=view.observation))
+        episodes[i].turns.append(
+          Turn(
+            prompt_ids=prompts[k][0],
+            teacher_prompt_ids=prompts[k][1],
+            response_ids=out.tokens[k],
+            logprobs=out.logprobs[k],
+            action=actions[k][0],
+            valid=actions[k][1],
+            policy_version=policy_version,
+            finish_reason=out.finish_reasons[k],
+            observation=view.observation,
+          )
+        )
         view.history.append((view.observation, actions[k][0]))
         self._absorb(episodes[i], views, i, results[k], first=False)
       bar.set_postfix(active=len(active), won=sum(e.won for e in episodes))
@@ -201,9 +252,14 @@ class AgentLoop:
       ep.task = info.get("task", "")
       ep.task_type = info.get("task_type", "unknown")
       ep.gamefile = info.get("gamefile", "")
-      views[i] = EpisodeView(task=ep.task, task_type=ep.task_type, gamefile=ep.gamefile,
-                             observation=result.observation,
-                             admissible=list(info.get("admissible_commands", [])), history=[])
+      views[i] = EpisodeView(
+        task=ep.task,
+        task_type=ep.task_type,
+        gamefile=ep.gamefile,
+        observation=result.observation,
+        admissible=list(info.get("admissible_commands", [])),
+        history=[],
+      )
     else:
       views[i].observation = result.observation
       views[i].admissible = list(info.get("admissible_commands", []))

@@ -36,30 +36,52 @@ class TurnSample:
   teacher_prompt_ids: list[int] | None = None
 
 
-def episodes_to_samples(episodes: Sequence[Episode], invalid_penalty: float = 0.1,
-                        norm_adv_by_std: bool = True, eps: float = 1e-6) -> list[TurnSample]:
+def episodes_to_samples(
+  episodes: Sequence[Episode],
+  invalid_penalty: float = 0.1,
+  norm_adv_by_std: bool = True,
+  eps: float = 1e-6,
+) -> list[TurnSample]:
   """Turn-samples of every finished episode with GRPO advantages. Episodes whose env failed are
   left out (their return is unknown), and so are turns with an empty response."""
-  rows = [(ep, turn) for ep in episodes if ep.env_error is None
-          for turn in ep.turns if turn.response_ids]
+  rows = [
+    (ep, turn) for ep in episodes if ep.env_error is None for turn in ep.turns if turn.response_ids
+  ]
   if not rows:
     return []
   rewards = np.asarray([ep.reward for ep, _ in rows], np.float32)
   valid = np.asarray([turn.valid for _, turn in rows], np.float32)
   scores = np.asarray(algos.apply_invalid_penalty(rewards, valid, invalid_penalty))
   _, group_index = np.unique(np.asarray([ep.group_id for ep, _ in rows]), return_inverse=True)
-  advantages = np.asarray(algos.grpo_advantages(
-      scores, group_index.astype(np.int32), norm_by_std=norm_adv_by_std, eps=eps,
-      num_groups=int(group_index.max()) + 1))
-  return [TurnSample(prompt_ids=turn.prompt_ids, response_ids=turn.response_ids,
-                     logprobs=turn.logprobs, score=float(s), advantage=float(a),
-                     group_id=ep.group_id, policy_version=turn.policy_version, valid=turn.valid,
-                     task_type=ep.task_type, teacher_prompt_ids=turn.teacher_prompt_ids)
-          for (ep, turn), s, a in zip(rows, scores, advantages)]
+  advantages = np.asarray(
+    algos.grpo_advantages(
+      scores,
+      group_index.astype(np.int32),
+      norm_by_std=norm_adv_by_std,
+      eps=eps,
+      num_groups=int(group_index.max()) + 1,
+    )
+  )
+  return [
+    TurnSample(
+      prompt_ids=turn.prompt_ids,
+      response_ids=turn.response_ids,
+      logprobs=turn.logprobs,
+      score=float(s),
+      advantage=float(a),
+      group_id=ep.group_id,
+      policy_version=turn.policy_version,
+      valid=turn.valid,
+      task_type=ep.task_type,
+      teacher_prompt_ids=turn.teacher_prompt_ids,
+    )
+    for (ep, turn), s, a in zip(rows, scores, advantages)
+  ]
 
 
-def plan_minibatches(samples: Sequence[TurnSample], mini_batch_size: int,
-                     rng: np.random.Generator | None = None) -> list[list[TurnSample]]:
+def plan_minibatches(
+  samples: Sequence[TurnSample], mini_batch_size: int, rng: np.random.Generator | None = None
+) -> list[list[TurnSample]]:
   """Splits the samples into mini-batches of `mini_batch_size` (the last may be short; `pack_batch`
   pads it). With `rng`, the order is shuffled first (the reference does not shuffle)."""
   if mini_batch_size < 1:
@@ -67,20 +89,24 @@ def plan_minibatches(samples: Sequence[TurnSample], mini_batch_size: int,
   order = np.arange(len(samples))
   if rng is not None:
     rng.shuffle(order)
-  return [[samples[i] for i in order[k:k + mini_batch_size]]
-          for k in range(0, len(samples), mini_batch_size)]
+  return [
+    [samples[i] for i in order[k : k + mini_batch_size]]
+    for k in range(0, len(samples), mini_batch_size)
+  ]
 
 
-def _left_right(rows: np.ndarray, mask: np.ndarray, i: int, prompt: Sequence[int], P: int,
-                response: Sequence[int]) -> None:
-  rows[i, P - len(prompt):P] = prompt
-  mask[i, P - len(prompt):P] = 1
-  rows[i, P:P + len(response)] = response
-  mask[i, P:P + len(response)] = 1
+def _left_right(
+  rows: np.ndarray, mask: np.ndarray, i: int, prompt: Sequence[int], P: int, response: Sequence[int]
+) -> None:
+  rows[i, P - len(prompt) : P] = prompt
+  mask[i, P - len(prompt) : P] = 1
+  rows[i, P : P + len(response)] = response
+  mask[i, P : P + len(response)] = 1
 
 
-def pack_batch(samples: Sequence[TurnSample], batch_size: int, with_teacher: bool,
-               pad_id: int = 0) -> TurnBatch:
+def pack_batch(
+  samples: Sequence[TurnSample], batch_size: int, with_teacher: bool, pad_id: int = 0
+) -> TurnBatch:
   """A TurnBatch of exactly `batch_size` rows (numpy arrays; the step places them on the mesh).
 
   Student rows: prompt left-padded to Ps, response right-padded to R; teacher rows: the teacher
@@ -91,8 +117,10 @@ def pack_batch(samples: Sequence[TurnSample], batch_size: int, with_teacher: boo
   if len(samples) > batch_size:
     raise ValueError(f"{len(samples)} samples do not fit a batch of {batch_size}.")
   if with_teacher and any(s.teacher_prompt_ids is None for s in samples):
-    raise ValueError("The algorithm needs teacher log-probs but some samples have no teacher "
-                     "prompt; the rollout must build teacher prompts (AgentLoop(with_teacher=True)).")
+    raise ValueError(
+      "The algorithm needs teacher log-probs but some samples have no teacher "
+      "prompt; the rollout must build teacher prompts (AgentLoop(with_teacher=True))."
+    )
   Ps = prompt_bucket(max(len(s.prompt_ids) for s in samples))
   R = new_tokens_bucket(max(len(s.response_ids) for s in samples))
   B = batch_size
@@ -116,6 +144,12 @@ def pack_batch(samples: Sequence[TurnSample], batch_size: int, with_teacher: boo
     response_mask[i, :n] = 1.0
     old_logp[i, :n] = s.logprobs
     advantages[i] = s.advantage
-  return TurnBatch(student_tokens=student, student_mask=student_mask, response_mask=response_mask,
-                   old_logp=old_logp, advantages=advantages, teacher_tokens=teacher,
-                   teacher_mask=teacher_mask)
+  return TurnBatch(
+    student_tokens=student,
+    student_mask=student_mask,
+    response_mask=response_mask,
+    old_logp=old_logp,
+    advantages=advantages,
+    teacher_tokens=teacher,
+    teacher_mask=teacher_mask,
+  )

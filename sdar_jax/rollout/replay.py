@@ -15,7 +15,6 @@ from sdar_jax.rollout.batching import TurnSample
 
 
 class ReplayQueue:
-
   def __init__(self, capacity: int = 65536, max_staleness: int = 0):
     if capacity < 1:
       raise ValueError(f"replay capacity={capacity} must be >= 1.")
