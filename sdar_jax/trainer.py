@@ -77,7 +77,7 @@ def build_policy(config, mesh) -> tuple[ModelConfig, Any]:
   return model_config, sharding.shard_params(params, model_config, mesh)
 
 
-def offline_alfworld_dir(env_cfg, workdir: str) -> str:
+def offline_alfworld_dir(env_cfg) -> str:
   """Generated ALFWorld games (train / valid_seen / valid_unseen), cached per generator settings."""
   from envs.alfworld import generator
 
@@ -95,10 +95,10 @@ def offline_alfworld_dir(env_cfg, workdir: str) -> str:
   return out
 
 
-def game_files(config, workdir: str, split: str) -> list[str]:
+def game_files(config, split: str) -> list[str]:
   from envs.alfworld import collect_game_files
 
-  data_dir = config.env.get("data_dir") or offline_alfworld_dir(config.env, workdir)
+  data_dir = config.env.get("data_dir") or offline_alfworld_dir(config.env)
   return collect_game_files(data_dir, split)
 
 
@@ -191,9 +191,9 @@ class Trainer:
     env = config.env
     self.group_size = env.group_size
     self.tasks_per_step = env.tasks_per_step
-    self.train_games = game_files(config, self.workdir, env.get("split", "train"))
+    self.train_games = game_files(config, env.get("split", "train"))
     self.eval_games = (
-      game_files(config, self.workdir, config.eval.split)
+      game_files(config, config.eval.split)
       if config.train.eval_every or config.train.eval_before_train
       else []
     )
@@ -275,7 +275,7 @@ class Trainer:
     )
     self.loop_state = LoopState()
     self.task_rng = np.random.default_rng(config.train.seed)
-    self.rng = jax.random.key(config.train.seed + 1)
+    self.rng = jax.random.key(config.train.seed + 1)  # rollout keys: see _key
 
   # ---------------------------------------------------------------------------- warm start
   def _warm_start(self, params):
@@ -289,9 +289,7 @@ class Trainer:
       _, params = load_pretrained(out, dtype=self.config.model.param_dtype, mesh=self.mesh)
       return params
     w = self.config.warm_start
-    data_dir = self.config.env.get("data_dir") or offline_alfworld_dir(
-      self.config.env, self.workdir
-    )
+    data_dir = self.config.env.get("data_dir") or offline_alfworld_dir(self.config.env)
     records = read_walkthroughs(os.path.join(data_dir, "walkthroughs", f"{w.split}.jsonl"))
     samples = expert_samples(records, self.loop, end_token_id=self.tokenizer.eos_token_ids[0])
     params, losses = warm_start(
@@ -358,20 +356,22 @@ class Trainer:
     groups = [base + k for k in range(self.tasks_per_step) for _ in range(self.group_size)]
     return tasks, groups
 
-  def _next_key(self) -> jax.Array:
-    self.rng, key = jax.random.split(self.rng)
-    return key
+  def _key(self, purpose: int) -> jax.Array:
+    """The rollout key of this iteration for `purpose` (0 = training episodes, 1+ = eval modes):
+    a function of (seed, iteration, purpose) only, so a resumed run samples what an
+    uninterrupted one would have."""
+    return jax.random.fold_in(jax.random.fold_in(self.rng, self.loop_state.iteration), purpose)
 
   def evaluate(self) -> dict[str, float]:
     """Validation episodes (group size 1, one per eval game up to eval.num_tasks) per eval mode."""
     tasks = list(range(len(self.eval_pool)))
     metrics = {}
-    for prefix, loop in self.eval_loops:
+    for mode, (prefix, loop) in enumerate(self.eval_loops):
       episodes = loop.run(
         self.state.params,
         tasks,
         tasks,
-        self._next_key(),
+        self._key(1 + mode),
         policy_version=self.loop_state.iteration,
         desc=prefix,
       )
@@ -382,7 +382,7 @@ class Trainer:
     it = self.loop_state.iteration
     t0 = time.perf_counter()
     tasks, groups = self._draw_tasks()
-    episodes = self.loop.run(self.state.params, tasks, groups, self._next_key(), policy_version=it)
+    episodes = self.loop.run(self.state.params, tasks, groups, self._key(0), policy_version=it)
     t_rollout = time.perf_counter() - t0
     metrics = rollout_metrics(episodes)
     samples = episodes_to_samples(

@@ -91,3 +91,13 @@ def test_train_checkpoint_export_resume(tmp_path, monkeypatch):
   ckpt = CheckpointManager(os.path.join(workdir, "checkpoints"))
   assert ckpt.latest_step() == 3
   ckpt.close()
+
+  # ... and is the same run: an uninterrupted 3-step run logs the same step-3 numbers (rollout
+  # keys depend on (seed, iteration) only; the restored state is bit-identical).
+  straight = str(tmp_path / "straight")
+  trainer.run(_config(total_steps=3), straight)
+  resumed_row, straight_row = rows[3], _rows(straight)[3]
+  compared = [k for k in straight_row if "seconds" not in k and "compilations" not in k]
+  assert "train/loss" in compared and "episode/valid_action_ratio" in compared
+  for key in compared:
+    assert resumed_row[key] == straight_row[key], key
