@@ -95,6 +95,16 @@ def _rules_dict(rules: Rules | None) -> dict[str, tuple[str, ...]]:
   return table
 
 
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+  """Placement is recomputed for every jit and checkpoint restore; say each fallback once."""
+  if message not in _WARNED:
+    _WARNED.add(message)
+    warnings.warn(message, stacklevel=3)
+
+
 def logical_to_spec(
   axes: Iterable[str | None],
   shape: Sequence[int],
@@ -129,10 +139,9 @@ def logical_to_spec(
     targets = tuple(t for t in targets if mesh.shape[t] > 1)
     size = math.prod(mesh.shape[t] for t in targets)
     if targets and dim % size:
-      warnings.warn(
+      _warn_once(
         f"{name}: dimension {logical!r} of size {dim} does not divide over mesh axes {targets} "
-        f"(size {size}); replicating it instead.",
-        stacklevel=2,
+        f"(size {size}); replicating it instead."
       )
       targets = ()
     spec.append(None if not targets else targets[0] if len(targets) == 1 else targets)

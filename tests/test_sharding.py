@@ -59,6 +59,7 @@ def test_non_dividing_axis_replicates_with_warning():
     head_dim=4,
   )
   mesh = sharding.make_mesh((2, 1, 4))
+  sharding._WARNED.clear()  # each fallback is reported once per process
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     shardings = sharding.param_shardings(config, mesh)
