@@ -22,17 +22,9 @@ from sdar_jax.checkpoint import (
 )
 from sdar_jax.models import ModelConfig, forward, init_params
 from sdar_jax.train_state import create_train_state, make_optimizer
+from tests import hf_fixtures
 
-TINY = ModelConfig.tiny(
-  "qwen3",
-  vocab_size=256,
-  hidden_size=64,
-  intermediate_size=128,
-  num_layers=2,
-  num_heads=4,
-  num_kv_heads=2,
-  head_dim=16,
-)
+TINY = hf_fixtures.SMALL_QWEN3
 
 
 def _optimizer():

@@ -92,16 +92,7 @@ def test_bf16_forward_within_documented_bound(hf_case):
 
 
 def test_sharded_checkpoint_roundtrip(tmp_path):
-  config = ModelConfig.tiny(
-    "qwen3",
-    vocab_size=256,
-    hidden_size=64,
-    intermediate_size=128,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-  )
+  config = hf_fixtures.SMALL_QWEN3
   params = init_params(config, jax.random.key(1))
   out = save_pretrained(config, params, tmp_path / "sharded", max_shard_bytes=100_000)
   assert os.path.exists(os.path.join(out, "model.safetensors.index.json"))

@@ -12,6 +12,7 @@ from sdar_jax.rollout.trajectory import Episode, Turn
 from sdar_jax.sampling import Sampler, SamplingParams, new_tokens_bucket, prompt_bucket
 from sdar_jax.train_step import make_train_step
 from sdar_jax.train_state import make_optimizer
+from tests import hf_fixtures
 
 
 def _turn(n_resp=3, valid=True, version=0, prompt=(5, 6, 7)):
@@ -117,16 +118,7 @@ def test_replay_queue_drops_stale_samples():
 def test_sampler_logprobs_equal_update_logprobs():
   """The invariant of DESIGN.md: the sampler's behaviour log-probs equal the train step's
   log-probs of the same tokens, so the PPO ratio is exactly 1 at staleness 0."""
-  config = ModelConfig.tiny(
-    "qwen3",
-    vocab_size=256,
-    hidden_size=64,
-    intermediate_size=128,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-  )
+  config = hf_fixtures.SMALL_QWEN3
   params = init_params(config, jax.random.key(0), std=0.2)
   sampler = Sampler(config)
   rng = np.random.default_rng(0)
