@@ -25,6 +25,13 @@ class TrainState:
   skipped_updates: jax.Array  # int32 scalar: updates skipped because the gradient was not finite
 
 
+def make_lr_schedule(lr: float, warmup_steps: int = 0) -> optax.Schedule:
+  """Linear warm-up from 0 to `lr` over `warmup_steps` updates, then constant."""
+  if warmup_steps > 0:
+    return optax.linear_schedule(0.0, lr, warmup_steps)
+  return optax.constant_schedule(lr)
+
+
 def make_optimizer(
   lr: float = 1e-6,
   warmup_steps: int = 0,
@@ -41,11 +48,7 @@ def make_optimizer(
     raise ValueError(f"optim.lr={lr} must be >= 0.")
   if warmup_steps < 0:
     raise ValueError(f"optim.warmup_steps={warmup_steps} must be >= 0.")
-  schedule = (
-    optax.linear_schedule(0.0, lr, warmup_steps)
-    if warmup_steps > 0
-    else optax.constant_schedule(lr)
-  )
+  schedule = make_lr_schedule(lr, warmup_steps)
   parts = []
   if clip_norm and clip_norm > 0:
     parts.append(optax.clip_by_global_norm(clip_norm))

@@ -62,7 +62,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from sdar_jax import algos, sharding
 from sdar_jax.models import ModelConfig, Params, apply, logits_from_hidden, param_shapes
 from sdar_jax.models import positions_from_mask
-from sdar_jax.train_state import TrainState, make_optimizer
+from sdar_jax.train_state import TrainState, make_lr_schedule, make_optimizer
 
 Array = jax.Array
 Metrics = dict[str, Array]
@@ -640,9 +640,8 @@ def _without_logps(batch: TurnBatch) -> TurnBatch:
 
 def lr_schedule_from_optim(optim: Mapping[str, Any]) -> Callable[[Array], Array]:
   """The learning-rate schedule `train_state.make_optimizer` builds from the same settings (for
-  the train/lr metric): linear warm-up 0 -> lr over warmup_steps, then constant."""
-  lr, warmup = float(optim["lr"]), int(optim.get("warmup_steps", 0))
-  return optax.linear_schedule(0.0, lr, warmup) if warmup > 0 else optax.constant_schedule(lr)
+  the train/lr metric)."""
+  return make_lr_schedule(float(optim["lr"]), int(optim.get("warmup_steps", 0)))
 
 
 def make_train_step(
