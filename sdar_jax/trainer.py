@@ -442,8 +442,8 @@ class Trainer:
       last = self.logger.log(it, metrics)
       if cfg.checkpoint.every and (it % cfg.checkpoint.every == 0 or it == total):
         self.save(force=True)
-      if cfg.logging.plots:
-        plot_history(self.logger.path) if self.logger.path else None
+      if cfg.logging.plots and self.logger.path:
+        plot_history(self.logger.path)
     self.ckpt.wait_until_finished()
     if cfg.checkpoint.export_hf:
       out = export_hf(
