@@ -365,10 +365,10 @@ def test_paper_rows():
 
 
 # ------------------------------------------------------------------------------------ CLI
-def _cli(*args: str) -> subprocess.CompletedProcess:
+def _cli(*args: str, module: str = "sdar_jax.train") -> subprocess.CompletedProcess:
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
   return subprocess.run(
-    [sys.executable, "-m", "sdar_jax.train", *args],
+    [sys.executable, "-m", module, *args],
     cwd=REPO,
     env=env,
     capture_output=True,
@@ -409,3 +409,15 @@ def test_cli_indivisible_batch_names_values():
   assert out.returncode != 0
   assert "env.tasks_per_step=3" in out.stderr and "3 x 4 = 12" in out.stderr
   assert "data x fsdp = 8 x 1 = 8" in out.stderr
+
+
+def test_evaluate_cli_turns_training_off():
+  out = _cli(
+    "--config=configs/default.py",
+    "--config.eval.num_tasks=2",
+    "--dry_run",
+    module="sdar_jax.evaluate",
+  )
+  assert out.returncode == 0, out.stderr
+  for line in ("total_steps: 0", "eval_before_train: true", "export_hf: false", "num_tasks: 2"):
+    assert line in out.stdout, line
