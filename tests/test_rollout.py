@@ -148,3 +148,44 @@ def test_sampler_logprobs_equal_update_logprobs():
   mask = batch.response_mask.astype(bool)
   assert mask.sum() == sum(len(t) for t in out.tokens)
   np.testing.assert_allclose(scored[mask], batch.old_logp[mask], atol=1e-4)
+
+
+def test_agent_loop_survives_a_crashing_env():
+  """A crashed env ends only its own episode (marked, never trained on); the others play on."""
+  from envs import EnvPool
+  from sdar_jax.rollout import AgentLoop
+  from sdar_jax.rollout.agent_loop import AlfworldAdapter
+  from sdar_jax.tokenizer import Tokenizer
+
+  config = ModelConfig.tiny(
+    "qwen3",
+    vocab_size=151936,  # the real tokenizer drives it
+    hidden_size=16,
+    intermediate_size=32,
+    num_layers=1,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=8,
+  )
+  params = init_params(config, jax.random.key(0))
+  kwargs = [{"max_steps": 3}, {"max_steps": 3, "fail_on_step": 2}, {"max_steps": 3}]
+  with EnvPool("dummy", 3, env_kwargs=kwargs, num_workers=0) as pool:
+    loop = AgentLoop(
+      pool,
+      AlfworldAdapter(),
+      Sampler(config),
+      Tokenizer.bundled_qwen(),
+      "qwen3",
+      SamplingParams(max_new_tokens=6, temperature=1.0),
+      max_turns=3,
+    )
+    episodes = loop.run(params, tasks=[0, 1, 2], group_ids=[5, 5, 6], rng=jax.random.key(1))
+  crashed = episodes[1]
+  assert crashed.env_error and "fail on step 2" in crashed.env_error
+  assert len(crashed.turns) == 2  # the turn whose step crashed is still recorded
+  for ep in (episodes[0], episodes[2]):
+    assert ep.env_error is None and len(ep.turns) == 3  # max_steps reached (no win)
+    for turn in ep.turns:
+      assert 1 <= len(turn.response_ids) == len(turn.logprobs) <= 6
+  samples = episodes_to_samples(episodes)
+  assert len(samples) == 6 and {s.group_id for s in samples} == {5, 6}
