@@ -1,0 +1,175 @@
+"""Search-QA (Search-R1 questions, verl-agent's search-env protocol), offline by default.
+
+    import envs
+    env = envs.make("search_qa", split="test", seed=0)             # generated world, BM25
+    env = envs.make("search_qa", data_dir="/data/search_r1", split="train",
+                    corpus_path="/data/wiki-18.jsonl")                # real files, BM25 (cached)
+    env = envs.make("search_qa", data_dir="/data/search_r1", split="test",
+                    search_url="http://127.0.0.1:8000/retrieve")      # the original e5 server
+    question, info = env.reset(task=0)
+    obs, reward, done, info = env.step("<search>who founded helix works</search>")
+    obs, reward, done, info = env.step("<answer>Mira Castell</answer>")  # reward 1.0 if right
+
+`make_search_qa` arguments (all keywords):
+- data_dir: None = the generated offline data (`envs.search_qa.generator`, world `data_seed`);
+  else a folder with `{split}.parquet` (Search-R1's or verl-agent's layout) and, unless
+  `search_url` or `corpus_path` is given, `corpus.jsonl` or `wiki-18.jsonl` (wiki-18 format).
+- split: "train" or "test" (any `{split}.parquet` of data_dir; or a parquet path).
+- seed: order of `reset()` without a task.
+- search_url: a Search-R1 retrieval server's /retrieve endpoint; `server_protocol` "search_r1"
+  ({"queries": [...]}) or "verl_agent" ({"query": q}); `timeout_s` per request (60).
+- corpus_path: a wiki-18 style JSONL corpus to index with BM25 (index cached under `index_dir`,
+  default $SDAR_CACHE_DIR/search_qa_bm25 or ~/.cache/sdar_jax/search_qa_bm25).
+- data_sources: keep only these sources (a sequence or a comma-separated string, e.g. "nq,hotpotqa").
+- max_turns (4), topk (3), passage_format ("verl_agent" JSON or "search_r1" Doc i(Title: ...)).
+- data_seed: the generated world's seed (train and test share one world).
+
+The returned `SearchQAEnv` follows the TextEnv contract: `reset(task) -> (question, info)`,
+`step(action) -> (observation, reward, done, info)`, `num_tasks`, `close()`; `info["won"]`,
+`info["admissible_commands"]` (always [], no finite action set), `info["task_type"]` and
+`info["data_source"]` (the question's data set, for per-source success rates), `info["task"]`
+(the question), `info["golden_answers"]`.
+
+Beside the env: `reward` (normalize_answer, em_check, compute_score), `projection` (model output
+-> action + format validity, penalty 0.01), `prompts` (verl-agent's prompt, history 4),
+`retrieval` (BM25, server client, passage formats), `data` (parquet I/O, success rates),
+`generator` (the offline world; `python -m envs.search_qa.generator --out DIR`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from envs.base import register
+from envs.search_qa.data import (
+  DATA_SOURCES,
+  TRAIN_SOURCES,
+  QARecord,
+  find_split_file,
+  read_parquet,
+  success_rates,
+)
+from envs.search_qa.env import MAX_TURNS, TOPK, SearchQAEnv
+from envs.search_qa.projection import INVALID_ACTION_PENALTY, project_action, project_actions
+from envs.search_qa.prompts import HISTORY_LENGTH, build_prompt
+from envs.search_qa.retrieval import (
+  BM25Retriever,
+  Passage,
+  RetrievalServerClient,
+  Retriever,
+  SearchError,
+)
+from envs.search_qa.reward import compute_score, em_check, normalize_answer
+
+__all__ = [
+  "DATA_SOURCES",
+  "HISTORY_LENGTH",
+  "INVALID_ACTION_PENALTY",
+  "MAX_TURNS",
+  "TOPK",
+  "TRAIN_SOURCES",
+  "BM25Retriever",
+  "Passage",
+  "QARecord",
+  "RetrievalServerClient",
+  "Retriever",
+  "SearchError",
+  "SearchQAEnv",
+  "build_prompt",
+  "compute_score",
+  "em_check",
+  "make_search_qa",
+  "normalize_answer",
+  "project_action",
+  "project_actions",
+  "read_parquet",
+  "success_rates",
+]
+
+CORPUS_NAMES = ("corpus.jsonl", "wiki-18.jsonl")
+_BM25_CACHE: dict[tuple[str, str | None], BM25Retriever] = {}
+
+
+def _sources(data_sources: Sequence[str] | str | None) -> list[str] | None:
+  if data_sources is None:
+    return None
+  if isinstance(data_sources, str):
+    data_sources = data_sources.split(",")
+  names = [s.strip() for s in data_sources if s.strip()]
+  return names or None
+
+
+def _corpus_in(data_dir: str) -> str:
+  for name in CORPUS_NAMES:
+    path = os.path.join(os.path.expanduser(data_dir), name)
+    if os.path.isfile(path):
+      return path
+  raise FileNotFoundError(
+    f"no corpus in {data_dir} (looked for {', '.join(CORPUS_NAMES)}); pass corpus_path=<wiki-18 "
+    "style .jsonl> or search_url=<retrieval server /retrieve endpoint>"
+  )
+
+
+def _bm25_for(corpus_path: str, index_dir: str | None) -> BM25Retriever:
+  key = (os.path.abspath(os.path.expanduser(corpus_path)), index_dir)
+  if key not in _BM25_CACHE:  # one index per corpus per process, shared by its envs
+    _BM25_CACHE[key] = BM25Retriever.from_jsonl(key[0], cache_dir=index_dir)
+  return _BM25_CACHE[key]
+
+
+@register("search_qa")
+def make_search_qa(
+  data_dir: str | None = None,
+  split: str = "train",
+  seed: int = 0,
+  search_url: str | None = None,
+  corpus_path: str | None = None,
+  data_sources: Sequence[str] | str | None = None,
+  max_turns: int = MAX_TURNS,
+  topk: int = TOPK,
+  passage_format: str = "verl_agent",
+  server_protocol: str = "search_r1",
+  timeout_s: float = 60.0,
+  index_dir: str | None = None,
+  data_seed: int = 0,
+) -> SearchQAEnv:
+  """Builds a SearchQAEnv over the questions of `split` (see the package docstring)."""
+  sources = _sources(data_sources)
+  retriever: Retriever | None = None
+  if data_dir is None:
+    from envs.search_qa.generator import offline_data
+
+    offline = offline_data(data_seed)
+    if split not in offline.splits:
+      raise ValueError(
+        f"the generated data has splits {sorted(offline.splits)}, not {split!r}; pass data_dir "
+        "for other splits"
+      )
+    all_records = offline.splits[split]
+    retriever = offline.retriever
+    where = f"the generated data (data_seed={data_seed}) split {split!r}"
+  else:
+    where = find_split_file(data_dir, split)
+    all_records = read_parquet(where)
+  records = [r for r in all_records if sources is None or r.data_source in sources]
+  if not records:
+    raise ValueError(
+      f"no questions of data sources {sources} in {where}; the sources there are "
+      f"{sorted({r.data_source for r in all_records})}"
+    )
+  if search_url is not None:
+    retriever = RetrievalServerClient(search_url, protocol=server_protocol, timeout_s=timeout_s)
+  elif corpus_path is not None:
+    retriever = _bm25_for(corpus_path, index_dir)
+  elif data_dir is not None:
+    retriever = _bm25_for(_corpus_in(data_dir), index_dir)
+  assert retriever is not None
+  return SearchQAEnv(
+    records,
+    retriever,
+    max_turns=max_turns,
+    topk=topk,
+    passage_format=passage_format,
+    seed=seed,
+  )
