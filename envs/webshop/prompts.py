@@ -1,0 +1,163 @@
+"""The WebShop user-message text shown to the agent each turn (chat templating happens elsewhere).
+
+verl-agent's WebShop prompts, exactly:
+- the task is the instruction: field 2 of the first observation split on " [SEP] "
+  (`extract_task`);
+- an observation is shown from just after the instruction, each field single-quoted and joined by
+  " [SEP] " (`format_observation`); an observation without the instruction (the done page) is
+  shown raw;
+- the available actions are "search[<your query>]" when the page has a search bar, then
+  "click[<clickable>]" for every clickable (so the search page also offers "click[search]", which
+  the env refuses), each rendered "'<action>'," on its own line (`format_available_actions`);
+  `WebShopEnv` already reports this list as info["admissible_commands"];
+- the first turn uses the template without history; later turns add "Prior to this step, you have
+  already taken k step(s). Below are the most recent h observations and the corresponding actions
+  you took:" and the last <= `history_length` (2) records "[Observation i: '<formatted observation
+  before action i>', Action i: '<action i>']" one per line, numbered by absolute step; a prompt
+  longer than 13,000 characters falls back to the template without history.
+
+The templates keep the original's characters: a leading newline, "e‑commerce" with U+2011, and
+the trailing spaces after "environment." (first-turn template only), "are:" and "tags.".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = [
+  "HISTORY_LENGTH",
+  "MAX_PROMPT_CHARS",
+  "SEARCH_ACTION",
+  "available_action_list",
+  "build_prompt",
+  "extract_task",
+  "format_available_actions",
+  "format_history",
+  "format_observation",
+]
+
+HISTORY_LENGTH = 2
+MAX_PROMPT_CHARS = 13000
+SEARCH_ACTION = "search[<your query>]"
+SEP = " [SEP] "
+
+_INSTRUCTION = (
+  "Now it's your turn to take one action for the current step.\n"
+  "You should first reason step-by-step about the current situation, then think carefully which "
+  "admissible action best advances the shopping goal. This reasoning process MUST be enclosed "
+  "within <think> </think> tags. \n"
+  "Once you've finished your reasoning, you should choose an admissible action for current step "
+  "and present it within <action> </action> tags.\n"
+)
+
+TEMPLATE_NO_HISTORY = (
+  "\n"
+  "You are an expert autonomous agent operating in the WebShop e\u2011commerce environment. \n"
+  "Your task is to: {task_description}.\n"
+  "Your current observation is: {current_observation}.\n"
+  "Your admissible actions of the current situation are: \n"
+  "[\n"
+  "{available_actions}\n"
+  "].\n"
+  "\n" + _INSTRUCTION
+)
+
+TEMPLATE = (
+  "\n"
+  "You are an expert autonomous agent operating in the WebShop e\u2011commerce environment.\n"
+  "Your task is to: {task_description}.\n"
+  "Prior to this step, you have already taken {step_count} step(s). Below are the most recent "
+  "{history_length} observations and the corresponding actions you took: {action_history}\n"
+  "You are now at step {current_step} and your current observation is: {current_observation}.\n"
+  "Your admissible actions of the current situation are: \n"
+  "[\n"
+  "{available_actions}\n"
+  "].\n"
+  "\n" + _INSTRUCTION
+)
+
+
+def extract_task(first_observation: str) -> str:
+  """The instruction text of a WebShop text observation (field 2 after splitting on " [SEP] ")."""
+  parts = first_observation.split(SEP)
+  if len(parts) < 3 or parts[1] != "Instruction:":
+    raise ValueError(
+      "not a WebShop search-page observation (expected 'WebShop [SEP] Instruction: [SEP] <task> "
+      f"...'): {first_observation[:120]!r}"
+    )
+  return parts[2]
+
+
+def format_observation(observation: str, task: str) -> str:
+  """The fields after the instruction, quoted, joined by " [SEP] " (raw when `task` is absent)."""
+  parts = observation.split(SEP)
+  if task not in parts:
+    return observation
+  start = parts.index(task) + 1
+  return SEP.join(f"'{part}'" for part in parts[start:])
+
+
+def available_action_list(available: Mapping[str, Any]) -> list[str]:
+  """verl-agent's action list from the original's {"has_search_bar", "clickables"}."""
+  unknown = set(available) - {"has_search_bar", "clickables"}
+  if unknown:
+    raise ValueError(f"unknown keys {sorted(unknown)} in available actions {dict(available)}")
+  actions = [SEARCH_ACTION] if available["has_search_bar"] else []
+  return actions + [f"click[{c}]" for c in available["clickables"]]
+
+
+def format_available_actions(actions: Sequence[str]) -> str:
+  """Each action quoted and followed by a comma, one per line."""
+  return "\n".join(f"'{action}'," for action in actions)
+
+
+def format_history(history: Sequence[tuple[str, str]], step_count: int) -> str:
+  """Records for (formatted observation, action) pairs, the last one numbered `step_count`."""
+  first = step_count - len(history) + 1
+  return "\n".join(
+    f"[Observation {first + j}: '{obs}', Action {first + j}: '{action}']"
+    for j, (obs, action) in enumerate(history)
+  )
+
+
+def build_prompt(
+  task: str,
+  history: Sequence[tuple[str, str]],
+  observation: str,
+  admissible: Sequence[str],
+  step: int | None = None,
+  history_length: int = HISTORY_LENGTH,
+) -> str:
+  """The user message for the current turn.
+
+  Args:
+    task: the instruction (`extract_task` of the first observation, or info["task"]).
+    history: (observation before the action, action sent) for past steps, oldest first; raw env
+      observations are formatted here (already formatted ones are kept as they are).
+    observation: the current raw env observation.
+    admissible: info["admissible_commands"] (the available-action list).
+    step: steps already taken (default: len(history)).
+    history_length: how many past records to show (2 in the reference).
+  """
+  step_count = len(history) if step is None else step
+  if step_count < len(history):
+    raise ValueError(f"step={step} is smaller than the {len(history)} history records given")
+  current = format_observation(observation, task)
+  actions = format_available_actions(admissible)
+  first_turn = TEMPLATE_NO_HISTORY.format(
+    task_description=task, current_observation=current, available_actions=actions
+  )
+  if step_count == 0 or history_length <= 0:
+    return first_turn
+  window = [(format_observation(obs, task), action) for obs, action in history[-history_length:]]
+  prompt = TEMPLATE.format(
+    task_description=task,
+    step_count=step_count,
+    history_length=len(window),
+    action_history=format_history(window, step_count),
+    current_step=step_count + 1,
+    current_observation=current,
+    available_actions=actions,
+  )
+  return first_turn if len(prompt) > MAX_PROMPT_CHARS else prompt
