@@ -1,4 +1,4 @@
-"""Shared by the benchmarks: the peers.md workload model and interleaved timing.
+"""Shared by the benchmarks: the benchmark workload of docs/design.md model and interleaved timing.
 
 Every peer comparison runs the same random Qwen3 (vocab 4096, hidden 256, intermediate 768,
 4 layers, 8 heads, 4 kv heads, head_dim 32, untied, rope theta 1e6, fp32; matrices N(0, 0.02),
@@ -29,7 +29,7 @@ PEER_HF_CONFIG = dict(
 
 
 def peer_model(seed: int = 0, attn_implementation: str = "sdpa"):
-  """The transformers (PyTorch) model of the peers.md workload, fp32, eval mode."""
+  """The transformers (PyTorch) model of the benchmark workload of docs/design.md, fp32, eval mode."""
   import torch
   import transformers
 

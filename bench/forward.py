@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/forward.py [--batch 8 --seq 256 --repeats 10]
 
-Both run the same random Qwen3-architecture model (the peers.md workload config: vocab 4096,
+Both run the same random Qwen3-architecture model (the benchmark workload of docs/design.md config: vocab 4096,
 hidden 256, intermediate 768, 4 layers, 8 heads, 4 kv heads, head_dim 32, fp32) on the same
 [batch, seq] token batch and produce full [batch, seq, vocab] logits. tokens/s = batch*seq /
 median wall time of one call; the first call (JAX: compilation) is printed separately, and the

@@ -6,7 +6,7 @@
         --teacher-prompt 48 --response 32 --repeats 2 --peak-tflops 1   # MFU path, CPU dry run
     JAX_PLATFORMS=cpu .venv/bin/python bench/train_step.py --mfu --compile-only   # 3B: compiles?
 
-Comparison (default): the peers.md train_step workload. Model vocab 4096, hidden 256, inter 768,
+Comparison (default): the benchmark workload of docs/design.md (train step). Model vocab 4096, hidden 256, inter 768,
 4 layers, 8 heads, 4 kv heads, head_dim 32, fp32; B=8, T=256 = prompt 64 + completion 192, each
 completion of random length 96-192, right-padded with id 0.
 * student: forward, loss = -sum(mask * log p(completion token)), backward (grads of all params);
@@ -262,7 +262,8 @@ def compare(args) -> None:
   t_on = prepare_torch(hf, batch, True)
   o_on = prepare_ours_grad(config, params, batch, True)
   o_off = prepare_ours_grad(config, params, batch, False)
-  u_on = prepare_ours_update(config, params, batch, dict(get_preset("sdar"), kl_coef=0.0))
+  sdar = dict(get_preset("sdar"), kl_coef=0.0, teacher_source="step")  # teacher in the update
+  u_on = prepare_ours_update(config, params, batch, sdar)
   u_off = prepare_ours_update(config, params, batch, dict(get_preset("grpo"), kl_coef=0.0))
   rows = [
     ("sdar-jax", "fwd+bwd + teacher fwd", 2, o_on),
@@ -370,7 +371,7 @@ def mfu(args) -> None:
   config = config.replace(remat=args.remat)
   B, ps, pt, r = args.batch, args.prompt, args.teacher_prompt, args.response
   batch = make_batch(np.random.default_rng(0), config.vocab_size, B, ps, pt, r, r)
-  algo = dict(get_preset("sdar"), kl_coef=0.0)
+  algo = dict(get_preset("sdar"), kl_coef=0.0, teacher_source="step")  # teacher in the update
   if args.compile_only:
     compile_only(config, batch, algo, args.micro_batch)
     return

@@ -1,4 +1,4 @@
-r"""ALFWorld (text): the reference setup of the paper's ALFWorld column (reference §6.1).
+r"""ALFWorld (text): the reference setup of the paper's ALFWorld column (docs/reference.md §6.1).
 
 16 tasks x 8 episodes per step, up to 50 turns, history 2, KL 0.01, invalid-format penalty 0.1,
 150 steps, validation on valid_seen every 5 steps at temperature 0.4.

@@ -6,7 +6,7 @@ from `base(model)`, sets `config.env` with one of `alfworld()`, `webshop()`, `se
 `override(config, local_overrides(env))`, and returns `finalize(config)` (links shared values, locks
 the config so a misspelled key fails in code and on the command line).
 
-Every default cites the reference scripts (reference §6); sizes of the mini / micro batches are in
+Every default cites the reference scripts (docs/reference.md §6); sizes of the mini / micro batches are in
 turn-samples over the whole mesh.
 """
 
@@ -80,12 +80,16 @@ def algo(name: str) -> mlc.ConfigDict:
     update with the current weights (stop-gradient).
   temperature: logits are divided by it when scoring tokens; linked to rollout.temperature by
     `finalize` (sampled and scored at the same temperature, so the importance ratio is exact).
+  recompute_old_logp: True = after the rollout, re-score the sampled tokens with a no-grad forward
+    at θ_old and use those as the old log-probs (the reference does); metric
+    rollout/max_abs_logp_diff_sampler_vs_recompute shows how far the sampler's were (bf16).
   """
   if name not in ALGO_PRESETS:
     raise ValueError(f"unknown algo {name!r}; valid algos: {sorted(ALGO_PRESETS)}")
   section = mlc.ConfigDict(get_preset(name))
   section.teacher_source = "rollout"
   section.temperature = 1.0
+  section.recompute_old_logp = False
   return section
 
 
@@ -99,7 +103,7 @@ def base(model: str = "qwen2.5-3b", algo_name: str = "sdar") -> mlc.ConfigDict:
   # over data x fsdp, so every batch size must divide by that product.
   config.mesh = mlc.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
   config.optim = mlc.ConfigDict(
-    dict(  # AdamW, reference §1.3
+    dict(  # AdamW, docs/reference.md §1.3
       lr=1e-6, warmup_steps=0, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.01, clip_norm=1.0
     )
   )
@@ -112,6 +116,7 @@ def base(model: str = "qwen2.5-3b", algo_name: str = "sdar") -> mlc.ConfigDict:
       eval_every=5,  # 0 = never
       eval_before_train=True,
       max_staleness=0,  # 0 = synchronous on-policy (the paper); >0 = async with bounded staleness
+      max_failed_iterations=3,  # stop (non-zero exit) when every env fails this many in a row
     )
   )
   config.warm_start = mlc.ConfigDict(
@@ -144,7 +149,7 @@ def base(model: str = "qwen2.5-3b", algo_name: str = "sdar") -> mlc.ConfigDict:
     dict(
       dir=config_dict.placeholder(str),  # default: <workdir>/checkpoints
       keep=3,
-      every=10,
+      every=10,  # iterations between saves; 0 = save only at the end (the last one is always saved)
       async_save=True,
       export_hf=True,  # write the final policy as Hugging Face safetensors
     )
@@ -152,7 +157,7 @@ def base(model: str = "qwen2.5-3b", algo_name: str = "sdar") -> mlc.ConfigDict:
   config.logging = mlc.ConfigDict(
     dict(
       dir=config_dict.placeholder(str),  # default: <workdir>
-      every=1,
+      every=1,  # write a metrics row every N iterations (and at evaluations and the last one)
       jsonl=True,
       tensorboard=True,
       plots=True,
@@ -200,14 +205,14 @@ def _env(
 def alfworld(
   history: int = 2, max_turns: int = 50, group_size: int = 8, tasks_per_step: int = 16
 ) -> mlc.ConfigDict:
-  """ALFWorld text games (reference §6.1). offline.num_train / num_eval are games per task type."""
+  """ALFWorld text games (docs/reference.md §6.1). offline.num_train / num_eval are games per task type."""
   return _env("alfworld", history, max_turns, group_size, tasks_per_step, split="train")
 
 
 def webshop(
   history: int = 2, max_turns: int = 15, group_size: int = 8, tasks_per_step: int = 16
 ) -> mlc.ConfigDict:
-  """WebShop (reference §6.2): the small catalogue, synthetic goals; eval on goals < 500."""
+  """WebShop (docs/reference.md §6.2): the small catalogue, synthetic goals; eval on goals < 500."""
   return _env(
     "webshop",
     history,
@@ -223,7 +228,7 @@ def webshop(
 def search_qa(
   history: int = 4, max_turns: int = 4, group_size: int = 8, tasks_per_step: int = 128
 ) -> mlc.ConfigDict:
-  """Search-R1 QA (reference §6.3): train on NQ + HotpotQA, BM25 top-3 passages per search."""
+  """Search-R1 QA (docs/reference.md §6.3): train on NQ + HotpotQA, BM25 top-3 passages per search."""
   return _env(
     "search_qa",
     history,
@@ -271,7 +276,7 @@ def local_overrides(env: str) -> dict[str, Any]:
     raise ValueError(f"unknown env {env!r}; valid envs: {ENVS}")
   return {
     "model.preset": "tiny",
-    "model.chat_template": "qwen3",
+    "model.random_init": True,  # the tiny model has no published weights
     "model.dtype": "float32",
     "model.remat": False,
     "env.tasks_per_step": 2,
@@ -299,7 +304,8 @@ def local_overrides(env: str) -> dict[str, Any]:
 
 
 def gate_sweep() -> list[dict[str, Any]]:
-  """β x λ x gate grid around the SDAR defaults (β 5, λ 0.01, gap gate): 4 x 3 x 4 = 48 runs."""
+  """β x λ x gate grid around the SDAR defaults (β 5, λ 0.01, gap gate): 4 x 3 x 4 = 48 runs
+  (the paper's literal entropy_paper / soft_or_paper gates are left out)."""
   return [
     {"algo.beta": b, "algo.lam": lam, "algo.gate": g}
     for b in (1.0, 2.5, 5.0, 10.0)

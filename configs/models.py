@@ -3,10 +3,15 @@ r"""Model sections of a config: one entry per Qwen model, mapped to `ModelConfig
     config.model = models.model("qwen2.5-3b")
     --config.model.path=/data/Qwen2.5-3B-Instruct      # real weights (config.json + safetensors)
 
-Without `path` the architecture comes from the preset and the weights are random (useful for
-benchmarks and dry runs only). With `path` the checkpoint's config.json is the architecture; the
-preset name must then describe the same model (checked by `sdar_jax.config_validation`).
-`tokenizer_dir` defaults to `path`, else the bundled Qwen tokenizer files.
+Without `path` the architecture comes from the preset and the weights are random, which a run
+accepts only with `random_init=True` (benchmarks, throughput tests; the tiny demo model sets it).
+With `path` the checkpoint's config.json is the architecture; the preset name must then describe
+the same model (checked by `sdar_jax.config_validation`, which also checks that the weight files
+are there).
+`tokenizer_dir` defaults to `path`, else the bundled Qwen tokenizer files. `chat_template="auto"`
+prompts with the template that folder ships (a real checkpoint's own), else with the built-in
+template of the model's family; "qwen2.5" or "qwen3" forces that built-in template
+(`sdar_jax.chat_templates`).
 
 "tiny" is the offline demo's model: the Qwen3 architecture at toy size, but with the full Qwen
 vocabulary so that the real tokenizer drives it.
@@ -17,21 +22,25 @@ from __future__ import annotations
 import ml_collections as mlc
 from ml_collections import config_dict
 
-# name -> (ModelConfig preset, Hugging Face id, chat template family)
-_MODELS: dict[str, tuple[str, str, str]] = {
-  # The three models of the paper's table (reference §8).
-  "qwen2.5-3b": ("qwen2.5-3b", "Qwen/Qwen2.5-3B-Instruct", "qwen2.5"),
-  "qwen2.5-7b": ("qwen2.5-7b", "Qwen/Qwen2.5-7B-Instruct", "qwen2.5"),
-  "qwen3-1.7b": ("qwen3-1.7b", "Qwen/Qwen3-1.7B", "qwen3"),
+# name -> (ModelConfig preset, Hugging Face id)
+_MODELS: dict[str, tuple[str, str]] = {
+  # The three models of the paper's table (docs/reference.md §8).
+  "qwen2.5-3b": ("qwen2.5-3b", "Qwen/Qwen2.5-3B-Instruct"),
+  "qwen2.5-7b": ("qwen2.5-7b", "Qwen/Qwen2.5-7B-Instruct"),
+  "qwen3-1.7b": ("qwen3-1.7b", "Qwen/Qwen3-1.7B"),
   # Other published sizes of the same families.
-  "qwen2.5-0.5b": ("qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B-Instruct", "qwen2.5"),
-  "qwen2.5-1.5b": ("qwen2.5-1.5b", "Qwen/Qwen2.5-1.5B-Instruct", "qwen2.5"),
-  "qwen3-0.6b": ("qwen3-0.6b", "Qwen/Qwen3-0.6B", "qwen3"),
-  "qwen3-4b": ("qwen3-4b", "Qwen/Qwen3-4B", "qwen3"),
-  "qwen3-4b-2507": ("qwen3-4b-2507", "Qwen/Qwen3-4B-Instruct-2507", "qwen3"),
-  "qwen3-8b": ("qwen3-8b", "Qwen/Qwen3-8B", "qwen3"),
-  "tiny": ("tiny", "", "qwen3"),
+  "qwen2.5-0.5b": ("qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B-Instruct"),
+  "qwen2.5-1.5b": ("qwen2.5-1.5b", "Qwen/Qwen2.5-1.5B-Instruct"),
+  "qwen3-0.6b": ("qwen3-0.6b", "Qwen/Qwen3-0.6B"),
+  "qwen3-4b": ("qwen3-4b", "Qwen/Qwen3-4B"),
+  "qwen3-4b-2507": ("qwen3-4b-2507", "Qwen/Qwen3-4B-Instruct-2507"),
+  "qwen3-8b": ("qwen3-8b", "Qwen/Qwen3-8B"),
+  "tiny": ("tiny", ""),
 }
+
+# Non-thinking Qwen3 models: their published chat template opens the assistant turn with no
+# `<think>` block at all (hybrid Qwen3 models get an empty one, which switches thinking off).
+_NON_THINKING = frozenset({"qwen3-4b-2507"})
 
 # The Qwen vocabulary padded as in the published checkpoints: every tokenizer id (151,669) fits.
 QWEN_VOCAB = 151936
@@ -61,20 +70,29 @@ def tiny_arch() -> mlc.ConfigDict:
 
 
 def model(name: str) -> mlc.ConfigDict:
-  """The `config.model` section for model `name` (see `names()`)."""
-  key = name.lower().removesuffix("-instruct")
+  """The `config.model` section for model `name` (see `names()`; the Hugging Face spelling with
+  "-Instruct", e.g. "Qwen3-4B-Instruct-2507", is accepted too)."""
+  key = name.lower().replace("-instruct", "")
   if key not in _MODELS:
     raise ValueError(f"unknown model {name!r}; valid models: {names()}")
-  preset, hf_id, chat = _MODELS[key]
+  preset, hf_id = _MODELS[key]
   tiny = key == "tiny"
   return mlc.ConfigDict(
     dict(
       preset=preset,
       hf_id=hf_id,  # documentation: where `path` comes from (nothing is downloaded)
       path=config_dict.placeholder(str),  # a local Hugging Face model directory
+      # Used only without `path`: a run then refuses to start unless random weights are asked for
+      # explicitly (the tiny demo model asks for them; a real preset without weights is a slip).
+      random_init=tiny,
       tokenizer_dir=config_dict.placeholder(str),  # default: path, else the bundled Qwen tokenizer
-      chat_template=chat,  # "qwen2.5" | "qwen3"
-      enable_thinking=False,  # Qwen3: the reference disables thinking
+      # "auto": the template the tokenizer folder ships, else the model family's built-in one;
+      # "qwen2.5" | "qwen3": that built-in template (sdar_jax.chat_templates).
+      chat_template="auto",
+      # Qwen3 generation prompt. False: `<|im_start|>assistant\n<think>\n\n</think>\n\n`, thinking
+      # switched off as the reference runs hybrid Qwen3 models. True: `<|im_start|>assistant\n`,
+      # which is the published template's prompt of the non-thinking Instruct-2507 models.
+      enable_thinking=key in _NON_THINKING,
       # Activations in bf16 on accelerators; parameters and AdamW moments in fp32 (the master copy).
       dtype="float32" if tiny else "bfloat16",
       param_dtype="float32",

@@ -6,16 +6,16 @@ r"""One config per cell group of the paper's results table: method x model x env
 `rows()` lists every argument string (10 methods x 3 models x 3 environments). Each config is the
 environment's reference config (configs/alfworld.py, webshop.py, search_qa.py) with the row's
 method, plus a `paper` section: which validation metric the row reads and the numbers the paper
-reports for it (reference §7, in %), so a finished run can be compared with the table.
+reports for it (docs/reference.md §7, in %), so a finished run can be compared with the table.
 
-Rows, as the reference ran them (reference §2):
+Rows, as the reference ran them (docs/reference.md §2):
 - vanilla / skill_prompt: no training (total_steps 0), one validation without / with skills in
   the student prompt.
 - opsd, grpo, grpo_opsd, skill_sd, rlsd, sdar: the presets of the same names.
 - skill_grpo and skill_grpo_star: ONE training run (skills in the student prompt) validated both
   ways; "skill_grpo" reads the validation without skills, "skill_grpo_star" the one with skills.
 
-The paper was run before the authors' skill-retrieval fix (reference §3.2): ALFWorld and WebShop
+The paper was run before the authors' skill-retrieval fix (docs/reference.md §3.2): ALFWorld and WebShop
 teachers saw the general skills only (rules_version "pre_fix"); Search-QA selected by data source
 either way ("post_fix" reproduces that).
 """
@@ -57,7 +57,7 @@ ROWS: dict[str, tuple[str, bool, str, str]] = {
 }
 
 # model -> row -> (ALFWorld columns, Search-QA columns, WebShop columns), transcribed from the
-# table in reference §7.
+# table in docs/reference.md §7.
 _REPORTED = {
   "qwen2.5-3b": {
     "vanilla": (

@@ -1,4 +1,4 @@
-r"""Search-QA (Search-R1 protocol): the reference setup of the paper's Search-QA column (§6.3).
+r"""Search-QA (Search-R1 protocol): the reference setup of the paper's Search-QA column (docs/reference.md §6.3).
 
 128 questions x 8 episodes per step, up to 4 turns, history 4, prompts up to 4096 tokens
 (left-truncated), KL 0.001, invalid-format penalty 0.01, lr warm-up over the first 15 of 150 steps,

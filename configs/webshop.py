@@ -1,4 +1,4 @@
-r"""WebShop: the reference setup of the paper's WebShop column (reference §6.2).
+r"""WebShop: the reference setup of the paper's WebShop column (docs/reference.md §6.2).
 
 16 goals x 8 episodes per step, up to 15 turns, history 2, prompts up to 4096 tokens, KL 0.01,
 invalid-format penalty 0.1, 150 steps, validation on 128 goals (index < 500) every 5 steps at T 0.4.

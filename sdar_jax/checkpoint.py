@@ -1,4 +1,4 @@
-"""Checkpoints: the TrainState (params, optimizer state, step, rng) plus JSON metadata, via orbax.
+"""Checkpoints: the TrainState (params, optimizer state, step) plus JSON metadata, via orbax.
 
 Layout of one checkpoint, `<directory>/<step>/`:
 
@@ -18,13 +18,16 @@ Restoring takes an abstract TrainState (`jax.ShapeDtypeStruct` leaves carrying `
 `abstract_train_state`) and reads every array straight into that sharding, so a checkpoint written
 on one mesh restores onto any other mesh (or a single device). Before reading any array the stored
 model config is compared with the run's: a checkpoint of another architecture fails with the list of
-differing fields instead of an opaque shape error.
+differing fields instead of an opaque shape error. `restore_params` reads the parameters alone
+(evaluation: no optimizer state is allocated), and a `read_only` manager lists and reads a run's
+checkpoints without creating, cleaning or deleting anything in its directory.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import time
 from typing import Any, Mapping
@@ -36,7 +39,7 @@ from jax.sharding import Mesh
 
 import sdar_jax
 from sdar_jax import sharding as sharding_lib
-from sdar_jax.models import ModelConfig, save_pretrained
+from sdar_jax.models import ModelConfig, param_shapes, save_pretrained
 from sdar_jax.train_state import TrainState, init_train_state
 
 __all__ = [
@@ -71,6 +74,16 @@ ARCH_FIELDS = (
 _ITEMS = ("state", "meta", "extra")
 
 
+class _DropReadOnlyNotice(logging.Filter):
+  """Orbax warns "Given directory is read only" for every read-only manager: what we asked for."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("Given directory is read only")
+
+
+_READ_ONLY_NOTICE = _DropReadOnlyNotice()
+
+
 def model_config_mismatches(
   stored: Mapping[str, Any], expected: ModelConfig | Mapping[str, Any]
 ) -> list[tuple[str, Any, Any]]:
@@ -86,16 +99,14 @@ def train_state_shardings(
   model_config: ModelConfig, optimizer: optax.GradientTransformation, mesh: Mesh, rules=None
 ) -> TrainState:
   """A TrainState of NamedShardings: params by the logical-axis rules, optimizer moments like the
-  params they track (`optax.tree_map_params`), scalars (step, counts, rng) replicated."""
+  params they track (`optax.tree_map_params`), scalars (step, counts) replicated."""
   abstract = jax.eval_shape(lambda: init_train_state(model_config, optimizer, 0))
   params = sharding_lib.param_shardings(model_config, mesh, rules)
   replicated = sharding_lib.replicated(mesh)
   opt_state = optax.tree_map_params(
     optimizer, lambda _, s: s, abstract.opt_state, params, transform_non_params=lambda _: replicated
   )
-  return TrainState(
-    step=replicated, params=params, opt_state=opt_state, rng=replicated, skipped_updates=replicated
-  )
+  return TrainState(step=replicated, params=params, opt_state=opt_state, skipped_updates=replicated)
 
 
 def abstract_train_state(
@@ -146,19 +157,33 @@ class CheckpointManager:
     save_interval_steps: int = 1,
     async_save: bool = False,
     create: bool = True,
+    read_only: bool = False,
   ):
+    """read_only: only list and restore (an evaluation reading a run's checkpoints): nothing is
+    created, cleaned up or deleted in `directory`, and `save` is refused."""
     if keep is not None and keep < 1:
       raise ValueError(f"checkpoint keep={keep}: keep at least 1 checkpoint (or None for all).")
     if save_interval_steps < 1:
       raise ValueError(f"checkpoint save_interval_steps={save_interval_steps} must be >= 1.")
     self.directory = os.path.abspath(os.fspath(directory))
-    options = ocp.CheckpointManagerOptions(
-      max_to_keep=keep,
-      save_interval_steps=save_interval_steps,
-      enable_async_checkpointing=async_save,
-      create=create,
-      cleanup_tmp_directories=True,
-    )
+    self.read_only = read_only
+    if read_only:
+      logging.getLogger("absl").addFilter(_READ_ONLY_NOTICE)  # idempotent
+      options = ocp.CheckpointManagerOptions(
+        read_only=True,
+        max_to_keep=None,
+        save_interval_steps=0,
+        create=False,
+        cleanup_tmp_directories=False,
+      )
+    else:
+      options = ocp.CheckpointManagerOptions(
+        max_to_keep=keep,
+        save_interval_steps=save_interval_steps,
+        enable_async_checkpointing=async_save,
+        create=create,
+        cleanup_tmp_directories=True,
+      )
     self._manager = ocp.CheckpointManager(self.directory, item_names=_ITEMS, options=options)
 
   # ------------------------------------------------------------------------------------ save
@@ -174,6 +199,8 @@ class CheckpointManager:
     """Saves `state` as checkpoint `step` unless the save interval skips it (`force` overrides).
     `run_config`: a ConfigDict (stored with `to_dict()`) or a dict. `extra`: JSON-able host state.
     Returns whether a save was started (with async_save it finishes in the background)."""
+    if self.read_only:
+      raise PermissionError(f"CheckpointManager({self.directory}) is read-only: nothing is saved.")
     step = int(step)
     if run_config is not None and hasattr(run_config, "to_dict"):
       run_config = run_config.to_dict()
@@ -239,15 +266,7 @@ class CheckpointManager:
     step = self._resolve_step(step)
     meta = self.restore_meta(step)
     if model_config is not None:
-      diffs = model_config_mismatches(meta["model_config"], model_config)
-      if diffs:
-        stored = ", ".join(f"{f}={a!r}" for f, a, _ in diffs)
-        ours = ", ".join(f"{f}={b!r}" for f, _, b in diffs)
-        raise ValueError(
-          f"Checkpoint {self.directory}/{step} was written for a different model: it has {stored}; "
-          f"this run has {ours}. Point checkpoint.dir at a checkpoint of this model, or set the "
-          f"model config (model.preset / model.path / model.tiny.*) to the checkpoint's."
-        )
+      self._check_model(meta, model_config, step)
     restore_args = (
       ocp.args.StandardRestore()
       if target is None
@@ -262,6 +281,59 @@ class CheckpointManager:
         "changed, e.g. optim.clip_norm switched on/off?)."
       ) from e
     return out["state"], meta
+
+  def restore_params(
+    self,
+    model_config: ModelConfig,
+    mesh: Mesh | None = None,
+    step: int | None = None,
+    rules=None,
+  ) -> tuple[Any, dict[str, Any]]:
+    """Restores only the parameters of checkpoint `step` (default: the latest), cast to
+    `model_config.param_dtype` and placed by the logical-axis rules on `mesh` (default device
+    without one); the optimizer state is not read. The stored model config must match
+    `model_config`'s architecture. Returns (params, meta)."""
+    step = self._resolve_step(step)
+    meta = self.restore_meta(step)
+    self._check_model(meta, model_config, step)
+    shapes = param_shapes(model_config)
+    if mesh is not None:
+      shardings = sharding_lib.param_shardings(model_config, mesh, rules)
+    else:
+      device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+      shardings = jax.tree.map(lambda _: device, shapes)
+    restore_args = jax.tree.map(
+      lambda a, s: ocp.ArrayRestoreArgs(sharding=s, dtype=a.dtype), shapes, shardings
+    )
+    item = jax.tree.map(
+      lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes, shardings
+    )
+    try:
+      out = self._manager.restore(
+        step,
+        args=ocp.args.Composite(
+          state=ocp.args.PyTreeRestore(
+            item={"params": item}, restore_args={"params": restore_args}, partial_restore=True
+          )
+        ),
+      )
+    except (ValueError, KeyError, TypeError) as e:
+      raise ValueError(
+        f"Could not restore the parameters of {self.directory}/{step}: {e}\nThe parameter tree "
+        "differs from the checkpoint's."
+      ) from e
+    return out["state"]["params"], meta
+
+  def _check_model(self, meta: Mapping[str, Any], model_config: ModelConfig, step: int) -> None:
+    diffs = model_config_mismatches(meta["model_config"], model_config)
+    if diffs:
+      stored = ", ".join(f"{f}={a!r}" for f, a, _ in diffs)
+      ours = ", ".join(f"{f}={b!r}" for f, _, b in diffs)
+      raise ValueError(
+        f"Checkpoint {self.directory}/{step} was written for a different model: it has {stored}; "
+        f"this run has {ours}. Point checkpoint.dir at a checkpoint of this model, or set the "
+        f"model config (model.preset / model.path / model.tiny.*) to the checkpoint's."
+      )
 
   # ------------------------------------------------------------------------------------ lifecycle
   def wait_until_finished(self) -> None:
@@ -283,14 +355,19 @@ def export_hf(
   params: Any,
   out_dir: str | os.PathLike,
   tokenizer_dir: str | os.PathLike | None = None,
+  source_dir: str | os.PathLike | None = None,
 ) -> str | None:
   """Writes the policy as a Hugging Face directory (config.json + safetensors [+ tokenizer]) that
-  transformers loads. Sharded parameters are gathered first; on a multi-host run every process must
-  call this (the gather is collective) and process 0 writes. Returns the directory (None elsewhere)."""
+  transformers loads: every tokenizer file of `tokenizer_dir` (chat_template.jinja included) and
+  the generation_config.json of `source_dir` (the model the run started from) when it has one.
+  Sharded parameters are gathered first; on a multi-host run every process must call this (the
+  gather is collective) and process 0 writes. Returns the directory (None elsewhere)."""
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils
 
     params = multihost_utils.process_allgather(params, tiled=True)
   if jax.process_index() != 0:
     return None
-  return save_pretrained(model_config, params, out_dir, tokenizer_dir=tokenizer_dir)
+  return save_pretrained(
+    model_config, params, out_dir, tokenizer_dir=tokenizer_dir, source_dir=source_dir
+  )

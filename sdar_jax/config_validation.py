@@ -1,10 +1,12 @@
 """Checks a run config before anything is built, and resolves its model and mesh.
 
 `validate(config)` collects every problem (unknown names, impossible values, batches that do not
-divide over the mesh, a mesh that does not match the devices) and raises one `ConfigError` listing
-them, each as "<key>=<value>: <problem>. Fix: <what to do>". Unknown keys are caught earlier: the
-configs are locked (configs/common.finalize), so `--config.algo.betta=2` or `config.algo.betta = 2`
-fails naming the key.
+divide over the mesh, a mesh that does not match the devices, a model without weights or with
+incomplete weight files, options that are not implemented yet) and raises one `ConfigError` listing
+them, each as "<key>=<value>: <problem>. Fix: <what to do>". It reads nothing but config.json and
+the safetensors headers, and writes nothing. Unknown keys are caught earlier: the configs are
+locked (configs/common.finalize), so `--config.algo.betta=2` or `config.algo.betta = 2` fails
+naming the key.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from sdar_jax.algos import (
   PRESET_KEYS,
   SDAR_FORMS,
 )
+from sdar_jax.chat_templates import CHAT_TEMPLATE_SETTINGS
 from sdar_jax.models import ModelConfig
 from sdar_jax.models.config import DTYPES
 from sdar_jax.sharding import DEFAULT_RULES, MESH_AXES
@@ -36,15 +39,18 @@ __all__ = [
   "batch_divisor_of",
   "ALGO_KEYS",
   "ENVS",
+  "IMPLEMENTED_ENVS",
   "TEACHER_SOURCES",
+  "check_weight_files",
 ]
 
 ENVS = ("alfworld", "webshop", "search_qa")
+# Environments the host loop runs; the others have configs (their keys stay) but no environment yet.
+IMPLEMENTED_ENVS = ("alfworld",)
 TEACHER_SOURCES = ("step", "rollout")
-CHAT_TEMPLATES = ("qwen2.5", "qwen3")
 TRUNCATIONS = ("error", "left")
 EVAL_SKILLS = ("without", "with", "both")
-ALGO_KEYS = tuple(PRESET_KEYS) + ("teacher_source", "temperature")
+ALGO_KEYS = tuple(PRESET_KEYS) + ("teacher_source", "temperature", "recompute_old_logp")
 SECTIONS = (
   "model",
   "algo",
@@ -174,10 +180,45 @@ def model_config_from(config: Any) -> ModelConfig:
   return found
 
 
+def check_weight_files(path: str, model_config: ModelConfig | None = None) -> None:
+  """Raises ConfigError unless `path` holds complete weight files (model.safetensors, or the
+  sharded index and every shard it lists) whose tensors match `model_config` (default: the
+  directory's config.json). Reads only the safetensors headers; every tensor's byte range is checked
+  against its file's size, so a truncated file is caught here."""
+  from sdar_jax.models.hf_io import verify_checkpoint
+
+  try:
+    verify_checkpoint(path, model_config)
+  except (OSError, ValueError) as e:
+    fix = (
+      ""
+      if "Fix:" in str(e)
+      else " Fix: point model.path at a complete Hugging Face model directory (config.json + "
+      "model.safetensors, or the sharded index and all its shards)."
+    )
+    raise ConfigError(f"model.path={path!r}: the weights cannot be used: {e}{fix}") from None
+
+
 # ------------------------------------------------------------------------------------ sections
+def _check_weights_source(m, p: _Problems) -> bool:
+  """Initial weights come from model.path; without it, only when model.random_init asks for random
+  weights explicitly. True when a path is set (its files are checked next)."""
+  if not m.path and not _get(m, "random_init", False):
+    p.add(
+      "model.path",
+      None,
+      f"no weights given for model.preset={m.preset!r}: the run would train random weights",
+      f"set --config.model.path to a local copy of {_get(m, 'hf_id') or 'the model'} "
+      "(config.json + *.safetensors), or --config.model.random_init=True to train from random "
+      "weights on purpose",
+    )
+  return bool(m.path)
+
+
 def _check_model(config, p: _Problems) -> ModelConfig | None:
   m = config.model
-  p.one_of("model.chat_template", m.chat_template, CHAT_TEMPLATES)
+  has_path = _check_weights_source(m, p)
+  p.one_of("model.chat_template", m.chat_template, CHAT_TEMPLATE_SETTINGS)
   p.one_of("model.dtype", m.dtype, DTYPES)
   p.one_of("model.param_dtype", m.param_dtype, DTYPES)
   if m.tokenizer_dir and not os.path.isdir(m.tokenizer_dir):
@@ -187,8 +228,24 @@ def _check_model(config, p: _Problems) -> ModelConfig | None:
       "no such directory",
       "point it at a folder holding tokenizer.json, or unset it",
     )
+  tokenizer_dir = m.tokenizer_dir or m.path  # where the run reads its tokenizer from
+  if (
+    tokenizer_dir
+    and os.path.isdir(tokenizer_dir)
+    and not os.path.isfile(os.path.join(tokenizer_dir, "tokenizer.json"))
+  ):
+    p.add(
+      "model.tokenizer_dir" if m.tokenizer_dir else "model.path",
+      tokenizer_dir,
+      "no tokenizer.json in it (the tokenizer is read from model.tokenizer_dir, else model.path)",
+      "copy the model's tokenizer files (tokenizer.json, tokenizer_config.json, vocab.json, "
+      "merges.txt, chat_template.jinja) into it, or set model.tokenizer_dir to a folder that "
+      "holds them",
+    )
   try:
     model_config = model_config_from(config)
+    if has_path:
+      check_weight_files(m.path, model_config)
   except (ValueError, TypeError, FileNotFoundError, NotImplementedError) as e:
     p.lines.append(str(e))
     return None
@@ -359,7 +416,14 @@ def _check_batches(config, divisor: int, shape: Mapping[str, int], p: _Problems)
   p.at_least("train.mini_batch_size", t.mini_batch_size, 1)
   p.at_least("train.micro_batch_size", t.micro_batch_size, 1)
   p.at_least("train.eval_every", t.eval_every, 0, "use 0 to never evaluate during training")
-  p.at_least("train.max_staleness", t.max_staleness, 0)
+  p.at_least("train.max_failed_iterations", _get(t, "max_failed_iterations", 3), 1, "use e.g. 3")
+  p.require(
+    t.max_staleness == 0,
+    "train.max_staleness",
+    t.max_staleness,
+    "asynchronous training is not implemented yet (only synchronous on-policy updates)",
+    "use 0",
+  )
   mini, micro = t.mini_batch_size, t.micro_batch_size
   if isinstance(mini, int) and isinstance(micro, int) and mini >= 1 and micro >= 1:
     p.require(
@@ -392,6 +456,14 @@ def _check_batches(config, divisor: int, shape: Mapping[str, int], p: _Problems)
 
 def _check_env(e, p: _Problems) -> None:
   p.one_of("env.name", e.name, ENVS)
+  if e.name in ENVS and e.name not in IMPLEMENTED_ENVS:
+    p.add(
+      "env.name",
+      e.name,
+      "this environment is not implemented yet (its config keys exist, the host loop cannot run "
+      "it)",
+      f"use one of {list(IMPLEMENTED_ENVS)}",
+    )
   p.at_least("env.history", e.history, 0)
   p.at_least("env.max_turns", e.max_turns, 1)
   p.at_least("env.num_workers", e.num_workers, 1)

@@ -1,19 +1,24 @@
-"""Run metrics: one console line per step, a JSONL history, optional TensorBoard, PNG plots.
+"""Run metrics: one log line per step, a JSONL history, TensorBoard (tensorboardX), PNG plots.
 
 `metrics.jsonl` holds one JSON object per logged step ({"step": k, "<name>": value, ...}); it is
-appended to, so a resumed run continues the same file. `plot_history` turns it into a grid of
-curves (`metrics.png`): success rate, reward, the SDAR gate and gap, losses.
+appended to, so a resumed run continues the same file, after `drop_rows_after` removed the rows of
+iterations the restored checkpoint does not contain (a run killed between logging a row and saving
+its checkpoint logs that step again). `plot_history` turns it into a grid of curves
+(`metrics.png`): success rate, reward, the SDAR gate and gap, losses. TensorBoard event files go to
+the same directory when `logging.tensorboard` is on and tensorboardX is installed.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
-import warnings
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 # Panels of the default plot: (title, metric names drawn in it).
 PLOT_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -61,15 +66,15 @@ class MetricsLogger:
     self._tb = None
     if tensorboard:
       try:
-        from tensorboardX import SummaryWriter  # optional
-
-        self._tb = SummaryWriter(logdir)
+        from tensorboardX import SummaryWriter
       except ImportError:
-        warnings.warn(
-          "logging.tensorboard=True but tensorboardX is not installed; writing JSONL "
-          "and PNG plots only (pip install tensorboardX to enable).",
-          stacklevel=2,
+        log.warning(
+          "logging.tensorboard=True but tensorboardX is not installed: writing metrics.jsonl and "
+          "metrics.png only. Install the pinned requirements (pip install -r requirements.txt) or "
+          "set --config.logging.tensorboard=False."
         )
+      else:
+        self._tb = SummaryWriter(logdir)
 
   def log(self, step: int, metrics: Mapping[str, Any], echo: bool = True) -> dict[str, float]:
     row = {"step": int(step)}
@@ -86,9 +91,40 @@ class MetricsLogger:
           self._tb.add_scalar(name, x, step)
       self._tb.flush()
     if echo:
-      shown = "  ".join(f"{k}={row[k]:.4g}" for k in self.console_keys if k in row)
-      print(f"[step {step}] {shown}", flush=True)
+      log.info("[step %d] %s", step, self.summary(row))
     return row
+
+  def summary(self, metrics: Mapping[str, Any]) -> str:
+    """The console keys present in `metrics`, as "name=value" pairs."""
+    return "  ".join(
+      f"{k}={float(metrics[k]):.4g}"
+      for k in self.console_keys
+      if k in metrics and _scalar(metrics[k]) is not None
+    )
+
+  def drop_rows_after(self, step: int) -> int:
+    """Removes the rows of steps > `step` (and a torn last line) from metrics.jsonl, atomically;
+    returns how many lines were dropped. A resumed run calls it with the restored step."""
+    if not self.path or not os.path.exists(self.path):
+      return 0
+    kept, dropped = [], 0
+    with open(self.path) as f:
+      for line in f:
+        try:
+          row = json.loads(line)
+          keep = int(row["step"]) <= step
+        except (ValueError, KeyError, TypeError):
+          keep = False  # a line torn by a kill mid-write
+        if keep:
+          kept.append(line if line.endswith("\n") else line + "\n")
+        elif line.strip():
+          dropped += 1
+    if dropped:
+      tmp = self.path + ".tmp"
+      with open(tmp, "w") as f:
+        f.writelines(kept)
+      os.replace(tmp, self.path)
+    return dropped
 
   def close(self) -> None:
     if self._tb is not None:

@@ -20,11 +20,11 @@ Greedy vs sampling, top_k (its value), top_p on/off and stop strings on/off are 
 choices; temperature, top_p's value, max_new_tokens and the stop sets are runtime values.
 `Sampler.num_compilations` counts traces.
 
-Prefill runs the model's `apply` on the distinct prompts. Decode runs a decode-specialised copy of
-the layer (`_decode_layer`: same maths, keys cached [B, K, H, S] and values [B, K, S, H] so both
-attention products are plain batched matmuls) with the layers unrolled over per-layer weight
-slices taken once per call, which holds one extra copy of the decoder weights while generating
-(a scan over the stacked layers would copy every weight slice at every step on CPU).
+The model does the decoding: `models.qwen.prefill` runs the distinct prompts and returns their
+`KVCache` (the model owns its layout), and each loop step is one `models.qwen.decode_step`. The
+per-layer weights are sliced once per call (`unstack_layers`), which holds one extra copy of the
+decoder weights while generating (a scan over the stacked layers would copy every weight slice at
+every step on CPU).
 
 Log-probs: the log-prob of each sampled token is `log_softmax(logits / temperature)[token]` of the
 unfiltered distribution (`log_softmax(logits)` when greedy, temperature 0). That is the quantity
@@ -42,7 +42,9 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-from typing import Any, Sequence
+import logging
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -53,15 +55,12 @@ from jax.sharding import Mesh, NamedSharding
 from sdar_jax import sharding
 from sdar_jax.models.config import ModelConfig
 from sdar_jax.models.qwen import (
+  KVCache,
   Params,
-  apply,
-  apply_rope,
-  attention_out_and_mlp,
+  decode_step,
   logits_from_hidden,
-  positions_from_mask,
-  qkv_projection,
-  rms_norm,
-  rope_tables,
+  prefill,
+  unstack_layers,
 )
 
 QWEN_STOP_TOKEN_IDS = (151645, 151643)  # <|im_end|>, <|endoftext|>
@@ -71,7 +70,6 @@ _MIN_PROMPT_BUCKET = 16
 _PROMPT_POW2_LIMIT = 512  # prompt buckets: powers of two up to here, then multiples of it
 _MIN_NEW_BUCKET = 16
 _MIN_STATE_BUCKET = 16
-_MASKED = -1e30  # as models.qwen: a masked score, finite so an all-masked row stays finite
 
 
 # ------------------------------------------------------------------------------------ parameters
@@ -298,43 +296,6 @@ def _choose(
   return token, picked - jax.nn.logsumexp(scaled, axis=-1)
 
 
-# ------------------------------------------------------------------------------- decode layer
-def _decode_layer(
-  config: ModelConfig,
-  p: Params,
-  x: jax.Array,
-  cos: jax.Array,
-  sin: jax.Array,
-  k_cache: jax.Array,
-  v_cache: jax.Array,
-  valid: jax.Array,
-  slot: jax.Array,
-):
-  """One decoder layer for one new token per row: x [B, D]; this layer's cache, keys [B, K, H, S]
-  and values [B, K, S, H]; `valid` [B, S] already marks `slot`, where the new key/value are
-  written before attending.
-
-  The same computation as models.qwen's layer (tests compare the log-probs with `forward`), with
-  the cache laid out so both attention products are plain batched matmuls (q @ K, p @ V): with
-  the model's [L, B, S, K, H] layout XLA:CPU transposes every layer's cache at every step."""
-  dt = x.dtype
-  B = x.shape[0]
-  N, K, H = config.num_heads, config.num_kv_heads, config.head_dim
-  q, k, v = qkv_projection(config, p, x)
-  q = apply_rope(q[:, None], cos, sin)[:, 0]
-  k = apply_rope(k[:, None], cos, sin)[:, 0]
-  k_cache = lax.dynamic_update_slice(
-    k_cache, k[:, :, :, None].astype(k_cache.dtype), (0, 0, 0, slot)
-  )
-  v_cache = lax.dynamic_update_slice(v_cache, v[:, :, None].astype(v_cache.dtype), (0, 0, slot, 0))
-  q = q.reshape(B, K, N // K, H)  # query head n = kv head n // (N / K), as in the model
-  scores = jnp.einsum("bkgh,bkhs->bkgs", q, k_cache, preferred_element_type=jnp.float32) * H**-0.5
-  scores = jnp.where(valid[:, None, None, :], scores, _MASKED)
-  probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-  attn = jnp.einsum("bkgs,bksh->bkgh", probs, v_cache).reshape(B, N, H)
-  return attention_out_and_mlp(config, p, x, attn), k_cache, v_cache
-
-
 # ------------------------------------------------------------------------------------ sampler
 class Sampler:
   """Generation for one model config (and optionally one mesh); caches compiled functions.
@@ -400,31 +361,31 @@ class Sampler:
     config = self.config
     B = row_source.shape[0]
     P = prompt_tokens.shape[1]
+    logging.getLogger(__name__).info(
+      "compiling the sampler for %d rows x %d prompt tokens + %d new (compilation %d) ...",
+      B,
+      P,
+      new_bucket,
+      self.num_compilations,
+    )
     choose = functools.partial(
       _choose, temperature=temperature, top_p=top_p, greedy=greedy, top_k=top_k, use_top_p=use_top_p
     )
 
-    # Prefill the distinct prompts once; only the last position needs logits (left padding).
-    h, (k, v) = apply(config, params, prompt_tokens, positions_from_mask(prompt_mask), prompt_mask)
+    # Prefill the distinct prompts once, into a cache with room for the new tokens; only the
+    # last position needs logits (left padding).
+    h, cache = prefill(config, params, prompt_tokens, prompt_mask, P + new_bucket)
     first_logits = logits_from_hidden(config, params, h[:, -1])
-    # Broadcast to every sample of each prompt (group prefix sharing), in the decode layout.
+    # Broadcast to every sample of each prompt (group prefix sharing).
     first_logits = jnp.take(first_logits, row_source, axis=0)
-    mask = jnp.take(prompt_mask, row_source, axis=0)
-    pad_k = ((0, 0), (0, 0), (0, 0), (0, new_bucket))
-    pad_v = ((0, 0), (0, 0), (0, new_bucket), (0, 0))
-    k_axes = ("batch", "kv_heads", "head_dim", "length")
-    v_axes = ("batch", "kv_heads", "length", "head_dim")
-    caches = []
-    for layer in range(config.num_layers):
-      kl = jnp.take(k[layer], row_source, axis=0).transpose(0, 2, 3, 1)  # [B, K, H, P]
-      vl = jnp.take(v[layer], row_source, axis=0).transpose(0, 2, 1, 3)  # [B, K, P, H]
-      caches.append(
-        (self._constrain(jnp.pad(kl, pad_k), k_axes), self._constrain(jnp.pad(vl, pad_v), v_axes))
-      )
-    valid = jnp.pad(mask.astype(jnp.bool_), ((0, 0), (0, new_bucket)))
-    # Per-layer weights sliced once per call: the unrolled decode layers then index nothing
-    # per step (a scan over stacked layers copies every weight slice at every step on CPU).
-    layers = [jax.tree.map(lambda a, i=i: a[i], params["layers"]) for i in range(config.num_layers)]
+    cache = cache.take_rows(row_source)
+    cache = KVCache(
+      tuple(self._constrain(k, KVCache.KEY_AXES) for k in cache.k),
+      tuple(self._constrain(v, KVCache.VALUE_AXES) for v in cache.v),
+      cache.valid,
+      cache.index,
+    )
+    layers = unstack_layers(config, params)  # once per call, not per step
 
     row_keys = jax.vmap(lambda i: jax.random.fold_in(rng, i))(jnp.arange(B))
     step_keys = lambda step: jax.vmap(jax.random.fold_in, (0, None))(row_keys, step)
@@ -458,28 +419,20 @@ class Sampler:
     )
     token, logp = choose(first_logits, step_keys(0))
     state, out = record(0, token, logp, jnp.zeros((B,), jnp.int32), out)
-    position = jnp.sum(mask, axis=-1).astype(jnp.int32)
+    position = jnp.sum(cache.valid, axis=-1, dtype=jnp.int32)  # the prompt's real tokens
 
     def cond(carry):
       step, out = carry[0], carry[-1]
       return (step < max_new) & ~jnp.all(out[2])
 
     def body(carry):
-      step, caches, valid, token, position, state, out = carry
-      slot = P + step - 1  # cache slot of the token fed at this step
-      valid = lax.dynamic_update_slice(valid, jnp.ones((B, 1), jnp.bool_), (0, slot))
-      x = jnp.take(params["embed"], token, axis=0).astype(config.jnp_dtype)
-      cos, sin = rope_tables(position[:, None], config.head_dim, config.rope_theta)
-      new_caches = []
-      for p, (k_cache, v_cache) in zip(layers, caches):
-        x, k_cache, v_cache = _decode_layer(config, p, x, cos, sin, k_cache, v_cache, valid, slot)
-        new_caches.append((k_cache, v_cache))
-      h = rms_norm(x, params["final_norm"], config.rms_norm_eps)
+      step, cache, token, position, state, out = carry
+      h, cache = decode_step(config, params, token, position, cache, layers)
       token, logp = choose(logits_from_hidden(config, params, h), step_keys(step))
       state, out = record(step, token, logp, state, out)
-      return step + 1, new_caches, valid, token, position + 1, state, out
+      return step + 1, cache, token, position + 1, state, out
 
-    carry = (jnp.int32(1), caches, valid, token, position, state, out)
+    carry = (jnp.int32(1), cache, token, position, state, out)
     out = lax.while_loop(cond, body, carry)[-1]
     tokens, logps, _, length, reason = out
     return tokens, logps, length, reason
@@ -606,7 +559,7 @@ class Sampler:
       logprobs=[logps_out[i, : length[i]].tolist() for i in range(n)],
       finish_reasons=[FINISH_REASONS[int(reason[i])] for i in range(n)],
       num_prefill_rows=len(unique),
-      shapes=dict(batch=B, prefill_rows=U, prompt_len=P, new_tokens=N),
+      shapes={"batch": B, "prefill_rows": U, "prompt_len": P, "new_tokens": N},
     )
 
   __call__ = generate

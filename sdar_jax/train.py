@@ -1,14 +1,17 @@
 r"""Training entry point.
 
-  python -m sdar_jax.train                                        # the offline demo (configs/default.py)
+  python -m sdar_jax.train                          # the offline demo (configs/default.py)
   python -m sdar_jax.train --config=configs/alfworld.py:model=qwen2.5-3b,algo=sdar \
       --config.model.path=/data/Qwen2.5-3B-Instruct --config.algo.beta=2.0 --workdir=runs/sdar
-  python -m sdar_jax.train --config=configs/paper.py:row=grpo,model=qwen3-1.7b,env=webshop --dry_run
+  python -m sdar_jax.train --config=configs/paper.py:row=grpo,model=qwen3-1.7b \
+      --config.model.random_init=True --dry_run       # sizes only: random weights on purpose
 
-The config is validated before anything is built (sdar_jax.config_validation); an unknown
-`--config.*` key or an impossible value exits with a message naming it. `--dry_run` validates,
-prints the resolved config, builds the mesh and the model's abstract train state (no memory), and
-exits. Otherwise the host loop `sdar_jax.trainer.run(config, workdir)` runs.
+The config is validated before anything is built or written (sdar_jax.config_validation): an
+unknown `--config.*` key, an impossible value, a model without weight files (or with truncated
+ones) or an option that is not implemented yet exits with a message naming it, and the workdir is
+left untouched. `--dry_run` validates (the same checks, weight files included), prints the resolved
+config, builds the mesh and the model's abstract train state (no memory), and exits. Otherwise the
+host loop `sdar_jax.trainer.run(config, workdir)` runs.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO not in sys.path:  # config files import `configs.common`
   sys.path.insert(0, _REPO)
 
-from absl import app, flags, logging  # noqa: E402
+from absl import app, flags  # noqa: E402
 import ml_collections as mlc  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
@@ -140,7 +143,9 @@ def _summary(config, model_config, mesh) -> str:
 def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint step at INFO
+  from sdar_jax.progress import configure_logging
+
+  configure_logging()  # our INFO lines with timestamps, libraries at WARNING unless --verbosity
   from sdar_jax.config_validation import ConfigError, validate
   from sdar_jax.sharding import make_mesh
 
@@ -159,14 +164,15 @@ def main(argv: Sequence[str]) -> None:
     print(_summary(config, model_config, mesh))
     print("dry run: config valid, nothing trained.")
     return
-  if importlib.util.find_spec("sdar_jax.trainer") is None:
-    sys.exit(
-      "trainer not available yet: sdar_jax/trainer.py (the host loop) is not written; "
-      "use --dry_run to check a config."
-    )
-  trainer = importlib.import_module("sdar_jax.trainer")
+  from sdar_jax import trainer  # the workdir is created only now, after validation passed
+
+  from sdar_jax.workdir_lock import WorkdirLockedError
+
   workdir = flags.FLAGS.workdir or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
-  trainer.run(config, workdir)
+  try:
+    trainer.run(config, workdir)
+  except (trainer.EnvFailureError, WorkdirLockedError) as e:
+    sys.exit(f"{type(e).__name__}: {e}")
 
 
 def cli(argv: Sequence[str] | None = None) -> None:

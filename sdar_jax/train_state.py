@@ -21,15 +21,46 @@ class TrainState:
   step: jax.Array  # int32 scalar: optimizer updates applied so far
   params: Params
   opt_state: Any
-  rng: jax.Array  # a uint32 PRNG key (raw, so orbax stores it as a plain array)
   skipped_updates: jax.Array  # int32 scalar: updates skipped because the gradient was not finite
 
 
 def make_lr_schedule(lr: float, warmup_steps: int = 0) -> optax.Schedule:
-  """Linear warm-up from 0 to `lr` over `warmup_steps` updates, then constant."""
+  """The learning rate of 0-based training iteration k (one rollout + its updates): linear warm-up
+  lr·k/K over K = `warmup_steps` iterations (iteration 0 uses 0), then constant. It counts
+  iterations, not optimizer updates: every mini-batch update of one iteration uses the same rate,
+  as the reference steps its scheduler once per iteration (docs/reference.md §4.8)."""
   if warmup_steps > 0:
     return optax.linear_schedule(0.0, lr, warmup_steps)
   return optax.constant_schedule(lr)
+
+
+def scale_by_iteration_lr(
+  lr: float, warmup_steps: int = 0
+) -> optax.GradientTransformationExtraArgs:
+  """Scales updates by −lr_k with lr_k = make_lr_schedule(lr, warmup_steps)(iteration − 1), where
+  the 1-based training `iteration` is passed as `optimizer.update(..., iteration=...)` (the train
+  step does). Without a warm-up the rate is constant and `iteration` may be left out."""
+  schedule = make_lr_schedule(lr, warmup_steps)
+
+  def init(params):
+    del params
+    return optax.EmptyState()
+
+  def update(updates, state, params=None, *, iteration=None, **extra_args):
+    del params, extra_args
+    if iteration is None:
+      if warmup_steps > 0:
+        raise ValueError(
+          f"optim.warmup_steps={warmup_steps} counts training iterations: pass the 1-based "
+          "iteration to optimizer.update(..., iteration=k) (TrainStep does), or set "
+          "warmup_steps=0."
+        )
+      rate = jnp.asarray(lr, jnp.float32)
+    else:
+      rate = schedule(jnp.asarray(iteration, jnp.int32) - 1)
+    return jax.tree.map(lambda u: -jnp.asarray(rate, u.dtype) * u, updates), state
+
+  return optax.GradientTransformationExtraArgs(init, update)
 
 
 def make_optimizer(
@@ -42,28 +73,34 @@ def make_optimizer(
   eps: float = 1e-8,
 ) -> optax.GradientTransformation:
   """AdamW with global-norm clipping and linear learning-rate warm-up (the reference's optimizer:
-  lr 1e-6, betas (0.9, 0.999), weight decay 0.01, clip 1.0; Search-QA warms up over 15 steps).
-  The warm-up matches the reference's scheduler: step k of K uses lr * k / K, so step 0 uses 0."""
+  lr 1e-6, betas (0.9, 0.999), weight decay 0.01, clip 1.0; Search-QA warms up over 15 training
+  iterations). The warm-up matches the reference's scheduler: iteration k (0-based) of K uses
+  lr·k/K, so the first uses 0; `update` takes the 1-based `iteration=` keyword for it (see
+  `scale_by_iteration_lr`). Without warm-up it is exactly `optax.adamw` after the clipping."""
   if lr < 0:
     raise ValueError(f"optim.lr={lr} must be >= 0.")
   if warmup_steps < 0:
     raise ValueError(f"optim.warmup_steps={warmup_steps} must be >= 0.")
-  schedule = make_lr_schedule(lr, warmup_steps)
   parts = []
   if clip_norm and clip_norm > 0:
     parts.append(optax.clip_by_global_norm(clip_norm))
-  parts.append(optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay))
-  return optax.chain(*parts)
+  # optax.adamw's own chain (so the state has adamw's structure), with the learning rate taken
+  # per training iteration
+  adamw = optax.chain(
+    optax.scale_by_adam(b1=b1, b2=b2, eps=eps),
+    optax.add_decayed_weights(weight_decay),
+    scale_by_iteration_lr(lr, warmup_steps),
+  )
+  return optax.chain(*parts, adamw)
 
 
-def create_train_state(
-  params: Params, optimizer: optax.GradientTransformation, seed: int = 0
-) -> TrainState:
+def create_train_state(params: Params, optimizer: optax.GradientTransformation) -> TrainState:
+  """Step 0 of training `params` with `optimizer` (the update needs no randomness: rollout keys are
+  derived by the trainer from (seed, iteration))."""
   return TrainState(
     step=jnp.zeros((), jnp.int32),
     params=params,
     opt_state=optimizer.init(params),
-    rng=jax.random.key_data(jax.random.key(seed)),
     skipped_updates=jnp.zeros((), jnp.int32),
   )
 
@@ -72,4 +109,4 @@ def init_train_state(
   config: ModelConfig, optimizer: optax.GradientTransformation, seed: int = 0
 ) -> TrainState:
   """Random-init parameters + optimizer state (tests, the offline demo)."""
-  return create_train_state(init_params(config, jax.random.key(seed)), optimizer, seed)
+  return create_train_state(init_params(config, jax.random.key(seed)), optimizer)

@@ -40,7 +40,7 @@ mini-batch per iteration the two agree exactly; with several, "step" re-scores a
 Mini-batch accumulation. The batch is split into B / micro_batch_size micro-batches (strided, so
 each stays spread over the data-parallel devices) and scanned; every term is aggregated with the
 GLOBAL token count (and sequence count) of the whole mini-batch, so the summed gradients and the
-summed metrics are exactly those of one big batch (reference §4.8 uses a mean of per-micro-batch
+summed metrics are exactly those of one big batch (docs/reference.md §4.8 uses a mean of per-micro-batch
 token-means instead; ours is the natural global token-mean, a documented deviation).
 
 A non-finite loss or gradient norm skips the update: params and optimizer state stay bit-identical,
@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 from typing import Any, Callable, Mapping
 
 import flax.struct
@@ -69,7 +70,9 @@ Metrics = dict[str, Array]
 
 TEACHER_SOURCES = ("step", "rollout")
 # Keys of an algo config section that belong to the rollout / advantage side, not to the update.
-_NON_STEP_KEYS = frozenset({"name", "norm_adv_by_std", "invalid_penalty", "skills_in_student"})
+_NON_STEP_KEYS = frozenset(
+  {"name", "norm_adv_by_std", "invalid_penalty", "skills_in_student", "recompute_old_logp"}
+)
 
 
 # ------------------------------------------------------------------------------------ config
@@ -95,7 +98,7 @@ class LossConfig:
   clip_c: float = 3.0
   agg: str = "token-mean"
   teacher: bool = False  # score the teacher even if no term needs it (for its metrics)
-  teacher_source: str = "step"
+  teacher_source: str = "rollout"  # as the configs and the reference: scored once at θ_old
   temperature: float = 1.0
 
   def __post_init__(self):
@@ -126,8 +129,8 @@ class LossConfig:
   @classmethod
   def from_config(cls, algo: "LossConfig | Mapping[str, Any]", **overrides) -> "LossConfig":
     """From an algo config section (dict, ConfigDict or `get_preset(name)`). Rollout-side keys
-    (name, norm_adv_by_std, invalid_penalty, skills_in_student) are ignored; any other unknown
-    key is an error, so a typo cannot silently fall back to a default."""
+    (name, norm_adv_by_std, invalid_penalty, skills_in_student, recompute_old_logp) are ignored;
+    any other unknown key is an error, so a typo cannot silently fall back to a default."""
     if isinstance(algo, LossConfig):
       return dataclasses.replace(algo, **overrides)
     items = dict(algo.to_dict() if hasattr(algo, "to_dict") else algo)
@@ -275,6 +278,7 @@ def micro_loss(
       beta=lc.beta,
       gate=lc.gate,
       entropy=entropy,
+      vocab_size=config.vocab_size,  # the entropy gates normalise h by ln V
       form=lc.form,
       **agg,
     )
@@ -322,6 +326,11 @@ def loss_and_grads(
 
   `iteration` is the 1-based training iteration (the reference's global step) for the RLSD
   λ schedule; `constrain` places a [num_micro, mb, ...] array (sharding constraint)."""
+  if lc.needs_teacher and lc.teacher_source == "rollout" and batch.teacher_logp is None:
+    raise ValueError(
+      "algo.teacher_source='rollout' reads batch.teacher_logp, which is None: score it with "
+      "TrainStep.score_teacher(params, batch) first, or use teacher_source='step'."
+    )
   B = batch.batch_size
   micro = B if micro_batch_size is None else micro_batch_size
   num_micro = B // micro
@@ -371,14 +380,23 @@ def loss_and_grads(
 
 
 def apply_update(
-  optimizer: optax.GradientTransformation, state: TrainState, grads: Params, loss: Array
+  optimizer: optax.GradientTransformation,
+  state: TrainState,
+  grads: Params,
+  loss: Array,
+  iteration: Array | int | None = None,
 ) -> tuple[TrainState, Array, Array]:
   """One optimizer update, skipped (state bit-identical, counter +1) when the loss or the global
-  gradient norm is not finite. Returns (state, grad_norm, skipped as float32)."""
+  gradient norm is not finite. `iteration` (1-based training iteration) reaches the optimizer as
+  an extra argument: `make_optimizer`'s learning-rate warm-up counts iterations, not updates.
+  Returns (state, grad_norm, skipped as float32)."""
   grad_norm = optax.global_norm(grads)
   finite = jnp.isfinite(grad_norm) & jnp.isfinite(loss)
   grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
-  updates, new_opt_state = optimizer.update(grads, state.opt_state, state.params)
+  extra = {} if iteration is None else {"iteration": iteration}
+  updates, new_opt_state = optax.with_extra_args_support(optimizer).update(
+    grads, state.opt_state, state.params, **extra
+  )
   new_params = optax.apply_updates(state.params, updates)
   keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
   skipped = (~finite).astype(jnp.int32)
@@ -439,7 +457,7 @@ class TrainStep:
     opt = optax.tree_map_params(
       self.optimizer, lambda _, s: s, abstract_opt, params, transform_non_params=lambda _: rep
     )
-    return TrainState(step=rep, params=params, opt_state=opt, rng=rep, skipped_updates=rep)
+    return TrainState(step=rep, params=params, opt_state=opt, skipped_updates=rep)
 
   def _batch_sharding(self) -> NamedSharding | None:
     return None if self.mesh is None else sharding.batch_sharding(self.mesh, 1, self.rules)
@@ -531,6 +549,12 @@ class TrainStep:
 
     def update(state: TrainState, batch: TurnBatch, ref_params, iteration):
       self.num_traces += 1  # runs at trace time only
+      logging.getLogger(__name__).info(
+        "compiling the update for %d turn-samples x %d response tokens (compilation %d) ...",
+        batch.response_mask.shape[0],
+        batch.response_mask.shape[1],
+        self.num_traces,
+      )
       iteration = jnp.where(iteration < 0, state.step + 1, iteration)
       grads, metrics = loss_and_grads(
         config,
@@ -542,8 +566,11 @@ class TrainStep:
         iteration=iteration,
         constrain=self._constrain_micro,
       )
-      lr = None if self.lr_schedule is None else self.lr_schedule(state.step)
-      state, grad_norm, skipped = apply_update(optimizer, state, grads, metrics["train/loss"])
+      # the warm-up counts training iterations (several mini-batch updates share one rate)
+      lr = None if self.lr_schedule is None else self.lr_schedule(iteration - 1)
+      state, grad_norm, skipped = apply_update(
+        optimizer, state, grads, metrics["train/loss"], iteration
+      )
       metrics["train/grad_norm"] = grad_norm
       metrics["train/skipped_update"] = skipped
       if lr is not None:
@@ -577,8 +604,9 @@ class TrainStep:
     iteration: int | None = None,
   ) -> tuple[TrainState, Metrics]:
     """One update on one mini-batch. `state` is donated (do not reuse it). `iteration` is the
-    1-based training iteration for the RLSD λ schedule (default: state.step + 1, right when each
-    iteration has one mini-batch). `ref_params`: frozen reference for the KL term."""
+    1-based training iteration for the RLSD λ schedule and the learning-rate warm-up (default:
+    state.step + 1, right when each iteration has one mini-batch; the trainer passes it).
+    `ref_params`: frozen reference for the KL term."""
     self.check_batch(batch, ref_params)
     return self._update_fn(ref_params is not None)(
       *self.call_args(state, batch, ref_params, iteration)
@@ -632,6 +660,24 @@ class TrainStep:
     self._micro(batch.batch_size)
     return self._score_fn("student")(params, _without_logps(batch))
 
+  def lower_score(self, branch: str, params, batch: TurnBatch):
+    """`jax.stages.Lowered` of `score_teacher` (branch "teacher") or `score_student` ("student");
+    params and batch may be abstract (`sdar_jax.aot` compiles them for a TPU slice)."""
+    if branch not in ("teacher", "student"):
+      raise ValueError(f"branch={branch!r}; choose 'teacher' or 'student'.")
+    if branch == "teacher":
+      self.check_batch(batch, for_update=False)
+    self._micro(batch.batch_size)
+    return self._score_fn(branch).lower(params, _without_logps(batch))
+
+  def recompute_old_logp(self, params: Params, batch: TurnBatch) -> tuple[TurnBatch, float]:
+    """The batch with `old_logp` replaced by a no-grad forward at `params` (θ_old, right after
+    the rollout, as the reference computes its old log-probs), and the largest
+    |sampler − recomputed| log-prob over the response tokens (0 for a batch without any)."""
+    recomputed = self.score_student(params, batch)
+    diff = jnp.where(batch.response_mask > 0, jnp.abs(recomputed - batch.old_logp), 0.0)
+    return batch.replace(old_logp=recomputed), float(jnp.max(diff))
+
 
 def _without_logps(batch: TurnBatch) -> TurnBatch:
   """Scoring needs only tokens and masks; dropping the optional arrays keeps one compilation."""
@@ -639,8 +685,8 @@ def _without_logps(batch: TurnBatch) -> TurnBatch:
 
 
 def lr_schedule_from_optim(optim: Mapping[str, Any]) -> Callable[[Array], Array]:
-  """The learning-rate schedule `train_state.make_optimizer` builds from the same settings (for
-  the train/lr metric)."""
+  """The learning-rate schedule `train_state.make_optimizer` builds from the same settings, a
+  function of the 0-based training iteration (for the train/lr metric)."""
   return make_lr_schedule(float(optim["lr"]), int(optim.get("warmup_steps", 0)))
 
 

@@ -1,6 +1,6 @@
 """The host loop: rollout -> replay -> update -> eval -> checkpoint -> log.
 
-One iteration (DESIGN.md "One iteration, as data"):
+One iteration (docs/design.md, "One iteration, as data"):
 
 1. `tasks_per_step` tasks are drawn; each is played by `group_size` envs of the pool (a GRPO group).
 2. `AgentLoop.run` plays the episodes with the current parameters (`sampling.generate`), recording
@@ -8,12 +8,25 @@ One iteration (DESIGN.md "One iteration, as data"):
 3. `episodes_to_samples`: one sample per turn, episode return minus the turn's invalid-format
    penalty, GRPO advantages over each group's turn-samples.
 4. The samples pass through the replay queue (synchronous on-policy by default).
-5. They are packed into fixed-shape mini-batches; with teacher_source="rollout" the teacher
-   log-probs of every mini-batch are scored once at θ_old, then one compiled update per mini-batch.
+5. They are packed into fixed-shape mini-batches; with algo.recompute_old_logp the old log-probs
+   are re-scored at θ_old, with teacher_source="rollout" the teacher log-probs of every mini-batch
+   are scored once at θ_old, then one compiled update per mini-batch.
 
 Evaluation plays the validation split with group size 1 at `rollout.val_temperature`; checkpoints
 hold the TrainState plus the iteration and the task sampler's state, so a killed run resumes
-where it stopped; the final policy is exported as Hugging Face safetensors.
+where it stopped (metric rows of iterations after the restored checkpoint are dropped first); the
+final policy is exported as Hugging Face safetensors.
+
+A run holds its workdir's lock (sdar_jax.workdir_lock) from start to close. Each iteration logs a
+progress line (elapsed time, ETA) and, every `logging.every` iterations, a metrics row. The first
+failure of each kind of an environment is logged with its env and game file; failures are counted
+in `episode/env_failures`, and the run stops with `EnvFailureError` when every environment failed
+in `train.max_failed_iterations` consecutive iterations.
+
+`Trainer(config, out_dir, eval_only=True, params_from=(checkpoint_dir, step))` is an evaluation:
+the checkpoint's parameters alone (no optimizer state, no KL reference, no training envs), the
+validation episodes of that step, and its own config.json / metrics.jsonl / metrics.png in `out_dir`
+(sdar_jax.evaluate picks `<workdir>/eval/step_<N>/`).
 """
 
 from __future__ import annotations
@@ -21,6 +34,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+import logging
 import os
 import time
 from typing import Any
@@ -30,10 +44,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from sdar_jax import sharding
+from sdar_jax.chat_templates import ChatTemplate, resolve_chat_template
 from sdar_jax.checkpoint import CheckpointManager, abstract_train_state, export_hf
 from sdar_jax.config_validation import model_config_from
 from sdar_jax.metrics import MetricsLogger, plot_history
 from sdar_jax.models import ModelConfig, init_params, load_pretrained
+from sdar_jax.progress import Progress, ensure_log_handler
 from sdar_jax.rollout import (
   AgentLoop,
   ReplayQueue,
@@ -41,17 +57,22 @@ from sdar_jax.rollout import (
   get_adapter,
   pack_batch,
   plan_minibatches,
+  validation_tasks,
 )
 from sdar_jax.rollout.trajectory import Episode
 from sdar_jax.sampling import Sampler, SamplingParams
 from sdar_jax.tokenizer import Tokenizer
 from sdar_jax.train_state import create_train_state
 from sdar_jax.train_step import TrainStep, train_step_from_config
+from sdar_jax.workdir_lock import WorkdirLock
+
+log = logging.getLogger(__name__)
 
 _PAD_FALLBACK = 0
+EVAL_RECORD = "evaluation.json"  # written by an evaluation into its output directory
 _HOST_LOOP_ENVS = ("alfworld",)
 # eval.skills -> [(metric prefix, skills in the student prompt)]; Skill-GRPO's table rows read
-# "val" without skills and "val_with_skill" with them (reference §2.6).
+# "val" without skills and "val_with_skill" with them (docs/reference.md §2.6).
 _EVAL_MODES = {
   "without": (("val", False),),
   "with": (("val", True),),
@@ -60,9 +81,21 @@ _EVAL_MODES = {
 
 
 # ------------------------------------------------------------------------------------ building
+def _tokenizer_folder(model_cfg) -> str | None:
+  """Where a run reads its tokenizer and chat template: model.tokenizer_dir, else model.path;
+  None: the bundled Qwen tokenizer files."""
+  return model_cfg.get("tokenizer_dir") or model_cfg.get("path")
+
+
 def build_tokenizer(model_cfg) -> Tokenizer:
-  directory = model_cfg.get("tokenizer_dir") or model_cfg.get("path")
+  directory = _tokenizer_folder(model_cfg)
   return Tokenizer.from_dir(directory) if directory else Tokenizer.bundled_qwen()
+
+
+def build_chat_template(model_cfg, model_family: str) -> ChatTemplate:
+  """model.chat_template resolved against the tokenizer's folder: "auto" takes the template that
+  folder ships, else the built-in one of `model_family` (sdar_jax.chat_templates)."""
+  return resolve_chat_template(model_cfg.chat_template, _tokenizer_folder(model_cfg), model_family)
 
 
 def build_policy(config, mesh) -> tuple[ModelConfig, Any]:
@@ -77,6 +110,46 @@ def build_policy(config, mesh) -> tuple[ModelConfig, Any]:
   return model_config, sharding.shard_params(params, model_config, mesh)
 
 
+def restore_policy(config, mesh, checkpoint_dir: str, step: int) -> tuple[ModelConfig, Any]:
+  """(model config, params placed on the mesh) of checkpoint `step` in `checkpoint_dir`: the
+  parameters alone, read without writing into the directory (no optimizer state is built)."""
+  model_config = model_config_from(config)
+  with CheckpointManager(checkpoint_dir, read_only=True) as ckpt:
+    params, _ = ckpt.restore_params(model_config, mesh, step)
+  return model_config, params
+
+
+class EnvFailureError(RuntimeError):
+  """Every environment failed in `train.max_failed_iterations` consecutive iterations."""
+
+
+def check_trainable(config) -> None:
+  """Refuses training options the host loop does not implement (also checked by validation)."""
+  t = config.train
+  if t.max_staleness != 0:
+    raise ValueError(
+      f"train.max_staleness={t.max_staleness}: asynchronous training (updates on samples of older "
+      "policies) is not implemented yet. Fix: use --config.train.max_staleness=0 (synchronous "
+      "on-policy, the paper's setting)."
+    )
+  limit = t.get("max_failed_iterations", 3)
+  if not isinstance(limit, int) or limit < 1:
+    raise ValueError(
+      f"train.max_failed_iterations={limit!r}: must be an integer >= 1 (consecutive iterations in "
+      "which every environment fails before the run stops). Fix: use e.g. 3."
+    )
+
+
+def _error_kind(error: str) -> str:
+  """'env raised during reset: JSONDecodeError: Expecting ...' -> its first two ': ' fields."""
+  return ": ".join(error.split(": ")[:2])
+
+
+def _due(iteration: int, every: int, total: int) -> bool:
+  """Whether something done every `every` iterations (0 = only at the end) is due now."""
+  return iteration == total or (every > 0 and iteration % every == 0)
+
+
 def offline_alfworld_dir(env_cfg) -> str:
   """Generated ALFWorld games (train / valid_seen / valid_unseen), cached per generator settings."""
   from envs.alfworld import generator
@@ -88,7 +161,7 @@ def offline_alfworld_dir(env_cfg) -> str:
   out = os.path.join(root, f"alfworld_offline_n{off.num_train}_e{off.num_eval}_s{off.seed}")
   marker = os.path.join(out, "COMPLETE")
   if not os.path.exists(marker):
-    print(f"generating offline ALFWorld games into {out} (planner-checked, cached) ...", flush=True)
+    log.info("generating offline ALFWorld games into %s (planner-checked, cached) ...", out)
     generator.generate(out, off.num_train, off.num_eval, seed=off.seed)
     with open(marker, "w") as f:
       f.write("ok\n")
@@ -128,6 +201,8 @@ class LoopState:
 def rollout_metrics(episodes: list[Episode], prefix: str = "episode") -> dict[str, float]:
   done = [ep for ep in episodes if ep.env_error is None]
   m: dict[str, float] = {f"{prefix}/env_failures": float(len(episodes) - len(done))}
+  # Student prompts cut by rollout.prompt_truncation=left (failed episodes' turns included).
+  m[f"{prefix}/truncated_prompts"] = float(sum(ep.truncated_prompts for ep in episodes))
   if not done:
     return m
   m[f"{prefix}/success_rate"] = float(np.mean([ep.won for ep in done]))
@@ -164,26 +239,58 @@ def _combine(per_batch: list[tuple[dict[str, Any], float]]) -> dict[str, float]:
 class Trainer:
   """Everything one run holds: mesh, policy, update, env pools, agent loops, logger, checkpoints."""
 
-  def __init__(self, config, workdir: str):
-    import envs
-
+  def __init__(
+    self,
+    config,
+    workdir: str,
+    eval_only: bool = False,
+    params_from: tuple[str, int] | None = None,
+  ):
+    """workdir: the run directory, or where an evaluation (`eval_only`) writes its results.
+    params_from: (checkpoint directory, step) whose parameters an evaluation plays; None = the
+    config's weights (model.path, or random init)."""
     if config.env.name not in _HOST_LOOP_ENVS:
       raise NotImplementedError(
         f"env.name={config.env.name!r}: the host loop runs {_HOST_LOOP_ENVS} so far; the "
         f"WebShop and Search-QA environments are not implemented yet (their configs validate and "
         f"--dry_run works)."
       )
+    if not eval_only:
+      check_trainable(config)
     self.config = config
     self.workdir = os.path.abspath(workdir)
-    os.makedirs(self.workdir, exist_ok=True)
+    self.eval_only = eval_only
+    self.params_from = params_from
+    ensure_log_handler()
+    self.lock = WorkdirLock(self.workdir, "evaluation" if eval_only else "training").acquire()
+    try:
+      self._build()
+    except BaseException:
+      self.lock.release()
+      raise
+
+  def _build(self) -> None:
+    """Everything `__init__` builds once the workdir's lock is held."""
+    import envs
+
+    config = self.config
+    if self.eval_only:
+      self._start_eval_record()
     with open(os.path.join(self.workdir, "config.json"), "w") as f:
       json.dump(config.to_dict(), f, indent=2, default=str)
     self.mesh = sharding.make_mesh(dict(config.mesh))
     self.tokenizer = build_tokenizer(config.model)
-    self.model_config, params = build_policy(config, self.mesh)
-    self.step_fn: TrainStep = train_step_from_config(self.model_config, config, self.mesh)
-    lc = self.step_fn.loss_config
-    self.with_teacher = lc.needs_teacher
+    if self.params_from is None:
+      self.model_config, params = build_policy(config, self.mesh)
+    else:
+      self.model_config, params = restore_policy(config, self.mesh, *self.params_from)
+    self.chat_template = build_chat_template(config.model, self.model_config.family)
+    log.info("chat template: %s", self.chat_template.name)
+    self.step_fn: TrainStep | None = None
+    self.with_teacher = False
+    if not self.eval_only:
+      self.step_fn = train_step_from_config(self.model_config, config, self.mesh)
+      self.with_teacher = self.step_fn.loss_config.needs_teacher
     self.pad_id = self.tokenizer.pad_token_id or _PAD_FALLBACK
     self.sampler = Sampler(
       self.model_config, self.mesh, self.tokenizer, max_prompt_len=config.rollout.max_prompt_len
@@ -191,10 +298,10 @@ class Trainer:
     env = config.env
     self.group_size = env.group_size
     self.tasks_per_step = env.tasks_per_step
-    self.train_games = game_files(config, env.get("split", "train"))
+    self.train_games = [] if self.eval_only else game_files(config, env.get("split", "train"))
     self.eval_games = (
       game_files(config, config.eval.split)
-      if config.train.eval_every or config.train.eval_before_train
+      if self.eval_only or config.train.eval_every or config.train.eval_before_train
       else []
     )
     retriever = (
@@ -203,12 +310,14 @@ class Trainer:
       else None
     )
     n_train = self.tasks_per_step * self.group_size
-    self.pool = envs.EnvPool(
-      env.name,
-      n_train,
-      dict(game_files=self.train_games, seed=env.seed, max_steps=env.max_turns),
-      num_workers=min(env.num_workers, n_train),
-    )
+    self.pool = None
+    if not self.eval_only:
+      self.pool = envs.EnvPool(
+        env.name,
+        n_train,
+        dict(game_files=self.train_games, seed=env.seed, max_steps=env.max_turns),
+        num_workers=min(env.num_workers, n_train),
+      )
     sampling = SamplingParams(
       max_new_tokens=config.rollout.max_new_tokens,
       temperature=config.rollout.temperature,
@@ -220,7 +329,7 @@ class Trainer:
       adapter=get_adapter(env.name),
       sampler=self.sampler,
       tokenizer=self.tokenizer,
-      chat_template=config.model.chat_template,
+      chat_template=self.chat_template,
       max_turns=env.max_turns,
       history_length=env.history,
       max_prompt_len=config.rollout.max_prompt_len,
@@ -228,17 +337,24 @@ class Trainer:
       retriever=retriever,
       enable_thinking=config.model.enable_thinking,
     )
-    self.loop = AgentLoop(
-      self.pool,
-      sampling=sampling,
-      with_teacher=self.with_teacher,
-      skills_in_student=config.algo.skills_in_student,
-      **common,
-    )
+    self.loop: AgentLoop | None = None
+    if not self.eval_only:
+      self.loop = AgentLoop(
+        self.pool,
+        sampling=sampling,
+        with_teacher=self.with_teacher,
+        skills_in_student=config.algo.skills_in_student,
+        **common,
+      )
     self.eval_loops: list[tuple[str, AgentLoop]] = []
     self.eval_pool = None
+    self.eval_tasks: list[int] = []
     if self.eval_games:
-      n_eval = min(config.eval.num_tasks, len(self.eval_games))
+      # Games drawn from the whole split by a seeded shuffle (sorted paths group task types).
+      self.eval_tasks = validation_tasks(
+        len(self.eval_games), config.eval.num_tasks, seed=env.seed + 1000
+      )
+      n_eval = len(self.eval_tasks)
       self.eval_pool = envs.EnvPool(
         env.name,
         n_eval,
@@ -254,33 +370,43 @@ class Trainer:
         for prefix, with_skills in _EVAL_MODES[config.eval.skills]
       ]
     self.warm_start_metrics: dict[str, float] = {}
-    if config.get("warm_start") and config.warm_start.steps > 0:
-      params = self._warm_start(params)
     self.ref_params = None
-    if lc.kl_coef:  # the frozen initial policy (after any warm start), only when KL is on
-      self.ref_params = jax.tree.map(jnp.copy, params)
-    self.state = self.step_fn.shard_state(
-      create_train_state(params, self.step_fn.optimizer, config.train.seed)
-    )
+    self.state = None
+    self.eval_params = None  # the evaluated parameters of an eval-only run
+    if self.eval_only:
+      self.eval_params = params
+    else:
+      if config.get("warm_start") and config.warm_start.steps > 0:
+        params = self._warm_start(params)
+      if self.step_fn.loss_config.kl_coef:  # the frozen initial policy (after any warm start)
+        self.ref_params = jax.tree.map(jnp.copy, params)
+      self.state = self.step_fn.shard_state(create_train_state(params, self.step_fn.optimizer))
     self.replay = ReplayQueue(max_staleness=config.train.max_staleness)
     self.logger = MetricsLogger(
-      config.logging.get("dir") or self.workdir,
+      self.workdir if self.eval_only else (config.logging.get("dir") or self.workdir),
       jsonl=config.logging.jsonl,
       tensorboard=config.logging.tensorboard,
     )
-    self.ckpt = CheckpointManager(
-      config.checkpoint.get("dir") or os.path.join(self.workdir, "checkpoints"),
-      keep=config.checkpoint.keep,
-      async_save=config.checkpoint.async_save,
-    )
-    self.loop_state = LoopState()
+    self.ckpt: CheckpointManager | None = None
+    if not self.eval_only:
+      self.ckpt = CheckpointManager(
+        config.checkpoint.get("dir") or os.path.join(self.workdir, "checkpoints"),
+        keep=config.checkpoint.keep,
+        async_save=config.checkpoint.async_save,
+      )
+    self.loop_state = LoopState(iteration=self.params_from[1] if self.params_from else 0)
+    self._failure_kinds: dict[str, str] = {}  # first error of each kind, with its env and game
+    self._all_failed_iterations = 0  # consecutive iterations in which every env failed
     self.task_rng = np.random.default_rng(config.train.seed)
     self.rng = jax.random.key(config.train.seed + 1)  # rollout keys: see _key
 
   # ---------------------------------------------------------------------------- warm start
   def _warm_start(self, params):
-    """Expert SFT on the walkthroughs (once per workdir: the result is saved as a Hugging Face
-    directory and reloaded on resume, so the KL reference stays the warm-started policy)."""
+    """Expert SFT on the walkthroughs, or (warm_start.source="expert") on the search expert's
+    games with and without skills, then the teacher-student gap on held-out expert turns (once
+    per workdir: the result is saved as a Hugging Face directory and reloaded on resume, so the
+    KL reference stays the warm-started policy)."""
+    from sdar_jax import warm_start as ws
     from sdar_jax.models import save_pretrained
     from sdar_jax.warm_start import expert_samples, read_walkthroughs, warm_start
 
@@ -289,9 +415,17 @@ class Trainer:
       _, params = load_pretrained(out, dtype=self.config.model.param_dtype, mesh=self.mesh)
       return params
     w = self.config.warm_start
-    data_dir = self.config.env.get("data_dir") or offline_alfworld_dir(self.config.env)
-    records = read_walkthroughs(os.path.join(data_dir, "walkthroughs", f"{w.split}.jsonl"))
-    samples = expert_samples(records, self.loop, end_token_id=self.tokenizer.eos_token_ids[0])
+    end = self.tokenizer.eos_token_ids[0]
+    gap, expert_metrics = [], {}
+    if w.get("source", "walkthroughs") == "expert":
+      loop = ws.warm_start_loop(self.loop, build_retriever(self.config))
+      samples, gap, expert_metrics = ws.expert_warm_start_data(
+        w, loop, self.pool, len(self.train_games), end, seed=self.config.train.seed
+      )
+    else:
+      data_dir = self.config.env.get("data_dir") or offline_alfworld_dir(self.config.env)
+      records = read_walkthroughs(os.path.join(data_dir, "walkthroughs", f"{w.split}.jsonl"))
+      samples = expert_samples(records, self.loop, end_token_id=end)
     params, losses = warm_start(
       self.model_config,
       params,
@@ -306,18 +440,39 @@ class Trainer:
       "warm_start/loss_first": losses[0],
       "warm_start/loss_last": losses[-1],
       "warm_start/expert_samples": float(len(samples)),
+      **expert_metrics,
     }
-    print(
-      f"warm start: {len(samples)} expert turn-samples, {w.steps} steps, loss "
-      f"{losses[0]:.3f} -> {losses[-1]:.3f}",
-      flush=True,
+    if gap:  # measured before RL: does the skill text raise the skill-following actions?
+      self.warm_start_metrics.update(
+        ws.teacher_student_gap_on_expert(
+          self.model_config,
+          params,
+          gap,
+          batch_size=w.batch_size,
+          shard_batch=self.step_fn.shard_batch,
+        )
+      )
+      log.info(
+        "warm start: teacher-student gap on held-out expert turns %.4f (search turns %.4f)",
+        self.warm_start_metrics["warm_start/teacher_student_gap_on_expert"],
+        self.warm_start_metrics.get("warm_start/teacher_student_gap_on_expert_search", np.nan),
+      )
+    log.info(
+      "warm start: %d expert turn-samples, %d steps, loss %.3f -> %.3f",
+      len(samples),
+      w.steps,
+      losses[0],
+      losses[-1],
     )
     save_pretrained(self.model_config, params, out)
     return params
 
   # ---------------------------------------------------------------------------- resume
   def maybe_restore(self) -> bool:
+    """Restores the latest checkpoint if there is one; either way drops the metric rows of
+    iterations after it (a run killed between a row and its checkpoint logs that step again)."""
     if self.ckpt.latest_step() is None:
+      self._drop_metric_rows_after(-1)
       return False
     target = abstract_train_state(self.model_config, self.step_fn.optimizer, self.mesh)
     state, meta = self.ckpt.restore(target=target, model_config=self.model_config)
@@ -328,10 +483,30 @@ class Trainer:
       self.task_rng.bit_generator.state = self.loop_state.task_rng
     if self.loop_state.replay:
       self.replay.load_state_dict(self.loop_state.replay)
-    print(
-      f"resumed from {self.ckpt.directory} at iteration {self.loop_state.iteration}", flush=True
-    )
+    log.info("resumed from %s at iteration %d", self.ckpt.directory, self.loop_state.iteration)
+    self._drop_metric_rows_after(self.loop_state.iteration)
     return True
+
+  def _drop_metric_rows_after(self, step: int) -> None:
+    if step < 0 and not self.warm_start_metrics and self.logger.path:
+      # A restart before the first checkpoint logs step 0 again; a reloaded warm start does not
+      # recompute its metrics, so keep them from the dropped row.
+      try:
+        with open(self.logger.path) as f:
+          first = json.loads(f.readline() or "{}")
+      except (OSError, ValueError):
+        first = {}
+      if first.get("step") == 0:
+        self.warm_start_metrics = {k: v for k, v in first.items() if k.startswith("warm_start/")}
+    dropped = self.logger.drop_rows_after(step)
+    if dropped:
+      log.warning(
+        "dropped %d metrics row(s) after step %d from %s: iterations the restored state does not "
+        "contain (the run was stopped before their checkpoint); they are logged again",
+        dropped,
+        max(step, 0),
+        self.logger.path,
+      )
 
   def save(self, force: bool = False) -> None:
     self.loop_state.task_rng = self.task_rng.bit_generator.state
@@ -363,20 +538,55 @@ class Trainer:
     return jax.random.fold_in(jax.random.fold_in(self.rng, self.loop_state.iteration), purpose)
 
   def evaluate(self) -> dict[str, float]:
-    """Validation episodes (group size 1, one per eval game up to eval.num_tasks) per eval mode."""
-    tasks = list(range(len(self.eval_pool)))
+    """Validation episodes (group size 1, one per game of `eval_tasks`) per eval mode."""
+    tasks = self.eval_tasks
     metrics = {}
     for mode, (prefix, loop) in enumerate(self.eval_loops):
       episodes = loop.run(
-        self.state.params,
+        self.eval_params if self.state is None else self.state.params,
         tasks,
-        tasks,
+        list(range(len(tasks))),
         self._key(1 + mode),
         policy_version=self.loop_state.iteration,
         desc=prefix,
       )
+      self._report_env_failures(episodes, self.eval_games, prefix)
       metrics.update(rollout_metrics(episodes, prefix=prefix))
     return metrics
+
+  def _report_env_failures(self, episodes: list[Episode], games: list[str], prefix: str) -> None:
+    """Logs the first failure of each kind with its env and game file; the rest are counted."""
+    for ep in episodes:
+      if ep.env_error is None:
+        continue
+      kind = _error_kind(ep.env_error)
+      if kind in self._failure_kinds:
+        continue
+      game = ep.gamefile or (games[ep.task_id] if 0 <= ep.task_id < len(games) else "?")
+      where = f"{prefix} env {ep.env_index} (task {ep.task_id}, game {game})"
+      self._failure_kinds[kind] = f"{where}: {ep.env_error}"
+      log.warning(
+        "%s failed: %s. Further failures of this kind are counted in %s/env_failures, not shown.",
+        where,
+        ep.env_error,
+        prefix,
+      )
+
+  def _check_all_failed(self, episodes: list[Episode]) -> None:
+    """Counts iterations in which every env failed; stops the run after too many in a row."""
+    if episodes and all(ep.env_error is not None for ep in episodes):
+      self._all_failed_iterations += 1
+    else:
+      self._all_failed_iterations = 0
+    limit = self.config.train.get("max_failed_iterations", 3)
+    if self._all_failed_iterations >= limit:
+      first = "\n  - ".join(self._failure_kinds.values())
+      raise EnvFailureError(
+        f"every environment failed in {self._all_failed_iterations} consecutive iterations "
+        f"(train.max_failed_iterations={limit}); nothing was trained. First error of each kind:"
+        f"\n  - {first}\nFix the environment or its data (env.data_dir, the generated games), or "
+        "raise --config.train.max_failed_iterations."
+      )
 
   def train_iteration(self) -> dict[str, float]:
     it = self.loop_state.iteration
@@ -384,6 +594,8 @@ class Trainer:
     tasks, groups = self._draw_tasks()
     episodes = self.loop.run(self.state.params, tasks, groups, self._key(0), policy_version=it)
     t_rollout = time.perf_counter() - t0
+    self._report_env_failures(episodes, self.train_games, "episode")
+    self._check_all_failed(episodes)
     metrics = rollout_metrics(episodes)
     samples = episodes_to_samples(
       episodes,
@@ -396,7 +608,12 @@ class Trainer:
     metrics["rollout/generated_tokens"] = float(sum(len(s.response_ids) for s in samples))
     metrics["rollout/seconds"] = t_rollout
     if not samples:
-      print(f"[iteration {it}] no trainable turn-samples (every env failed); skipping the update")
+      log.warning(
+        "iteration %d: no trainable turn-samples (every env failed, %d in a row); skipping the "
+        "update",
+        it + 1,
+        self._all_failed_iterations,
+      )
       return metrics
     t1 = time.perf_counter()
     mb_size = self.config.train.mini_batch_size
@@ -405,12 +622,15 @@ class Trainer:
       for mb in plan_minibatches(samples, mb_size)
     ]
     lc = self.step_fn.loss_config
+    if self.config.algo.get("recompute_old_logp", False):  # θ_old re-scores the sampled tokens
+      rescored = [self.step_fn.recompute_old_logp(self.state.params, b) for b in batches]
+      batches = [b for b, _ in rescored]
+      metrics["rollout/max_abs_logp_diff_sampler_vs_recompute"] = max(d for _, d in rescored)
     if self.with_teacher and lc.teacher_source == "rollout":
       batches = [
         b.replace(teacher_logp=self.step_fn.score_teacher(self.state.params, b)) for b in batches
       ]
-      gap = [_masked_mean_np(b.teacher_logp - b.old_logp, b.response_mask) for b in batches]
-      metrics["rollout/teacher_old_gap_mean"] = float(np.mean(gap))
+      metrics.update(teacher_old_gap_metrics(batches))
     per_batch = []
     for b in batches:
       self.state, m = self.step_fn(self.state, b, self.ref_params, iteration=it + 1)
@@ -423,6 +643,10 @@ class Trainer:
 
   # ---------------------------------------------------------------------------- run
   def run(self) -> dict[str, float]:
+    """Trains up to train.total_steps iterations (resuming from the latest checkpoint) and returns
+    the last metrics row; an eval-only Trainer evaluates once instead."""
+    if self.eval_only:
+      return self.run_evaluation()
     cfg = self.config
     total = cfg.train.total_steps
     resumed = self.maybe_restore()
@@ -431,19 +655,31 @@ class Trainer:
       last = self.logger.log(
         self.loop_state.iteration, {**self.warm_start_metrics, **self.evaluate()}
       )
+      self._plot()
+    progress = Progress(total, start=self.loop_state.iteration)
+    if self.loop_state.iteration < total:
+      log.info(
+        "training iterations %d..%d of %d (the first one compiles the sampler and the update)",
+        self.loop_state.iteration + 1,
+        total,
+        total,
+      )
     while self.loop_state.iteration < total:
       metrics = self.train_iteration()
       self.loop_state.iteration += 1
       it = self.loop_state.iteration
-      if (
-        self.eval_loops and cfg.train.eval_every and (it % cfg.train.eval_every == 0 or it == total)
-      ):
+      evaluated = bool(self.eval_loops and cfg.train.eval_every) and _due(
+        it, cfg.train.eval_every, total
+      )
+      if evaluated:
         metrics.update(self.evaluate())
-      last = self.logger.log(it, metrics)
-      if cfg.checkpoint.every and (it % cfg.checkpoint.every == 0 or it == total):
+      duration = progress.tick()
+      log.info("%s | %s", progress.line(it, duration), self.logger.summary(metrics))
+      if evaluated or _due(it, cfg.logging.every, total):
+        last = self.logger.log(it, metrics, echo=False)
+        self._plot()
+      if _due(it, cfg.checkpoint.every, total):
         self.save(force=True)
-      if cfg.logging.plots and self.logger.path:
-        plot_history(self.logger.path)
     self.ckpt.wait_until_finished()
     if cfg.checkpoint.export_hf:
       out = export_hf(
@@ -453,20 +689,75 @@ class Trainer:
         tokenizer_dir=self.tokenizer.path,
       )
       if out:
-        print(f"final policy exported to {out}", flush=True)
+        log.info("final policy exported to %s", out)
     return last
 
+  def run_evaluation(self) -> dict[str, float]:
+    """One evaluation of the parameters (validation episodes of every eval mode): a metrics row at
+    the evaluated step, metrics.png and evaluation.json (what was evaluated) in the workdir."""
+    t0 = time.perf_counter()
+    metrics = self.evaluate()
+    metrics["val/seconds"] = time.perf_counter() - t0
+    row = self.logger.log(self.loop_state.iteration, metrics)
+    self._plot()
+    self._write_eval_record(finished=time.strftime("%Y-%m-%d %H:%M:%S %z"), metrics=row)
+    log.info("evaluation results in %s", self.workdir)
+    return row
+
+  def _start_eval_record(self) -> None:
+    """Marks the directory as an evaluation's (before anything else is written) and removes the
+    results of a previous evaluation there: evaluating again replaces them."""
+    config_json = os.path.join(self.workdir, "config.json")
+    if os.path.exists(config_json) and not os.path.exists(os.path.join(self.workdir, EVAL_RECORD)):
+      raise FileExistsError(
+        f"{self.workdir} holds a training run (its config.json); an evaluation never writes into "
+        "a run's files. Fix: evaluate into another directory (e.g. <workdir>/eval/step_<N>)."
+      )
+    for name in ("metrics.jsonl", "metrics.png"):
+      if os.path.exists(os.path.join(self.workdir, name)):
+        os.remove(os.path.join(self.workdir, name))
+    self._write_eval_record(started=time.strftime("%Y-%m-%d %H:%M:%S %z"))
+
+  def _write_eval_record(self, **fields: Any) -> None:
+    if self.params_from is not None:
+      source = {"checkpoint_dir": self.params_from[0], "step": self.params_from[1]}
+    else:
+      source = {"model_path": self.config.model.get("path"), "step": 0}
+    with open(os.path.join(self.workdir, EVAL_RECORD), "w") as f:
+      json.dump({"evaluated": source, **fields}, f, indent=2)
+
+  def _plot(self) -> None:
+    if self.config.logging.plots and self.logger.path:
+      plot_history(self.logger.path)
+
   def close(self) -> None:
-    self.ckpt.close()
-    self.logger.close()
-    self.pool.close()
-    if self.eval_pool is not None:
-      self.eval_pool.close()
+    try:
+      if self.ckpt is not None:
+        self.ckpt.close()
+      self.logger.close()
+      if self.pool is not None:
+        self.pool.close()
+      if self.eval_pool is not None:
+        self.eval_pool.close()
+    finally:
+      self.lock.release()
 
 
-def _masked_mean_np(values, mask) -> float:
-  values, mask = np.asarray(values), np.asarray(mask)
-  return float((values * mask).sum() / max(mask.sum(), 1.0))
+def teacher_old_gap_metrics(batches) -> dict[str, float]:
+  """Teacher minus old (behaviour) log-prob over every response token of the iteration's
+  mini-batches, token-weighted (Σ gap / Σ tokens, not a mean of per-mini-batch means), and its
+  root mean square (the reference's "std" of this gap is this RMS)."""
+  total = sq = tokens = 0.0
+  for b in batches:
+    mask = np.asarray(b.response_mask, np.float64) > 0
+    gap = np.asarray(b.teacher_logp, np.float64) - np.asarray(b.old_logp, np.float64)
+    gap = np.where(mask, gap, 0.0)
+    total, sq, tokens = total + gap.sum(), sq + (gap * gap).sum(), tokens + mask.sum()
+  tokens = max(tokens, 1.0)
+  return {
+    "rollout/teacher_old_gap_mean": float(total / tokens),
+    "rollout/teacher_old_gap_rms": float(np.sqrt(sq / tokens)),
+  }
 
 
 def _jsonable(value):
@@ -476,8 +767,20 @@ def _jsonable(value):
 
 
 def run(config, workdir: str) -> dict[str, float]:
-  """Trains with `config` in `workdir` (resuming from its checkpoints) and returns the last metrics."""
+  """Trains with `config` in `workdir` (resuming from its checkpoints); returns the last metrics."""
   trainer = Trainer(config, workdir)
+  try:
+    return trainer.run()
+  finally:
+    trainer.close()
+
+
+def run_evaluation(
+  config, out_dir: str, params_from: tuple[str, int] | None = None
+) -> dict[str, float]:
+  """Evaluates checkpoint `params_from` = (checkpoint directory, step) (None: the config's weights)
+  into `out_dir` and returns the metrics row (see `Trainer.run_evaluation`)."""
+  trainer = Trainer(config, out_dir, eval_only=True, params_from=params_from)
   try:
     return trainer.run()
   finally:

@@ -397,6 +397,8 @@ EXPECTED_PRESETS = {
   "skill_grpo": dict(distill="none", lam=0.0, skills_in_student=True, teacher=False),
   "sdar_entropy": dict(distill="sdar", gate="entropy", teacher=True),
   "sdar_soft_or": dict(distill="sdar", gate="soft_or", teacher=True),
+  "sdar_entropy_paper": dict(distill="sdar", gate="entropy_paper", teacher=True),
+  "sdar_soft_or_paper": dict(distill="sdar", gate="soft_or_paper", teacher=True),
   "sdar_constant": dict(distill="sdar", gate="constant", teacher=True),
   "sdar_reverse_kl": dict(distill="sdar", gate="gap", form="reverse_kl", teacher=True),
 }

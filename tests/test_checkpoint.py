@@ -3,6 +3,7 @@ model-config mismatch, Hugging Face export."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import jax
@@ -33,10 +34,9 @@ def _optimizer():
 
 @jax.jit
 def _trained_state_unsharded(seed: jax.Array):
-  """A state after two real AdamW updates, so moments, counts and rng are all non-trivial."""
+  """A state after two real AdamW updates, so moments and counts are non-trivial."""
   opt = _optimizer()
-  state = create_train_state(init_params(TINY, jax.random.key(seed), std=0.3), opt, seed=0)
-  state = state.replace(rng=jax.random.key_data(jax.random.key(seed + 7)))
+  state = create_train_state(init_params(TINY, jax.random.key(seed), std=0.3), opt)
   for i in range(2):
     grads = jax.tree.map(lambda p, i=i: jnp.cos(p * (i + 1)), state.params)
     updates, opt_state = opt.update(grads, state.opt_state, state.params)
@@ -44,7 +44,6 @@ def _trained_state_unsharded(seed: jax.Array):
       step=state.step + 1,
       params=optax.apply_updates(state.params, updates),
       opt_state=opt_state,
-      rng=jax.random.key_data(jax.random.fold_in(jax.random.wrap_key_data(state.rng), i)),
     )
   return state
 
@@ -221,3 +220,83 @@ def test_export_hf_loads_in_transformers(saved, tmp_path):
   ours = np.asarray(forward(TINY, states[4].params, jnp.asarray(tokens)))
   assert np.abs(ours).max() > 0.1  # not a degenerate near-zero model
   np.testing.assert_allclose(theirs, ours, atol=1e-4, rtol=1e-4)
+
+
+def test_train_state_holds_only_what_an_update_changes():
+  """No field that nothing reads (the update needs no PRNG key: rollout keys come from the seed
+  and the iteration)."""
+  from sdar_jax.train_state import TrainState
+
+  assert [f.name for f in dataclasses.fields(TrainState)] == [
+    "step",
+    "params",
+    "opt_state",
+    "skipped_updates",
+  ]
+
+
+def test_restore_params_alone_onto_another_mesh(saved):
+  """Evaluation reads the parameters only (no optimizer state), placed by the param rules."""
+  directory, states = saved
+  mesh = sharding.make_mesh((2, 2, 2))
+  params, meta = CheckpointManager(directory, read_only=True).restore_params(TINY, mesh, step=3)
+  assert meta["step"] == 3
+  _assert_trees_equal(params, states[3].params)
+  want = sharding.param_shardings(TINY, mesh)
+  for leaf, s in zip(jax.tree.leaves(params), jax.tree.leaves(want)):
+    assert leaf.sharding.is_equivalent_to(s, leaf.ndim)
+  # Cast to the evaluating run's param dtype.
+  bf16 = TINY.replace(param_dtype="bfloat16")
+  params, _ = CheckpointManager(directory, read_only=True).restore_params(bf16, mesh)
+  for ours, stored in zip(jax.tree.leaves(params), jax.tree.leaves(states[4].params)):
+    assert ours.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(ours), np.asarray(stored).astype(jnp.bfloat16))
+  with pytest.raises(ValueError, match="hidden_size=64"):
+    CheckpointManager(directory, read_only=True).restore_params(TINY.replace(hidden_size=32))
+
+
+def _tree_snapshot(root) -> dict[str, tuple[int, int]]:
+  out = {}
+  for folder, dirs, files in os.walk(root):
+    for name in dirs + files:
+      path = os.path.join(folder, name)
+      st = os.stat(path)
+      out[os.path.relpath(path, root)] = (st.st_mtime_ns, st.st_size if name in files else 0)
+  return out
+
+
+def test_read_only_manager_leaves_the_directory_untouched(tmp_path):
+  """Reading a live run's checkpoints must not clean up the save it is writing right now."""
+  import shutil
+
+  mesh = sharding.make_mesh((8, 1, 1))
+  with CheckpointManager(tmp_path / "ckpt", keep=3) as ckpt:
+    ckpt.save(1, _trained_state(mesh, seed=1), TINY)
+  in_progress = tmp_path / "ckpt" / "2.orbax-checkpoint-tmp-123"
+  shutil.copytree(tmp_path / "ckpt" / "1", in_progress)  # a save another process is writing
+  before = _tree_snapshot(tmp_path)
+  reader = CheckpointManager(tmp_path / "ckpt", read_only=True)
+  assert reader.all_steps() == [1]
+  reader.restore_params(TINY, mesh)
+  with pytest.raises(PermissionError, match="read-only"):
+    reader.save(3, _trained_state(mesh, seed=1), TINY)
+  reader.close()
+  assert _tree_snapshot(tmp_path) == before
+  assert in_progress.exists()
+  CheckpointManager(tmp_path / "missing", read_only=True).close()
+  assert not os.path.exists(tmp_path / "missing")  # not created
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_export_dir_has_the_umask_permissions(tmp_path, umask):
+  """hf_export/ (and warm_start_policy/, same writer) get the mode os.makedirs would give."""
+  params = init_params(TINY, jax.random.key(0))
+  old = os.umask(umask)
+  try:
+    out = export_hf(TINY, params, tmp_path / "run" / "hf_export")
+    os.makedirs(tmp_path / "reference")
+  finally:
+    os.umask(old)
+  mode = os.stat(out).st_mode & 0o777
+  assert mode == 0o777 & ~umask
+  assert mode == os.stat(tmp_path / "reference").st_mode & 0o777

@@ -5,6 +5,7 @@ the generator's determinism, splits and variety."""
 import json
 import os
 import random
+import re
 from collections import Counter
 
 import pytest
@@ -13,6 +14,7 @@ import envs
 from envs.alfworld import AlfworldEnv, collect_game_files, project_action
 from envs.alfworld import generator
 from envs.alfworld.catalog import ROOMS, scene_numbers
+from envs.alfworld.engine import GameFileError
 from envs.alfworld.problem import pddl_problem
 from envs.alfworld.tasks import TASK_TYPES, extract_task, success_rates, task_type_from_path
 
@@ -132,6 +134,37 @@ def test_data_dir_splits_and_filters(data_dir):
   again = envs.make("alfworld", data_dir=data_dir, split="train", task_types=two_types, seed=1)
   assert [again.reset()[1]["task_type"] for _ in range(2)] == seen
   env.close(), again.close()
+
+
+def _broken_copy(gamefile, root, content):
+  """A copy of `gamefile`'s folder under `root` whose game.tw-pddl holds `content` (bytes)."""
+  task_folder, trial = os.path.normpath(os.path.dirname(gamefile)).split(os.sep)[-2:]
+  folder = os.path.join(root, "train", task_folder, trial)
+  os.makedirs(folder)
+  path = os.path.join(folder, "game.tw-pddl")
+  with open(path, "wb") as f:
+    f.write(content)
+  return path
+
+
+def test_truncated_or_corrupted_game_files_are_named(train_games, tmp_path):
+  with open(train_games[0], "rb") as f:
+    good = f.read()
+  truncated = _broken_copy(train_games[0], str(tmp_path / "cut"), good[: len(good) // 2])
+  # Loading the data folder reads every game: the error names the file and says the fix.
+  with pytest.raises(GameFileError, match=re.escape(truncated)) as err:
+    collect_game_files(str(tmp_path / "cut"), "train")
+  assert "not valid JSON" in str(err.value) and "envs.alfworld.generator" in str(err.value)
+  # Playing an explicit list skips that read: the engine's load fails, named the same way.
+  env = AlfworldEnv.from_game_files([train_games[0], truncated])
+  with pytest.raises(GameFileError, match=rf"task 1: .*{re.escape(truncated)}"):
+    env.reset(1)
+  assert env.reset(0)[1]["gamefile"] == train_games[0]  # the env still plays good games
+  env.close()
+  # Valid JSON without the game's fields.
+  hollow = _broken_copy(train_games[0], str(tmp_path / "hollow"), b'{"solvable": true}')
+  with pytest.raises(GameFileError, match=rf"{re.escape(hollow)}.*pddl_domain"):
+    collect_game_files(str(tmp_path / "hollow"), "train")
 
 
 def test_make_without_data_explains_how_to_get_games():

@@ -85,6 +85,23 @@ def test_rules_after_the_fix_fall_back_to_keywords_then_general():
   assert retriever.skill_text(gamefile="/somewhere/game.tw-pddl") == _read("general")
 
 
+@pytest.mark.parametrize("rules_version", ["pre_fix", "post_fix"])
+def test_skill_grpo_student_block_is_the_keyword_rule_over_the_message(rules_version):
+  retriever = SkillRetriever("alfworld", strategy="rules", rules_version=rules_version)
+  message = "Your task is to: put a clean cloth in drawer. You see a desklamp 1."
+  # The message names "clean" only; the game file (a cool task) and rules_version are not used.
+  block = retriever.student_block(message, gamefile=_game("pick_cool_then_place_in_recep"))
+  assert block == _block(_read("general") + "\n\n" + _read("clean"))
+  # Every matching task file, in keyword order; none matching: general only.
+  both = retriever.student_block("look at the bowl under the desklamp, then heat it")
+  assert both == _block(
+    _read("general") + "\n\n" + _read("look_at_obj_in_light") + "\n\n" + _read("heat")
+  )
+  assert retriever.student_block("put a mug in cabinet.") == _block(_read("general"))
+  # Other strategies select for the student as for the teacher.
+  assert SkillRetriever("alfworld", strategy="none").student_block(message) == ""
+
+
 def test_bm25_ranks_the_relevant_items_first():
   retriever = SkillRetriever("alfworld", strategy="bm25", top_k=3)
   text = retriever.skill_text(query="heat the potato with the microwave")

@@ -12,6 +12,7 @@ import transformers
 
 from sdar_jax.models import ModelConfig, forward, init_params, load_pretrained, save_pretrained
 from sdar_jax.models import hf_io
+from sdar_jax.models.qwen import decode_step, logits_from_hidden, prefill, unstack_layers
 from tests import hf_fixtures
 
 LENGTHS = [11, 4, 7, 1]  # ragged, left-padded; one single-token row
@@ -56,6 +57,37 @@ def test_left_padding_does_not_change_real_tokens(hf_case):
   for i, n in enumerate(LENGTHS):
     alone = np.asarray(forward(config, params, tokens[i : i + 1, -n:]))
     np.testing.assert_allclose(batched[i, -n:], alone[0], atol=1e-4, rtol=0)
+
+
+def test_prefill_then_decode_steps_match_transformers(hf_case):
+  """The one decode path: prefill ragged, left-padded prompts into the model's KVCache, then feed
+  one token per row per decode_step; every step's logits equal transformers' on the whole
+  sequence, and the cache ends full."""
+  _, _, model, path = hf_case
+  config, params = load_pretrained(path, dtype="float32")
+  steps = 4
+  prompt, mask = hf_fixtures.ragged_batch(config.vocab_size, LENGTHS, seed=4)
+  T = prompt.shape[1]
+  fed = np.random.default_rng(5).integers(1, config.vocab_size, (len(LENGTHS), steps))
+  full = np.concatenate([prompt, fed], axis=1).astype(np.int32)
+  full_mask = np.concatenate([mask, np.ones_like(fed)], axis=1).astype(np.int32)
+  ref = hf_fixtures.hf_logits(model, full, full_mask)  # [B, T + steps, V]
+
+  hidden, cache = prefill(config, params, prompt, mask, cache_size=T + steps)
+  assert cache.size == T + steps and int(cache.index) == T
+  got = np.asarray(logits_from_hidden(config, params, hidden[:, -1]))
+  np.testing.assert_allclose(got, ref[:, T - 1], atol=1e-4, rtol=0)
+  step = jax.jit(decode_step, static_argnums=0)
+  layers = unstack_layers(config, params)
+  positions = mask.sum(axis=1).astype(np.int32)  # the next position of each row
+  for s in range(steps):
+    hidden, cache = step(config, params, full[:, T + s], positions + s, cache, layers)
+    got = np.asarray(logits_from_hidden(config, params, hidden))
+    np.testing.assert_allclose(got, ref[:, T + s], atol=1e-4, rtol=0)
+  assert int(cache.index) == T + steps and bool(np.all(np.asarray(cache.valid)[:, T:]))
+
+  with pytest.raises(ValueError, match="cache_size=3 is below the prompt length 11"):
+    prefill(config, params, prompt, mask, cache_size=3)
 
 
 def test_save_then_transformers_load_gives_same_logits(hf_case, tmp_path):

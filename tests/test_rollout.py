@@ -1,17 +1,20 @@
 """Host side of an iteration: scoring turn-samples, packing batches, the replay queue, and the
 invariant that ties the sampler to the update (importance ratio exactly 1 at staleness 0)."""
 
+import os
+
 import jax
 import numpy as np
 import pytest
 
+from sdar_jax.chat_templates import ChatTemplate
 from sdar_jax.models import ModelConfig, init_params
 from sdar_jax.rollout import ReplayQueue, episodes_to_samples, pack_batch, plan_minibatches
 from sdar_jax.rollout.batching import TurnSample
 from sdar_jax.rollout.trajectory import Episode, Turn
 from sdar_jax.sampling import Sampler, SamplingParams, new_tokens_bucket, prompt_bucket
-from sdar_jax.train_step import make_train_step
 from sdar_jax.train_state import make_optimizer
+from sdar_jax.train_step import make_train_step
 from tests import hf_fixtures
 
 
@@ -42,7 +45,7 @@ def test_episode_scores_and_grpo_advantages_by_hand():
   g0 = np.array([10.0, 9.9, 0.0])
   expected = (g0 - g0.mean()) / (g0.std(ddof=1) + 1e-6)
   np.testing.assert_allclose([s.advantage for s in samples[:3]], expected, rtol=1e-5)
-  # Group 1 keeps one sample once the failed env is dropped: mean 0, std 1 (reference §2.1).
+  # Group 1 keeps one sample once the failed env is dropped: mean 0, std 1 (docs/reference.md §2.1).
   assert samples[3].advantage == pytest.approx(-0.1 / (1 + 1e-6), rel=1e-6)
 
 
@@ -116,7 +119,7 @@ def test_replay_queue_drops_stale_samples():
 
 
 def test_sampler_logprobs_equal_update_logprobs():
-  """The invariant of DESIGN.md: the sampler's behaviour log-probs equal the train step's
+  """The invariant of docs/design.md (Invariants): the sampler's behaviour log-probs equal the train step's
   log-probs of the same tokens, so the PPO ratio is exactly 1 at staleness 0."""
   config = hf_fixtures.SMALL_QWEN3
   params = init_params(config, jax.random.key(0), std=0.2)
@@ -175,7 +178,7 @@ def test_agent_loop_survives_a_crashing_env():
       AlfworldAdapter(),
       Sampler(config),
       Tokenizer.bundled_qwen(),
-      "qwen3",
+      ChatTemplate.builtin("qwen3"),
       SamplingParams(max_new_tokens=6, temperature=1.0),
       max_turns=3,
     )
@@ -189,3 +192,179 @@ def test_agent_loop_survives_a_crashing_env():
       assert 1 <= len(turn.response_ids) == len(turn.logprobs) <= 6
   samples = episodes_to_samples(episodes)
   assert len(samples) == 6 and {s.group_id for s in samples} == {5, 6}
+
+
+# ------------------------------------------------------------------- prompts of the two branches
+_HEAT_TASK = "heat some egg and put it in garbagecan."
+
+
+def _qwen3_prompt(user: str) -> str:
+  """The Qwen3 chat template written out by hand (one user turn, thinking off)."""
+  return f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+
+
+def _view(history_steps: int = 0, gamefile: str = ""):
+  from sdar_jax.rollout.agent_loop import EpisodeView
+
+  return EpisodeView(
+    task=_HEAT_TASK,
+    task_type="pick_heat_then_place_in_recep",
+    gamefile=gamefile,
+    observation="You arrive at countertop 1. On the countertop 1, you see a egg 1.",
+    admissible=["go to microwave 1", "take egg 1 from countertop 1", "look"],
+    history=[(f"You see nothing special at step {k}.", "look") for k in range(history_steps)],
+  )
+
+
+def _prompt_loop(**kwargs):
+  from envs.skills import SkillRetriever
+  from sdar_jax.rollout import AgentLoop
+  from sdar_jax.rollout.agent_loop import AlfworldAdapter
+  from sdar_jax.tokenizer import Tokenizer
+
+  defaults = {
+    "pool": None,
+    "adapter": AlfworldAdapter(),
+    "sampler": None,
+    "tokenizer": Tokenizer.bundled_qwen(),
+    "chat_template": ChatTemplate.builtin("qwen3"),
+    "sampling": SamplingParams(max_new_tokens=4),
+    "max_turns": 3,
+    "retriever": SkillRetriever("alfworld", strategy="rules", rules_version="post_fix"),
+  }
+  defaults.update(kwargs)
+  return AgentLoop(**defaults)
+
+
+def _skill_file(name: str) -> str:
+  from envs.skills import skills_dir
+
+  with open(os.path.join(skills_dir("alfworld"), name)) as f:
+    return f.read().strip()
+
+
+def test_teacher_prompt_is_the_skill_block_before_the_whole_student_prompt():
+  from envs.alfworld import build_prompt
+  from envs.skills import BLOCK_HEADER
+
+  loop = _prompt_loop(with_teacher=True)
+  view = _view(history_steps=2, gamefile="/d/pick_heat_then_place_in_recep-Egg-1/game.tw-pddl")
+  student, teacher = loop.build_prompts(view, sample_id=0, where="test")
+  user = build_prompt(view.task, view.history, view.observation, view.admissible, step=2)
+  text = _qwen3_prompt(user)
+  tok = loop.tokenizer
+  assert student == tok.encode(text)  # no skills in the student prompt
+  block = f"{BLOCK_HEADER}{_skill_file('general_skills.md')}\n\n{_skill_file('heat.md')}\n\n"
+  assert teacher == tok.encode(block + text)  # the block, then the student's prompt
+  assert BLOCK_HEADER.strip() not in tok.decode(student)
+
+
+def test_left_truncation_cuts_the_teacher_prompt_like_the_student_prompt(caplog):
+  from envs.alfworld import build_prompt
+  from envs.skills import BLOCK_HEADER
+
+  loop = _prompt_loop(with_teacher=True, max_prompt_len=48, truncation="left")
+  view = _view(history_steps=3)
+  with caplog.at_level("WARNING"):
+    student, teacher = loop.build_prompts(view, sample_id=0, where="env 0 turn 3")
+    loop.build_prompts(view, sample_id=1, where="env 1 turn 3")
+  tok = loop.tokenizer
+  full = tok.encode(
+    _qwen3_prompt(build_prompt(view.task, view.history, view.observation, view.admissible, step=3))
+  )
+  assert len(full) > 48 and student == full[-48:]
+  # The teacher sees the skills and then exactly the tokens the student kept, not the lost task
+  # line ("Your task is to: heat some egg ...", at the start of the full prompt).
+  skills = f"{_skill_file('general_skills.md')}\n\n{_skill_file('heat.md')}"
+  assert teacher == tok.encode(f"{BLOCK_HEADER}{skills}\n\n") + student
+  assert _HEAT_TASK in tok.decode(full) and _HEAT_TASK not in tok.decode(teacher)
+  # One warning for the first cut, naming both lengths and the fix; both cuts are counted.
+  warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+  assert len(warnings) == 1 and loop.truncated_prompts == 2
+  assert f"{len(full)} tokens" in warnings[0] and "last 48" in warnings[0]
+  assert "env 0 turn 3" in warnings[0] and "max_prompt_len" in warnings[0]
+
+
+@pytest.mark.parametrize("rules_version", ["pre_fix", "post_fix"])
+def test_skill_grpo_student_skills_follow_the_keyword_rule_over_the_user_message(rules_version):
+  from envs.alfworld import build_prompt
+  from envs.skills import BLOCK_HEADER, SkillRetriever
+
+  # The game file says "cool" but the message says "heat": the keyword rule reads the message
+  # only (the reference's Skill-GRPO), whatever the teacher retriever's rules_version.
+  retriever = SkillRetriever("alfworld", strategy="rules", rules_version=rules_version)
+  loop = _prompt_loop(skills_in_student=True, retriever=retriever)
+  view = _view(gamefile="/d/pick_cool_then_place_in_recep-Egg-1/game.tw-pddl")
+  view.observation = f"You are in the middle of a room. Your task is to: {_HEAT_TASK}"
+  student, teacher = loop.build_prompts(view, sample_id=0, where="test")
+  user = build_prompt(view.task, [], view.observation, view.admissible)
+  block = f"{BLOCK_HEADER}{_skill_file('general_skills.md')}\n\n{_skill_file('heat.md')}\n\n"
+  assert student == loop.tokenizer.encode(_qwen3_prompt(block + user))
+  assert teacher is None
+
+
+def test_truncated_prompts_are_marked_on_turns_and_counted_in_the_metrics():
+  from envs import EnvPool
+  from sdar_jax.trainer import rollout_metrics
+
+  config = ModelConfig.tiny(
+    "qwen3",
+    vocab_size=151936,
+    hidden_size=16,
+    intermediate_size=32,
+    num_layers=1,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=8,
+  )
+  params = init_params(config, jax.random.key(0))
+  with EnvPool("dummy", 2, env_kwargs={"max_steps": 2}, num_workers=0) as pool:
+    loop = _prompt_loop(
+      pool=pool,
+      sampler=Sampler(config),
+      sampling=SamplingParams(max_new_tokens=4, temperature=1.0),
+      max_turns=2,
+      max_prompt_len=40,
+      truncation="left",
+      retriever=None,
+      progress=False,
+    )
+    episodes = loop.run(params, tasks=[0, 1], group_ids=[0, 1], rng=jax.random.key(1))
+  turns = [t for ep in episodes for t in ep.turns]
+  assert len(turns) == 4 and loop.truncated_prompts == 4
+  for turn in turns:
+    assert len(turn.prompt_ids) == 40 and turn.prompt_truncated_from > 40
+  assert rollout_metrics(episodes)["episode/truncated_prompts"] == 4.0
+  assert rollout_metrics(episodes, prefix="val")["val/truncated_prompts"] == 4.0
+  episodes[0].env_error = "crashed"  # a failed episode's cut prompts still count
+  assert rollout_metrics(episodes)["episode/truncated_prompts"] == 4.0
+
+
+# ------------------------------------------------------------------------ validation episodes
+def _split_paths(per_type: int = 10) -> list[str]:
+  from envs.alfworld.tasks import TASK_TYPES
+
+  return sorted(
+    f"/data/valid_seen/{task_type}-Obj-{k}/trial_T0/game.tw-pddl"
+    for task_type in TASK_TYPES
+    for k in range(per_type)
+  )
+
+
+def test_validation_games_come_from_the_whole_split():
+  from envs.alfworld.tasks import task_type_from_path
+  from sdar_jax.rollout import validation_tasks
+
+  paths = _split_paths()
+  first = validation_tasks(len(paths), 12, seed=1000)
+  assert len(first) == len(set(first)) == 12 and all(0 <= i < len(paths) for i in first)
+  # The first 12 sorted paths hold two task types; a shuffled draw of 12 spans most of the six.
+  assert len({task_type_from_path(p) for p in paths[:12]}) == 2
+  assert len({task_type_from_path(paths[i]) for i in first}) >= 4
+  assert validation_tasks(len(paths), 12, seed=1000) == first  # deterministic for a seed
+  others = [validation_tasks(len(paths), 12, seed=s) for s in (1001, 1002)]
+  assert all(o != first for o in others)
+  assert sorted(validation_tasks(len(paths), 100, seed=0)) == list(range(len(paths)))
+  assert validation_tasks(len(paths), 0, seed=0) == []
+  with pytest.raises(ValueError, match="no games"):
+    validation_tasks(0, 4, seed=0)

@@ -17,6 +17,8 @@ import threading
 from typing import Any, Sequence
 
 __all__ = [
+  "GameFileError",
+  "read_game_file",
   "domain_text",
   "grammar_text",
   "game_json",
@@ -26,6 +28,39 @@ __all__ = [
 ]
 
 _TASK_PLACEHOLDER = "UNKNOWN GOAL"
+GAME_KEYS = ("pddl_domain", "grammar", "pddl_problem")
+_FIX = (
+  "The file is truncated or corrupted: regenerate the games (python -m envs.alfworld.generator "
+  "--out DIR; for the cached offline games, delete their folder and the trainer regenerates it) "
+  "or download the ALFWorld data again."
+)
+
+
+class GameFileError(ValueError):
+  """A `.tw-pddl` game file that cannot be played (not JSON, or missing the game's fields)."""
+
+
+def read_game_file(path: str) -> dict[str, Any]:
+  """The JSON content of a `.tw-pddl` game file; a file that is not a JSON object holding the
+  domain, grammar and problem is a `GameFileError` naming it."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      data = json.load(f)
+  except json.JSONDecodeError as err:
+    raise GameFileError(
+      f"ALFWorld game file {path!r} is not valid JSON ({err.msg} at line {err.lineno}, column "
+      f"{err.colno}; the file has {os.path.getsize(path)} bytes). {_FIX}"
+    ) from err
+  except UnicodeDecodeError as err:
+    raise GameFileError(f"ALFWorld game file {path!r} is not UTF-8 text ({err}). {_FIX}") from err
+  if not isinstance(data, dict):
+    raise GameFileError(
+      f"ALFWorld game file {path!r} holds a JSON {type(data).__name__}, not an object. {_FIX}"
+    )
+  missing = [key for key in GAME_KEYS if key not in data]
+  if missing:
+    raise GameFileError(f"ALFWorld game file {path!r} lacks the fields {missing}. {_FIX}")
+  return data
 
 
 @functools.lru_cache(maxsize=None)

@@ -9,7 +9,6 @@ answered "Nothing happens." and still counts as a step.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 from typing import Any, Sequence
@@ -61,10 +60,8 @@ def collect_game_files(
     gamefile = os.path.join(folder, "game.tw-pddl")
     if task_type_of_game(gamefile) not in task_types:
       continue
-    if check_solvable:
-      with open(gamefile) as f:
-        if not json.load(f).get("solvable", False):
-          continue
+    if check_solvable and not engine_lib.read_game_file(gamefile).get("solvable", False):
+      continue
     files.append(gamefile)
   if not files:
     raise FileNotFoundError(f"no playable games of types {list(task_types)} under {root!r}")
@@ -150,7 +147,15 @@ class AlfworldEnv:
     gamefile = self.game_files[index]
     if gamefile != self._loaded:
       self._loaded = None
-      self._engine.load(gamefile)
+      try:
+        self._engine.load(gamefile)
+      except Exception as err:
+        # A bad file fails deep in TextWorld (a bare JSONDecodeError or KeyError): name it.
+        try:
+          engine_lib.read_game_file(gamefile)
+        except engine_lib.GameFileError as bad_file:
+          raise engine_lib.GameFileError(f"task {index}: {bad_file}") from err
+        raise
       self._loaded = gamefile
     state = self._engine.reset()
     self._gamefile = gamefile

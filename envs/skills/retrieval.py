@@ -14,8 +14,13 @@ Strategies:
 - "none": no skills (empty block).
 
 `privileged_block(...)` returns "[Privileged Skill Information]\n" + skill text + "\n\n", the
-string the caller places before the chat-templated prompt (teacher; for Skill-GRPO also student),
-or "" when there is no skill text.
+string the caller places before the chat-templated teacher prompt, or "" when there is no skill text.
+
+`student_block(...)` is Skill-GRPO's block, placed inside the student's user message. With "rules"
+it is the keyword rule over that message's text (general + every task file whose keywords occur
+in it, in keyword order), whatever `rules_version` says: the reference's Skill-GRPO selects from
+the observation text only, never from a game file (docs/reference.md §2.6, §3.2). The other
+strategies select for the student as they do for the teacher.
 """
 
 from __future__ import annotations
@@ -148,6 +153,34 @@ class SkillRetriever:
     if self.strategy == "bm25":
       return self._render(self._bm25_items(query or (task_type or "").replace("_", " ")))
     return self._render(self._random_items(sample_id))
+
+  def keyword_skill_text(self, text: str) -> str:
+    """The keyword rule over `text`: general + every task file whose keywords occur in it (lower-
+    cased substring test, keyword order); general only when none does."""
+    general = [self.library.general.raw] if self.library.general else []
+    skills = self.library.match_keywords(text)
+    return "\n\n".join(general + [self.library.file(s).raw for s in skills])
+
+  def student_block(
+    self,
+    prompt_text: str,
+    task_type: str | None = None,
+    gamefile: str | None = None,
+    query: str = "",
+    sample_id: Any = None,
+  ) -> str:
+    """Skill-GRPO's block for the student's user message `prompt_text` ("" when no skill text).
+
+    "rules": the keyword rule over `prompt_text` (task type, game file and rules_version are not
+    used); the other strategies: the same selection as `privileged_block`.
+    """
+    if self.strategy == "rules":
+      text = self.keyword_skill_text(prompt_text)
+    else:
+      text = self.skill_text(
+        task_type=task_type, gamefile=gamefile, query=query, sample_id=sample_id
+      )
+    return f"{BLOCK_HEADER}{text}\n\n" if text else ""
 
   def privileged_block(
     self,

@@ -1,4 +1,4 @@
-"""Advantage estimators: multi-turn GRPO (reference §2.1) and RLSD token re-weighting (§2.4).
+"""Advantage estimators: multi-turn GRPO (docs/reference.md §2.1) and RLSD token re-weighting (docs/reference.md §2.4).
 
 GRPO works on turn-samples: every turn of every trajectory is one sample carrying the
 episode return (minus its own invalid-format penalty). Samples that share a group id (the
@@ -24,7 +24,7 @@ ArrayLike = jax.typing.ArrayLike
 
 
 def apply_invalid_penalty(scores: ArrayLike, is_valid: ArrayLike, coef: float) -> Array:
-  """Per-turn format penalty (reference §4.4): scores - coef * (1 - valid)."""
+  """Per-turn format penalty (docs/reference.md §4.4): scores - coef * (1 - valid)."""
   scores = jnp.asarray(scores, jnp.float32)
   valid = jnp.asarray(is_valid, jnp.float32)
   return scores - coef * (1.0 - valid)
@@ -108,7 +108,7 @@ def grpo_advantages(
 
 
 def rlsd_lambda(step: ArrayLike, lam0: float = 0.5, warmdown_steps: int = 100) -> Array:
-  """RLSD mixing weight: lam0 * (1 - step / K) for step < K, else 0 (reference §2.4).
+  """RLSD mixing weight: lam0 * (1 - step / K) for step < K, else 0 (docs/reference.md §2.4).
 
   `step` may be traced. Steps start at 1 in the reference, so the first update uses
   lam0 * (1 - 1/K). `warmdown_steps <= 0` means no warm-down (constant lam0; our choice).
@@ -128,7 +128,7 @@ def rlsd_token_advantages(
   lam: ArrayLike,
   clip_eps: float = 0.2,
 ) -> Array:
-  """RLSD token advantages [B, R] (reference §2.4), no gradient.
+  """RLSD token advantages [B, R] (docs/reference.md §2.4), no gradient.
 
   w_t = clip(exp(sign(A) * (lT_t - lold_t)), 1 - eps, 1 + eps);
   A_t = A * ((1 - lam) + lam * w_t) * m_t.  A = 0 gives exactly 0.

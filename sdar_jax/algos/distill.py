@@ -1,4 +1,4 @@
-"""Self-distillation terms: SDAR's gated term (reference §1) and Skill-SD's ρ·k3 (§2.5).
+"""Self-distillation terms: SDAR's gated term (docs/reference.md §1) and Skill-SD's ρ·k3 (docs/reference.md §2.5).
 
 Neither loss is multiplied by its coefficient λ: the train step does `+ λ · loss`.
 Teacher log-probs always get stop_gradient inside; metrics follow the micro-batch rule of
@@ -51,10 +51,12 @@ def sdar_loss(
   agg: str = "token-mean",
   denom: ArrayLike | None = None,
   num_seqs: ArrayLike | None = None,
+  vocab_size: int | None = None,
 ) -> tuple[Array, Metrics]:
   """The SDAR distillation loss (not multiplied by λ) and its metrics.
 
-  Δ = sg(lT) − sg(lθ); g = gate(β, Δ, h) (detached); per token ℓ from `form`
+  Δ = sg(lT) − sg(lθ); g = gate(β, Δ, h) (detached; the entropy gates also need `vocab_size`,
+  the number of logits h is taken over, see `gates`); per token ℓ from `form`
   ("reference": g·(sg(lT) − lθ); "reverse_kl": −g·sg(Δ)·lθ); loss = agg(ℓ, mask).
   Its gradient w.r.t. lθ in the reference form with token-mean is −g·m/Σm.
 
@@ -64,7 +66,7 @@ def sdar_loss(
   lsg = jnp.asarray(student_logp, jnp.float32)
   lt = jax.lax.stop_gradient(jnp.asarray(teacher_logp, jnp.float32))
   gap = lt - jax.lax.stop_gradient(lsg)
-  g = compute_gate(gate, beta=beta, gap=gap, entropy=entropy)
+  g = compute_gate(gate, beta=beta, gap=gap, entropy=entropy, vocab_size=vocab_size)
   per_token = SDAR_FORMS.get(form)(lsg, lt, gap, g)
   loss = agg_loss(per_token, mask, agg, denom, num_seqs)
   metrics = {
@@ -129,6 +131,7 @@ def _sdar(
   agg="token-mean",
   denom=None,
   num_seqs=None,
+  vocab_size=None,
   **unused,
 ):
   del unused
@@ -143,6 +146,7 @@ def _sdar(
     agg=agg,
     denom=denom,
     num_seqs=num_seqs,
+    vocab_size=vocab_size,
   )
 
 
@@ -166,6 +170,6 @@ def _skill_sd(
 
 def distill_loss(name: str, **kwargs) -> tuple[Array, Metrics]:
   """Dispatches to distillation term `name` ("none", "sdar", "skill_sd") with keyword
-  arguments student_logp, teacher_logp, old_logp, mask, beta, gate, entropy, form, agg,
-  denom, num_seqs; each term takes the ones it needs. Not multiplied by λ."""
+  arguments student_logp, teacher_logp, old_logp, mask, beta, gate, entropy, vocab_size, form,
+  agg, denom, num_seqs; each term takes the ones it needs. Not multiplied by λ."""
   return DISTILL_LOSSES.get(name)(**kwargs)

@@ -1,4 +1,4 @@
-"""One flat config dict per method of the paper's table (reference §2, §6).
+"""One flat config dict per method of the paper's table (docs/reference.md §2, §6).
 
 Every preset has the same keys (`PRESET_KEYS`), so a config system can start from
 `get_preset(name)` and override single fields. The train step composes, per token batch:
@@ -56,19 +56,22 @@ ALGO_PRESETS: dict[str, dict[str, Any]] = {
   for p in (
     _preset("grpo"),
     _preset("sdar", **_SDAR),
-    # OPSD: SDAR's term alone; advantages computed but the PPO term weighs 0 (§2.2).
+    # OPSD: SDAR's term alone; advantages computed but the PPO term weighs 0 (docs/reference.md §2.2).
     _preset("opsd", **{**_SDAR, "pg_coef": 0.0}),
-    # GRPO+OPSD: β = 0 makes the gap gate exactly 0.5 (§2.3).
+    # GRPO+OPSD: β = 0 makes the gap gate exactly 0.5 (docs/reference.md §2.3).
     _preset("grpo_opsd", **{**_SDAR, "beta": 0.0}),
     # RLSD: no extra term, teacher re-weighted token advantages λ0 = 0.5 -> 0 over 100 steps.
     _preset("rlsd", advantage="rlsd", teacher=True),
-    # Skill-SD: + c·ρ·k3 with c = 0.001 (§2.5).
+    # Skill-SD: + c·ρ·k3 with c = 0.001 (docs/reference.md §2.5).
     _preset("skill_sd", distill="skill_sd", lam=0.001, teacher=True),
-    # Skill-GRPO: plain GRPO with skills inside the student prompt (§2.6).
+    # Skill-GRPO: plain GRPO with skills inside the student prompt (docs/reference.md §2.6).
     _preset("skill_grpo", skills_in_student=True),
-    # Gate / form ablations of SDAR.
+    # Gate / form ablations of SDAR (gates: sdar_jax.algos.gates). The entropy and soft-OR gates
+    # are our sound designs; the *_paper presets run the paper's formulas as written.
     _preset("sdar_entropy", **{**_SDAR, "gate": "entropy"}),
     _preset("sdar_soft_or", **{**_SDAR, "gate": "soft_or"}),
+    _preset("sdar_entropy_paper", **{**_SDAR, "gate": "entropy_paper"}),
+    _preset("sdar_soft_or_paper", **{**_SDAR, "gate": "soft_or_paper"}),
     _preset("sdar_constant", **{**_SDAR, "gate": "constant"}),
     _preset("sdar_reverse_kl", **{**_SDAR, "form": "reverse_kl"}),
   )

@@ -6,6 +6,7 @@ from sdar_jax.models.qwen import (
   KVCache,
   Params,
   apply,
+  decode_step,
   forward,
   hidden_states,
   init_params,
@@ -14,6 +15,8 @@ from sdar_jax.models.qwen import (
   param_shapes,
   param_specs,
   positions_from_mask,
+  prefill,
+  unstack_layers,
 )
 
 __all__ = [
@@ -31,4 +34,7 @@ __all__ = [
   "param_shapes",
   "param_specs",
   "positions_from_mask",
+  "prefill",
+  "decode_step",
+  "unstack_layers",
 ]

@@ -12,10 +12,10 @@ header, raw little-endian bytes): tensors are memory-mapped, and bfloat16 goes t
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import struct
-import tempfile
 from typing import Any, Iterable
 
 import jax
@@ -129,7 +129,9 @@ _ST_NAMES = {v: k for k, v in _ST_DTYPES.items()}
 
 
 def read_safetensors_header(path: str) -> tuple[dict[str, Any], int]:
-  """(header dict without __metadata__, byte offset of the data section)."""
+  """(header dict without __metadata__, byte offset of the data section). Raises ValueError naming
+  `path` when the file is too short for its header or the header is not JSON."""
+  size = os.path.getsize(path)
   with open(path, "rb") as f:
     raw = f.read(8)
     if len(raw) != 8:
@@ -137,17 +139,61 @@ def read_safetensors_header(path: str) -> tuple[dict[str, Any], int]:
     (n,) = struct.unpack("<Q", raw)
     if n > 100 * 2**20:
       raise ValueError(f"{path} is not a safetensors file (header length {n} is implausible).")
-    header = json.loads(f.read(n))
+    if 8 + n > size:
+      raise ValueError(
+        f"{path}: truncated safetensors file: its header needs {8 + n} bytes but the file has "
+        f"{size}. Fix: copy or export the checkpoint again."
+      )
+    try:
+      header = json.loads(f.read(n))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+      raise ValueError(
+        f"{path}: the safetensors header is not valid JSON ({e}). Fix: copy or export the "
+        "checkpoint again."
+      ) from None
+  if not isinstance(header, dict):
+    raise ValueError(f"{path}: the safetensors header is not a JSON object.")
   header.pop("__metadata__", None)
   return header, 8 + n
 
 
+def _check_byte_ranges(path: str, header: dict[str, Any], data_bytes: int) -> None:
+  """Raises ValueError naming the file and the first tensor whose header entry is malformed, whose
+  byte count does not match its dtype and shape, or whose bytes lie beyond the end of the file."""
+  for name, info in header.items():
+    where = f"{path}: tensor {name!r}"
+    try:
+      dtype, shape = info["dtype"], [int(d) for d in info["shape"]]
+      begin, end = (int(o) for o in info["data_offsets"])
+    except (KeyError, TypeError, ValueError):
+      raise ValueError(
+        f"{where}: malformed header entry {info!r} (needs dtype, shape, data_offsets)."
+      ) from None
+    if not 0 <= begin <= end:
+      raise ValueError(f"{where}: invalid data_offsets [{begin}, {end}].")
+    if dtype in _ST_DTYPES:
+      expected = math.prod(shape) * _ST_DTYPES[dtype].itemsize
+      if end - begin != expected:
+        raise ValueError(
+          f"{where}: data_offsets [{begin}, {end}] hold {end - begin} bytes but dtype {dtype} x "
+          f"shape {tuple(shape)} needs {expected}. Fix: copy or export the checkpoint again."
+        )
+    if end > data_bytes:
+      raise ValueError(
+        f"{where}: needs bytes [{begin}, {end}) of the data section but the file holds only "
+        f"{data_bytes} data bytes: the file is truncated. Fix: copy or export the checkpoint again."
+      )
+
+
 class SafetensorsFile:
-  """Lazy, memory-mapped access to the tensors of one .safetensors file."""
+  """Lazy, memory-mapped access to the tensors of one .safetensors file. Opening it reads only the
+  header and checks every tensor's byte range against the file size, so a truncated or corrupt file
+  fails here, naming the file and the tensor."""
 
   def __init__(self, path: str):
     self.path = path
     self.header, self._data_start = read_safetensors_header(path)
+    _check_byte_ranges(path, self.header, os.path.getsize(path) - self._data_start)
     self._mmap = None
 
   def names(self) -> list[str]:
@@ -197,12 +243,17 @@ def write_safetensors(
 
 
 # ----------------------------------------------------------------------------------- load
-def _checkpoint_files(hf_dir: str) -> list[str]:
+def checkpoint_files(hf_dir: str) -> list[str]:
+  """The weight files of a Hugging Face directory: model.safetensors, or every shard listed by
+  model.safetensors.index.json. Raises FileNotFoundError / ValueError naming what is missing."""
   index = os.path.join(hf_dir, "model.safetensors.index.json")
   if os.path.exists(index):
-    with open(index) as f:
-      weight_map = json.load(f).get("weight_map")
-    if not weight_map:
+    try:
+      with open(index) as f:
+        weight_map = json.load(f).get("weight_map")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+      raise ValueError(f"{index} is not a valid index file ({e}).") from None
+    if not weight_map or not isinstance(weight_map, dict):
       raise ValueError(f"{index} has no `weight_map`.")
     files = sorted(set(weight_map.values()))
     missing = [name for name in files if not os.path.exists(os.path.join(hf_dir, name))]
@@ -224,7 +275,24 @@ def _checkpoint_files(hf_dir: str) -> list[str]:
   )
 
 
-def check_tensors(config: ModelConfig, available: dict[str, tuple[int, ...]]) -> None:
+def open_checkpoint(hf_dir: str) -> dict[str, SafetensorsFile]:
+  """Tensor name -> the opened file holding it, over every weight file of `hf_dir`. Reads only the
+  headers; every tensor's byte range is checked against its file's size."""
+  return {name: f for f in map(SafetensorsFile, checkpoint_files(hf_dir)) for name in f.names()}
+
+
+def verify_checkpoint(hf_dir: str | os.PathLike, config: ModelConfig | None = None) -> None:
+  """Checks without loading anything that `hf_dir` holds complete weight files whose tensors match
+  `config` (default: the directory's config.json). Raises FileNotFoundError / ValueError."""
+  hf_dir = os.fspath(hf_dir)
+  config = config or ModelConfig.from_hf_config(hf_dir)
+  where = open_checkpoint(hf_dir)
+  check_tensors(config, {name: f.shape(name) for name, f in where.items()}, hf_dir)
+
+
+def check_tensors(
+  config: ModelConfig, available: dict[str, tuple[int, ...]], hf_dir: str = ""
+) -> None:
   """Raises one ValueError naming every missing, unexpected and mis-shaped tensor."""
   expected = expected_tensors(config)
   missing = [name for name in expected if name not in available]
@@ -249,7 +317,7 @@ def check_tensors(config: ModelConfig, available: dict[str, tuple[int, ...]]) ->
     problems.append(f"mis-shaped tensors ({len(misshaped)}): {_short(misshaped)}")
   if problems:
     raise ValueError(
-      "Checkpoint does not match its config.json ("
+      f"Checkpoint {hf_dir + ' ' if hf_dir else ''}does not match its config.json ("
       + config.name
       + "): "
       + "; ".join(problems)
@@ -277,9 +345,8 @@ def load_pretrained(
     raise FileNotFoundError(f"Model directory {hf_dir!r} does not exist.")
   overrides = {} if dtype is None else {"dtype": dtype, "param_dtype": dtype}
   config = ModelConfig.from_hf_config(hf_dir, **overrides)
-  files = [SafetensorsFile(p) for p in _checkpoint_files(hf_dir)]
-  where = {name: f for f in files for name in f.names()}
-  check_tensors(config, {name: f.shape(name) for name, f in where.items()})
+  where = open_checkpoint(hf_dir)
+  check_tensors(config, {name: f.shape(name) for name, f in where.items()}, hf_dir)
 
   specs = param_specs(config)
   np_dtype = np.dtype(config.jnp_param_dtype)
@@ -327,32 +394,69 @@ def to_hf_tensors(config: ModelConfig, params: Params) -> Iterable[tuple[str, np
         yield f"model.layers.{i}.{hf_suffix}", _to_hf(kind, np.asarray(host["layers"][ours][i]))
 
 
+# Files of a Hugging Face tokenizer directory that an export carries over (those present).
+EXPORTED_TOKENIZER_FILES = (
+  "tokenizer.json",
+  "tokenizer_config.json",
+  "tokenizer.model",
+  "vocab.json",
+  "vocab.txt",
+  "merges.txt",
+  "special_tokens_map.json",
+  "added_tokens.json",
+  "chat_template.jinja",
+  "chat_template.json",
+)
+# Written when the source model has no generation_config.json: the Qwen chat models' ids.
+QWEN_GENERATION_CONFIG = {
+  "bos_token_id": 151643,
+  "eos_token_id": [151645, 151643],
+  "pad_token_id": 151643,
+}
+
+
+def _fresh_dir(parent: str, prefix: str) -> str:
+  """A new, uniquely named directory in `parent` with the permissions `os.makedirs` gives (0o777
+  minus the umask; `tempfile.mkdtemp` would make it 0o700, unreadable to the rest of a team)."""
+  while True:
+    path = os.path.join(parent, prefix + os.urandom(6).hex())
+    try:
+      os.mkdir(path)
+    except FileExistsError:
+      continue
+    return path
+
+
 def save_pretrained(
   config: ModelConfig,
   params: Params,
   out_dir: str | os.PathLike,
   max_shard_bytes: int = 4 * 2**30,
   tokenizer_dir: str | os.PathLike | None = None,
+  source_dir: str | os.PathLike | None = None,
 ) -> str:
   """Writes a transformers-loadable directory: config.json, generation_config.json, safetensors
   (sharded with an index above `max_shard_bytes`) and, optionally, the tokenizer files.
 
-  The directory is assembled next to `out_dir` and renamed into place, so a crash never leaves a
-  half-written model behind.
+  `tokenizer_dir`: every file of `EXPORTED_TOKENIZER_FILES` it holds is copied
+  (chat_template.jinja included), plus its `additional_chat_templates/` folder. `source_dir`: the
+  model the weights came from; its generation_config.json (sampling defaults, stop ids) is copied
+  when it has one, else the Qwen ids are written. The directory is assembled next to `out_dir` and
+  renamed into place, so a crash never leaves a half-written model behind.
   """
   out_dir = os.path.abspath(os.fspath(out_dir))
   parent = os.path.dirname(out_dir)
   os.makedirs(parent, exist_ok=True)
-  tmp = tempfile.mkdtemp(prefix=".tmp-" + os.path.basename(out_dir) + "-", dir=parent)
+  tmp = _fresh_dir(parent, prefix=".tmp-" + os.path.basename(out_dir) + "-")
   try:
     with open(os.path.join(tmp, "config.json"), "w") as f:
       json.dump(config.to_hf_config(), f, indent=2)
-    with open(os.path.join(tmp, "generation_config.json"), "w") as f:
-      json.dump(
-        {"bos_token_id": 151643, "eos_token_id": [151645, 151643], "pad_token_id": 151643},
-        f,
-        indent=2,
-      )
+    source_generation = os.path.join(os.fspath(source_dir or ""), "generation_config.json")
+    if source_dir is not None and os.path.isfile(source_generation):
+      shutil.copy(source_generation, tmp)
+    else:
+      with open(os.path.join(tmp, "generation_config.json"), "w") as f:
+        json.dump(QWEN_GENERATION_CONFIG, f, indent=2)
     shards: list[dict[str, np.ndarray]] = [{}]
     size = 0
     for name, x in to_hf_tensors(config, params):
@@ -375,9 +479,12 @@ def save_pretrained(
       with open(os.path.join(tmp, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
     if tokenizer_dir is not None:
-      for fname in os.listdir(tokenizer_dir):
-        if fname.startswith(("tokenizer", "vocab", "merges", "special_tokens", "added_tokens")):
+      for fname in EXPORTED_TOKENIZER_FILES:
+        if os.path.isfile(os.path.join(tokenizer_dir, fname)):
           shutil.copy(os.path.join(tokenizer_dir, fname), tmp)
+      templates = os.path.join(tokenizer_dir, "additional_chat_templates")
+      if os.path.isdir(templates):
+        shutil.copytree(templates, os.path.join(tmp, "additional_chat_templates"))
     if os.path.exists(out_dir):
       shutil.rmtree(out_dir)
     os.replace(tmp, out_dir)

@@ -3,7 +3,11 @@
 The parameters are a nested dict of arrays; the decoder layers are stacked on a leading `layers`
 axis and run with `lax.scan`, so compile time does not grow with depth. Nothing here holds state:
 `jax.jit` sees plain functions of (params, tokens), which is what the sampler and the train step
-compile (DESIGN.md: no module graph traversal in any per-step hot path).
+compile (no module graph traversal in any per-step hot path).
+
+One layer function serves the three uses: `apply` / `forward` (a whole sequence), `prefill`
+(prompts, returning a `KVCache`) and `decode_step` (one token per row against that cache). The
+model owns the cache layout; the sampler only threads the cache through its loop.
 
 Parameter layout (D hidden, N q heads, K kv heads, H head_dim, F mlp, V vocab, L layers):
 
@@ -154,56 +158,58 @@ def positions_from_mask(attention_mask: jax.Array) -> jax.Array:
   return jnp.maximum(jnp.cumsum(mask, axis=-1) - 1, 0)
 
 
+# ------------------------------------------------------------------------------------ KV cache
 class KVCache(NamedTuple):
-  """Keys/values of every layer: k, v [L, B, S, K, H]; `valid` [B, S] marks written, real slots;
-  `index` is the next slot to write (the same for every row: prompts are left-padded)."""
+  """Keys and values of every layer, the one cache layout of the model: `prefill` writes it,
+  `decode_step` reads it and appends one slot.
 
-  k: jax.Array
-  v: jax.Array
+  Per layer, keys are [B, K, H, S] and values [B, K, S, H] (S slots), so both attention products
+  of a decode step, q @ K and p @ V, are plain batched matmuls over (batch, kv head): no layer's
+  cache is transposed at any step. `valid` [B, S] marks the written, real slots (left padding is
+  not); `index` is the next slot to write, the same for every row (prompts are left-padded to one
+  length).
+  """
+
+  k: tuple[jax.Array, ...]
+  v: tuple[jax.Array, ...]
   valid: jax.Array
   index: jax.Array
 
-  @classmethod
-  def empty(cls, config: ModelConfig, batch: int, size: int) -> "KVCache":
-    shape = (config.num_layers, batch, size, config.num_kv_heads, config.head_dim)
-    return cls(
-      jnp.zeros(shape, config.jnp_dtype),
-      jnp.zeros(shape, config.jnp_dtype),
-      jnp.zeros((batch, size), jnp.bool_),
-      jnp.zeros((), jnp.int32),
-    )
+  # Logical axes (mapped to the mesh by sharding.py's rules) of one layer's keys and values.
+  KEY_AXES = ("batch", "kv_heads", "head_dim", "length")
+  VALUE_AXES = ("batch", "kv_heads", "length", "head_dim")
 
-  def write(self, k_new: jax.Array, v_new: jax.Array, valid_new: jax.Array) -> "KVCache":
-    """Append T new slots (k/v [L, B, T, K, H], valid [B, T]) at `index`."""
-    i = self.index
-    k = lax.dynamic_update_slice(self.k, k_new.astype(self.k.dtype), (0, 0, i, 0, 0))
-    v = lax.dynamic_update_slice(self.v, v_new.astype(self.v.dtype), (0, 0, i, 0, 0))
-    valid = lax.dynamic_update_slice(self.valid, valid_new.astype(jnp.bool_), (0, i))
-    return KVCache(k, v, valid, i + k_new.shape[2])
+  @property
+  def size(self) -> int:
+    """Slots per row (S)."""
+    return self.valid.shape[1]
+
+  def take_rows(self, rows: jax.Array) -> KVCache:
+    """The cache of rows `rows` [B'] (indices into this batch), e.g. several samples of one
+    prefilled prompt."""
+
+    def take(a):
+      return jnp.take(a, rows, axis=0)
+
+    return KVCache(tuple(map(take, self.k)), tuple(map(take, self.v)), take(self.valid), self.index)
 
 
-def _attention(q, k, v, mask, cache_k=None, cache_v=None, cache_mask=None):
-  """Grouped-query attention of new queries q [B,T,N,H] over the new keys k/v [B,T,K,H] (masked by
-  `mask` [B,T,T]) and, when given, over cached keys [B,S,K,H] (masked by `cache_mask` [B,S]).
-  Both parts share one float32 softmax, so no cache copy is needed to attend over cache + new."""
+# ---------------------------------------------------------------------------------------- layer
+def _attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+  """Grouped-query attention of queries q [B, T, N, H] over keys k [B, K, H, S] and values
+  v [B, K, S, H] (the cache layout); mask [B, T, S] says which keys each query sees. Query head n
+  reads kv head n // (N / K); scores and softmax are float32."""
   B, T, N, H = q.shape
-  K = k.shape[2]
-  q = q.reshape(B, T, K, N // K, H)
-  scale = H**-0.5
-  scores = jnp.einsum("btkgh,bskh->bkgts", q, k, preferred_element_type=jnp.float32) * scale
-  scores = jnp.where(mask[:, None, None], scores, _MASKED)
-  if cache_k is None:
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskh->btkgh", probs, v)
-  else:
-    S = cache_k.shape[1]
-    cached = jnp.einsum("btkgh,bskh->bkgts", q, cache_k, preferred_element_type=jnp.float32) * scale
-    cached = jnp.where(cache_mask[:, None, None, None, :], cached, _MASKED)
-    probs = jax.nn.softmax(jnp.concatenate([cached, scores], axis=-1), axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskh->btkgh", probs[..., :S], cache_v) + jnp.einsum(
-      "bkgts,bskh->btkgh", probs[..., S:], v
-    )
-  return out.reshape(B, T, N, H)
+  K, S = k.shape[1], k.shape[3]
+  G = N // K
+  # Queries grouped by kv head, [B, K, T * G, H]: both products are then plain batched matmuls,
+  # and at T = 1 (a decode step) every reshape and transpose here only moves unit axes.
+  q = q.reshape(B, T, K, G, H).transpose(0, 2, 1, 3, 4).reshape(B, K, T * G, H)
+  scores = jnp.einsum("bkqh,bkhs->bkqs", q, k, preferred_element_type=jnp.float32) * H**-0.5
+  scores = jnp.where(mask[:, None, :, None], scores.reshape(B, K, T, G, S), _MASKED)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(B, K, T * G, S)
+  out = jnp.einsum("bkqs,bksh->bkqh", probs, v).reshape(B, K, T, G, H)
+  return out.transpose(0, 2, 1, 3, 4).reshape(B, T, N, H)
 
 
 def qkv_projection(
@@ -242,28 +248,47 @@ def attention_out_and_mlp(
   return x + jnp.einsum("...f,fd->...d", jax.nn.silu(gate) * up, p["down_proj"].astype(dt))
 
 
-def _layer(config: ModelConfig, p: Params, x, cos, sin, mask, cache_kv, cache_mask):
+def _layer(
+  config: ModelConfig,
+  p: Params,
+  x: jax.Array,
+  cos: jax.Array,
+  sin: jax.Array,
+  mask: jax.Array,
+  cache_kv: tuple[jax.Array, jax.Array] | None = None,
+  slot: jax.Array | None = None,
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+  """One decoder layer on x [B, T, D], serving the full forward, prefill and decode alike.
+
+  Without `cache_kv`, the T tokens attend to each other (mask [B, T, T]) and their keys/values
+  come back in the cache layout (k [B, K, H, T], v [B, K, T, H]). With one layer's cache (keys,
+  values), the new keys/values are first written at `slot`, then the tokens attend over the whole
+  cache (mask [B, T, S]), and the updated cache comes back."""
   q, k, v = qkv_projection(config, p, x)
   q = apply_rope(q, cos, sin)
-  k = apply_rope(k, cos, sin)
-  cache_k, cache_v = cache_kv if cache_kv is not None else (None, None)
-  attn = _attention(q, k, v, mask, cache_k, cache_v, cache_mask)
-  return attention_out_and_mlp(config, p, x, attn), (k, v)
+  k = apply_rope(k, cos, sin).transpose(0, 2, 3, 1)
+  v = v.transpose(0, 2, 1, 3)
+  if cache_kv is not None:
+    k_cache, v_cache = cache_kv
+    k = lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), (0, 0, 0, slot))
+    v = lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), (0, 0, slot, 0))
+  return attention_out_and_mlp(config, p, x, _attention(q, k, v, mask)), (k, v)
 
 
+# ------------------------------------------------------------------------------ forward / decode
 def apply(
   config: ModelConfig,
   params: Params,
   tokens: jax.Array,
   positions: jax.Array,
   attention_mask: jax.Array,
-  cache: KVCache | None = None,
 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-  """Runs the decoder on new tokens [B, T] and returns (final-normed hidden [B, T, D], new k/v).
+  """Runs the decoder on tokens [B, T] and returns (final-normed hidden [B, T, D], (k, v)).
 
-  `attention_mask` [B, T] marks real new tokens (0 = padding); new tokens attend causally to the
-  real new tokens before them and, when `cache` is given, to every valid cached slot. The new
-  k/v come back as [L, B, T, K, H]; `KVCache.write` appends them (the caller decides when).
+  `attention_mask` [B, T] marks real tokens (0 = padding); each token attends causally to the
+  real tokens up to itself. k [L, B, K, H, T] and v [L, B, K, T, H] are every layer's keys and
+  values in the cache layout (`prefill` keeps them; unused, jit drops them). The layers run as a
+  `lax.scan` over the stacked weights (rematerialised in the backward pass when `config.remat`).
   """
   dt = config.jnp_dtype
   x = jnp.take(params["embed"], tokens, axis=0).astype(dt)
@@ -272,17 +297,79 @@ def apply(
   causal = jnp.tril(jnp.ones((T, T), jnp.bool_))
   mask = causal[None] & attention_mask.astype(jnp.bool_)[:, None, :]
 
-  def body(x, layer_inputs):
-    layer_params, cache_kv = layer_inputs
-    return _layer(
-      config, layer_params, x, cos, sin, mask, cache_kv, None if cache is None else cache.valid
-    )
+  def body(x, layer_params):
+    return _layer(config, layer_params, x, cos, sin, mask)
 
   if config.remat:
     body = jax.checkpoint(body, policy=jax.checkpoint_policies.nothing_saveable)
-  xs = (params["layers"], None if cache is None else (cache.k, cache.v))
-  x, new_kv = lax.scan(body, x, xs)
-  return rms_norm(x, params["final_norm"], config.rms_norm_eps), new_kv
+  x, kv = lax.scan(body, x, params["layers"])
+  return rms_norm(x, params["final_norm"], config.rms_norm_eps), kv
+
+
+def prefill(
+  config: ModelConfig,
+  params: Params,
+  tokens: jax.Array,
+  attention_mask: jax.Array,
+  cache_size: int,
+) -> tuple[jax.Array, KVCache]:
+  """Runs left-padded prompts tokens [B, T] (`attention_mask` [B, T], 1 = real token) and returns
+  their final-normed hidden states [B, T, D] and a KVCache of `cache_size` slots per row: the
+  prompts' keys/values in slots 0..T-1, the rest free for `decode_step` (next slot: T)."""
+  T = tokens.shape[1]
+  if cache_size < T:
+    raise ValueError(
+      f"cache_size={cache_size} is below the prompt length {T}; give the cache at least the "
+      "prompt length plus the tokens to decode."
+    )
+  hidden, (k, v) = apply(
+    config, params, tokens, positions_from_mask(attention_mask), attention_mask
+  )
+  room = cache_size - T
+  keys = tuple(jnp.pad(k[i], ((0, 0), (0, 0), (0, 0), (0, room))) for i in range(k.shape[0]))
+  values = tuple(jnp.pad(v[i], ((0, 0), (0, 0), (0, room), (0, 0))) for i in range(v.shape[0]))
+  valid = jnp.pad(attention_mask.astype(jnp.bool_), ((0, 0), (0, room)))
+  return hidden, KVCache(keys, values, valid, jnp.asarray(T, jnp.int32))
+
+
+def unstack_layers(config: ModelConfig, params: Params) -> list[Params]:
+  """The stacked decoder layers as one weight dict per layer, for `decode_step`. In a decode loop,
+  slice them once before it: slicing the stack inside the loop copies every layer's weights at
+  every step on CPU (as a `lax.scan` over the stack would)."""
+  return [jax.tree.map(lambda a, i=i: a[i], params["layers"]) for i in range(config.num_layers)]
+
+
+def decode_step(
+  config: ModelConfig,
+  params: Params,
+  tokens: jax.Array,
+  positions: jax.Array,
+  cache: KVCache,
+  layers: list[Params] | None = None,
+) -> tuple[jax.Array, KVCache]:
+  """One new token per row: tokens [B] at positions [B] are written into `cache` at slot
+  `cache.index` and attend to every valid slot, their own included. Returns the final-normed
+  hidden states [B, D] (`logits_from_hidden` gives the next-token logits) and the cache one slot
+  further on. The cache must have a free slot (`cache.index < cache.size`).
+
+  The layers run unrolled over `layers` = `unstack_layers(config, params)` (sliced here when not
+  given); pass them when calling this in a loop."""
+  if layers is None:
+    layers = unstack_layers(config, params)
+  slot = cache.index
+  valid = lax.dynamic_update_slice(
+    cache.valid, jnp.ones((tokens.shape[0], 1), jnp.bool_), (0, slot)
+  )
+  x = jnp.take(params["embed"], tokens[:, None], axis=0).astype(config.jnp_dtype)
+  cos, sin = rope_tables(positions[:, None], config.head_dim, config.rope_theta)
+  mask = valid[:, None, :]
+  keys, values = [], []
+  for layer_params, k, v in zip(layers, cache.k, cache.v):
+    x, (k, v) = _layer(config, layer_params, x, cos, sin, mask, (k, v), slot)
+    keys.append(k)
+    values.append(v)
+  hidden = rms_norm(x[:, 0], params["final_norm"], config.rms_norm_eps)
+  return hidden, KVCache(tuple(keys), tuple(values), valid, slot + 1)
 
 
 def lm_head_weight(config: ModelConfig, params: Params) -> jax.Array:

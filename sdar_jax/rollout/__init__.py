@@ -3,6 +3,7 @@
 from sdar_jax.rollout.agent_loop import AgentLoop, EnvAdapter, get_adapter
 from sdar_jax.rollout.batching import TurnSample, episodes_to_samples, pack_batch, plan_minibatches
 from sdar_jax.rollout.replay import ReplayQueue
+from sdar_jax.rollout.tasks import validation_tasks
 from sdar_jax.rollout.trajectory import Episode, Turn
 
 __all__ = [
@@ -16,4 +17,5 @@ __all__ = [
   "get_adapter",
   "pack_batch",
   "plan_minibatches",
+  "validation_tasks",
 ]

@@ -4,22 +4,27 @@ Every active episode is prompted each turn with one user message built by its en
 adapter (task, last `history` (observation, action) pairs, current observation, admissible
 actions), chat-templated, tokenized once, and sampled in one batch. The response ids and their
 log-probs are stored exactly as sampled. When the algorithm needs a teacher, the teacher prompt is
-the privileged skill block followed by the same chat-templated prompt (reference §3.3: the block
-sits before the first template token), tokenized once and stored beside the student prompt.
-Skill-GRPO puts the block inside the student's user message instead (§2.6).
+the privileged skill block followed by the student prompt as the student got it (after any left
+truncation, so the teacher never sees context the student lost; docs/reference.md §3.3: the block
+sits before the first template token), stored beside the student prompt. Only Skill-GRPO puts
+skills in the student prompt: a block chosen by the keyword rule over the user message, placed
+inside it (docs/reference.md §2.6).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import jax
+from absl import logging
 from tqdm import tqdm
 
+from sdar_jax.chat_templates import ChatTemplate
 from sdar_jax.rollout.trajectory import Episode, Turn
 from sdar_jax.sampling import Sampler, SamplingParams
-from sdar_jax.tokenizer import Tokenizer, apply_chat_template
+from sdar_jax.tokenizer import Tokenizer
 
 
 @dataclasses.dataclass
@@ -45,7 +50,7 @@ class EnvAdapter(Protocol):
 
 
 class AlfworldAdapter:
-  """ALFWorld prompts and projection (envs/alfworld, reference §4.2-4.3)."""
+  """ALFWorld prompts and projection (envs/alfworld, docs/reference.md §4.2-4.3)."""
 
   def user_text(self, view: EpisodeView, history_length: int) -> str:
     from envs.alfworld import build_prompt
@@ -88,11 +93,13 @@ class AgentLoop:
     pool: an `envs.EnvPool` with at least as many envs as episodes per call.
     adapter: the environment's `EnvAdapter`.
     sampler: a `sampling.Sampler` for the policy's model config (and mesh).
-    tokenizer: the policy's tokenizer; `chat_template` its family ("qwen2.5" | "qwen3").
+    tokenizer: the policy's tokenizer; `chat_template` the template its prompts are rendered with
+      (`sdar_jax.chat_templates.resolve_chat_template` picks it from the config).
     sampling: sampling parameters of every turn.
     max_turns / history_length: episode cap and prompt history window.
     max_prompt_len / truncation: a student prompt longer than `max_prompt_len` tokens is an error
-      ("error", the reference for ALFWorld/WebShop) or keeps its last tokens ("left").
+      ("error", the reference for ALFWorld/WebShop) or keeps its last tokens ("left"; the first
+      cut is logged as a warning, every cut is marked on its `Turn.prompt_truncated_from`).
     retriever: an `envs.skills.SkillRetriever` (needed for a teacher or Skill-GRPO).
     with_teacher: build teacher prompts (skill block + the student prompt).
     skills_in_student: Skill-GRPO: the block goes inside the student's user message.
@@ -104,7 +111,7 @@ class AgentLoop:
     adapter: EnvAdapter,
     sampler: Sampler,
     tokenizer: Tokenizer,
-    chat_template: str,
+    chat_template: ChatTemplate,
     sampling: SamplingParams,
     max_turns: int,
     history_length: int = 2,
@@ -120,6 +127,11 @@ class AgentLoop:
       raise ValueError(f"rollout.prompt_truncation={truncation!r}; choose 'error' or 'left'.")
     if (with_teacher or skills_in_student) and retriever is None:
       raise ValueError("A teacher branch or Skill-GRPO needs a skill retriever (env.skills).")
+    if not isinstance(chat_template, ChatTemplate):
+      raise TypeError(
+        f"chat_template={chat_template!r} is not a ChatTemplate. Fix: pass "
+        "sdar_jax.chat_templates.ChatTemplate.builtin(name) or resolve_chat_template(...)."
+      )
     self.pool = pool
     self.adapter = adapter
     self.sampler = sampler
@@ -135,12 +147,12 @@ class AgentLoop:
     self.skills_in_student = skills_in_student
     self.enable_thinking = enable_thinking
     self.progress = progress
+    self.truncated_prompts = 0  # student prompts cut by truncation="left" so far
 
   # ------------------------------------------------------------------------------- prompts
   def _template(self, user: str) -> str:
-    return apply_chat_template(
+    return self.chat_template.render(
       [{"role": "user", "content": user}],
-      self.chat_template,
       add_generation_prompt=True,
       enable_thinking=self.enable_thinking,
     )
@@ -149,6 +161,19 @@ class AgentLoop:
     if len(ids) <= self.max_prompt_len:
       return ids
     if self.truncation == "left":
+      if not self.truncated_prompts:
+        logging.warning(
+          "%s: a prompt of %d tokens was cut to its last %d (rollout.max_prompt_len, "
+          "rollout.prompt_truncation=left): the model no longer sees the start of its context "
+          "and the teacher gets the same cut prompt. Raise --config.rollout.max_prompt_len (or "
+          "shorten env.history) to keep whole prompts. Further cuts are not logged; the metrics "
+          "count them (episode/truncated_prompts in training, val/truncated_prompts in "
+          "validation).",
+          where,
+          len(ids),
+          self.max_prompt_len,
+        )
+      self.truncated_prompts += 1
       return ids[-self.max_prompt_len :]
     raise PromptTooLongError(
       f"{where}: the prompt has {len(ids)} tokens, more than rollout.max_prompt_len="
@@ -160,25 +185,45 @@ class AgentLoop:
     self, view: EpisodeView, sample_id: Any, where: str
   ) -> tuple[list[int], list[int] | None]:
     """(student prompt ids, teacher prompt ids or None) for one episode's current turn."""
+    student, teacher, _ = self._build_prompts(view, sample_id, where)
+    return student, teacher
+
+  def _build_prompts(
+    self, view: EpisodeView, sample_id: Any, where: str
+  ) -> tuple[list[int], list[int] | None, int | None]:
+    """`build_prompts` plus the student prompt's length before truncation (None when uncut).
+
+    Student: the chat-templated user message (Skill-GRPO: `SkillRetriever.student_block` at the
+    start of the message), then fitted to max_prompt_len. Teacher: the privileged block's ids followed
+    by the fitted student ids, so both branches share the student's context token for token (with
+    Skill-GRPO the student prompt already holds skills and is the teacher prompt as well).
+    """
     user = self.adapter.user_text(view, self.history_length)
-    block = ""
-    if self.with_teacher or self.skills_in_student:
-      block = self.retriever.privileged_block(
-        task_type=view.task_type,
-        gamefile=view.gamefile,
-        query=self.adapter.skill_query(view),
-        sample_id=sample_id,
-      )
     if self.skills_in_student:
-      user = block + user
-    student_text = self._template(user)
-    student = self._fit(self.tokenizer.encode(student_text), where)
+      user = (
+        self.retriever.student_block(
+          user,
+          task_type=view.task_type,
+          gamefile=view.gamefile,
+          query=self.adapter.skill_query(view),
+          sample_id=sample_id,
+        )
+        + user
+      )
+    full = self.tokenizer.encode(self._template(user))
+    student = self._fit(full, where)
     teacher = None
     if self.with_teacher:
-      teacher = (
-        self.tokenizer.encode(block + student_text) if not self.skills_in_student else student
-      )
-    return student, teacher
+      teacher = student
+      if not self.skills_in_student:
+        block = self.retriever.privileged_block(
+          task_type=view.task_type,
+          gamefile=view.gamefile,
+          query=self.adapter.skill_query(view),
+          sample_id=sample_id,
+        )
+        teacher = self.tokenizer.encode(block) + student
+    return student, teacher, (len(full) if len(full) > len(student) else None)
 
   # ------------------------------------------------------------------------------- rollout
   def run(
@@ -210,11 +255,11 @@ class AgentLoop:
       if not active:
         break
       prompts = [
-        self.build_prompts(views[i], (episodes[i].group_id, turn), f"env {i} turn {turn}")
+        self._build_prompts(views[i], (episodes[i].group_id, turn), f"env {i} turn {turn}")
         for i in active
       ]
       rng, key = jax.random.split(rng)
-      out = self.sampler.generate(params, [p for p, _ in prompts], sampling, key)
+      out = self.sampler.generate(params, [p for p, _, _ in prompts], sampling, key)
       texts = self.tokenizer.decode_batch(out.tokens, skip_special_tokens=True)
       actions = [self.adapter.project(text) for text in texts]
       results = self.pool.step([a for a, _ in actions], active)
@@ -231,6 +276,7 @@ class AgentLoop:
             policy_version=policy_version,
             finish_reason=out.finish_reasons[k],
             observation=view.observation,
+            prompt_truncated_from=prompts[k][2],
           )
         )
         view.history.append((view.observation, actions[k][0]))

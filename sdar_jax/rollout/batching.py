@@ -1,8 +1,8 @@
 """Episodes -> scored turn-samples (GRPO advantages) -> fixed-shape `TurnBatch` arrays.
 
-One training sample per turn (reference §4.7): that turn's prompt (with its history window) and
+One training sample per turn (docs/reference.md §4.7): that turn's prompt (with its history window) and
 that turn's response. Every turn of an episode carries the episode return, minus the invalid-format
-penalty of that turn (§4.4); advantages are normalised over all turn-samples of a GRPO group (§2.1).
+penalty of that turn (docs/reference.md §4.4); advantages are normalised over all turn-samples of a GRPO group (docs/reference.md §2.1).
 
 Shapes are bucketed so the compiled update sees a bounded set of shapes: prompt lengths use the
 sampler's prompt buckets, response lengths its new-token buckets, and a mini-batch that is not full
@@ -12,7 +12,7 @@ is padded with rows whose masks are all zero (they add no tokens, no gradient, n
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

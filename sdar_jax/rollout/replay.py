@@ -9,7 +9,7 @@ older samples are dropped and counted, never trained on.
 from __future__ import annotations
 
 import collections
-from typing import Sequence
+from collections.abc import Sequence
 
 from sdar_jax.rollout.batching import TurnSample
 

@@ -23,6 +23,7 @@ class Turn:
   teacher_prompt_ids: list[int] | None = None  # privileged skill block + the same prompt
   finish_reason: str = ""
   observation: str = ""  # the observation the prompt was built from
+  prompt_truncated_from: int | None = None  # prompt length before left truncation (None: uncut)
 
 
 @dataclasses.dataclass
@@ -45,6 +46,11 @@ class Episode:
   @property
   def length(self) -> int:
     return len(self.turns)
+
+  @property
+  def truncated_prompts(self) -> int:
+    """Turns whose student prompt was cut by left truncation."""
+    return sum(t.prompt_truncated_from is not None for t in self.turns)
 
   @property
   def valid_action_ratio(self) -> float:

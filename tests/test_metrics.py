@@ -1,0 +1,190 @@
+"""Run logging: metrics.jsonl rows after a resume, TensorBoard event files, progress lines, the
+logging levels of the entry points."""
+
+from __future__ import annotations
+
+import glob
+import json
+import logging
+import re
+import struct
+import subprocess
+import sys
+import textwrap
+
+from sdar_jax.metrics import MetricsLogger, read_history
+from sdar_jax.progress import Progress, configure_logging, format_duration
+
+
+def _steps(path) -> list[int]:
+  with open(path) as f:
+    return [json.loads(line)["step"] for line in f]
+
+
+def test_drop_rows_after_keeps_each_step_once(tmp_path):
+  """A run killed after logging step 3 but before checkpoint 3 resumes at 2: row 3 goes, and the
+  re-run of iteration 3 leaves one row per step."""
+  logger = MetricsLogger(str(tmp_path))
+  for step in range(4):
+    logger.log(step, {"x": float(step)}, echo=False)
+  with open(logger.path, "a") as f:
+    f.write('{"step": 4, "x": ')  # torn by the kill mid-write
+  assert logger.drop_rows_after(2) == 2
+  assert _steps(logger.path) == [0, 1, 2]
+  logger.log(3, {"x": 30.0}, echo=False)
+  assert _steps(logger.path) == [0, 1, 2, 3]
+  assert read_history(logger.path)[3]["x"] == 30.0
+  assert logger.drop_rows_after(-1) == 4  # restart before any checkpoint: nothing is kept
+  assert _steps(logger.path) == []
+
+
+def _tfrecords(path):
+  """The payloads of a TFRecord file (u64 length, u32 crc, data, u32 crc per record)."""
+  with open(path, "rb") as f:
+    data = f.read()
+  pos = 0
+  while pos < len(data):
+    (n,) = struct.unpack("<Q", data[pos : pos + 8])
+    yield data[pos + 12 : pos + 12 + n]
+    pos += 12 + n + 4
+
+
+def test_tensorboard_event_file_holds_the_scalars(tmp_path):
+  from tensorboardX.proto import event_pb2
+
+  logger = MetricsLogger(str(tmp_path), tensorboard=True)
+  logger.log(1, {"train/loss": 0.5, "val/success_rate": 0.25}, echo=False)
+  logger.log(2, {"train/loss": 0.125}, echo=False)
+  logger.close()
+  (events,) = glob.glob(str(tmp_path / "events.out.tfevents.*"))
+  scalars = {}
+  for payload in _tfrecords(events):
+    event = event_pb2.Event.FromString(payload)
+    for value in event.summary.value:
+      scalars[(value.tag, event.step)] = value.simple_value
+  assert scalars == {
+    ("train/loss", 1): 0.5,
+    ("val/success_rate", 1): 0.25,
+    ("train/loss", 2): 0.125,
+  }
+
+
+def test_tensorboard_missing_is_a_warning_not_an_error(tmp_path, monkeypatch, caplog):
+  import builtins
+
+  real_import = builtins.__import__
+
+  def no_tensorboardx(name, *args, **kwargs):
+    if name == "tensorboardX":
+      raise ImportError("no tensorboardX")
+    return real_import(name, *args, **kwargs)
+
+  monkeypatch.setattr(builtins, "__import__", no_tensorboardx)
+  with caplog.at_level(logging.WARNING, logger="sdar_jax"):
+    logger = MetricsLogger(str(tmp_path), tensorboard=True)
+  assert "tensorboardX is not installed" in caplog.text
+  logger.log(1, {"x": 1.0}, echo=False)
+  assert _steps(logger.path) == [1]
+
+
+def test_progress_line_elapsed_and_eta():
+  """Iterations of 30 s after a first one of 100 s (compilation): the ETA uses the 30 s ones."""
+  now = [1000.0]
+  progress = Progress(total=10, start=0, clock=lambda: now[0])
+  assert progress.eta(0) is None
+  now[0] += 100.0
+  assert progress.tick() == 100.0
+  assert progress.eta(1) == 9 * 100.0
+  for _ in range(2):
+    now[0] += 30.0
+    progress.tick()
+  assert progress.elapsed == 160.0
+  assert progress.eta(3) == 7 * 30.0
+  assert progress.line(3, 30.0) == ("iteration 3/10 (30%) in 30.0s, elapsed 0:02:40, ETA 0:03:30")
+
+
+def test_progress_after_resume_counts_remaining_iterations():
+  now = [0.0]
+  progress = Progress(total=10, start=6, clock=lambda: now[0])
+  now[0] += 12.0
+  progress.tick()
+  assert progress.eta(7) == 3 * 12.0
+
+
+def test_format_duration():
+  assert format_duration(4.0) == "4.0s"
+  assert format_duration(59.0) == "59.0s"
+  assert format_duration(3723.0) == "1:02:03"
+
+
+def test_configure_logging_levels():
+  ours, root = logging.getLogger("sdar_jax"), logging.getLogger()
+  before = ours.level, root.level
+  try:
+    root.setLevel(logging.DEBUG)
+    configure_logging(verbosity_given=True)  # --verbosity given: inherit absl's root level
+    assert ours.level == logging.NOTSET and root.level == logging.DEBUG
+    configure_logging(verbosity_given=False)  # default: our INFO lines, others' warnings
+    assert ours.level == logging.INFO and root.level == logging.WARNING
+  finally:
+    ours.setLevel(before[0])
+    root.setLevel(before[1])
+
+
+def test_metrics_logger_echo_goes_through_logging(tmp_path, caplog):
+  with caplog.at_level(logging.INFO, logger="sdar_jax"):
+    MetricsLogger(str(tmp_path)).log(7, {"episode/success_rate": 0.5, "other": 1.0})
+  (record,) = [r for r in caplog.records if r.name == "sdar_jax.metrics"]
+  assert record.getMessage() == "[step 7] episode/success_rate=0.5"
+
+
+def _python(code: str, *args: str) -> subprocess.CompletedProcess:
+  return subprocess.run(
+    [sys.executable, "-c", textwrap.dedent(code), *args],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    check=True,
+  )
+
+
+_ABSL_PROGRAM = """
+  import logging
+  from absl import app
+
+  def main(argv):
+    from sdar_jax.progress import ensure_log_handler
+
+    ensure_log_handler()  # what the Trainer does first
+    logging.getLogger("sdar_jax.trainer").info("iteration 1/3")
+    logging.getLogger("orbax").info("orbax detail")
+
+  app.run(main)
+"""
+
+
+def test_absl_program_shows_our_info_lines_with_timestamps():
+  """`python -m sdar_jax.train` shape: absl's handler, default verbosity. Our INFO lines show with
+  absl's time prefix; other libraries' INFO stays hidden; --verbosity=-1 hides ours too."""
+  out = _python(_ABSL_PROGRAM)
+  (line,) = [x for x in out.stderr.splitlines() if "iteration 1/3" in x]
+  assert re.match(r"I\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\] iteration 1/3$", line), line
+  assert "orbax detail" not in out.stderr
+  quiet = _python(_ABSL_PROGRAM, "--verbosity=-1")
+  assert "iteration 1/3" not in quiet.stderr
+  loud = _python(_ABSL_PROGRAM, "--verbosity=0")
+  assert "iteration 1/3" in loud.stderr and "orbax detail" in loud.stderr
+
+
+def test_library_use_gets_a_timestamped_handler():
+  out = _python(
+    """
+    import logging
+    from sdar_jax.progress import ensure_log_handler
+
+    ensure_log_handler()
+    logging.getLogger("sdar_jax.trainer").info("iteration 1/3")
+    """
+  )
+  line = out.stderr.strip()
+  assert re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d I sdar_jax.trainer\] iteration 1/3$", line), line

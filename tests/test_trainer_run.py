@@ -1,0 +1,356 @@
+"""The host loop as a user runs it: evaluating a run's checkpoints, progress lines, metric rows
+every `logging.every`, `checkpoint.every=0`, runs whose environments all fail, a kill between a
+metrics row and its checkpoint, the workdir lock, options that are refused.
+
+A tiny model on the real ALFWorld engine over a (2, 1, 4) mesh of fake CPU devices; the broken-env
+runs use generated games whose PDDL problem is cut off, so every env fails at reset.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _config(total_steps: int, **overrides):
+  from configs import alfworld, common
+
+  config = alfworld.get_config("model=tiny,algo=sdar,local=True")
+  common.override(
+    config,
+    {
+      "mesh.data": 2,
+      "mesh.fsdp": 1,
+      "mesh.tensor": 4,
+      "env.tasks_per_step": 1,
+      "env.group_size": 2,
+      "env.max_turns": 2,
+      "env.num_workers": 1,
+      "env.offline.num_train": 1,
+      "env.offline.num_eval": 1,
+      "eval.num_tasks": 2,
+      "rollout.max_new_tokens": 16,
+      "train.total_steps": total_steps,
+      "train.mini_batch_size": 4,
+      "train.micro_batch_size": 2,
+      "warm_start.steps": 0,
+      "checkpoint.async_save": False,
+      "checkpoint.export_hf": False,
+      "logging.tensorboard": False,
+      **overrides,
+    },
+  )
+  return config
+
+
+def _rows(path):
+  with open(path) as f:
+    return [json.loads(line) for line in f]
+
+
+class _Records(logging.Handler):
+  def __init__(self):
+    super().__init__(logging.INFO)
+    self.messages: list[tuple[str, int, str]] = []
+
+  def emit(self, record):
+    self.messages.append((record.name, record.levelno, record.getMessage()))
+
+
+@pytest.fixture(scope="module")
+def data_cache(tmp_path_factory):
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setenv("SDAR_DATA_CACHE", str(tmp_path_factory.mktemp("cache")))
+    yield
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, data_cache):
+  """3 iterations: eval before training and at 3, checkpoints at 2 and 3, rows every 2."""
+  from sdar_jax import trainer
+
+  workdir = str(tmp_path_factory.mktemp("run"))
+  config = _config(
+    3, **{"train.eval_every": 3, "checkpoint.every": 2, "logging.every": 2, "checkpoint.keep": 5}
+  )
+  records = _Records()
+  ours = logging.getLogger("sdar_jax")
+  level = ours.level
+  ours.addHandler(records)
+  ours.setLevel(logging.INFO)
+  try:
+    trainer.run(config, workdir)
+  finally:
+    ours.removeHandler(records)
+    ours.setLevel(level)
+  return workdir, config, records.messages
+
+
+def _run_files(workdir) -> dict[str, str]:
+  """sha256 of every file of the run outside eval/."""
+  out = {}
+  for path in glob.glob(os.path.join(workdir, "**"), recursive=True):
+    rel = os.path.relpath(path, workdir)
+    if os.path.isfile(path) and not rel.startswith("eval" + os.sep):
+      with open(path, "rb") as f:
+        out[rel] = hashlib.sha256(f.read()).hexdigest()
+  return out
+
+
+# ------------------------------------------------------------------------------------ training
+def test_rows_every_logging_every_and_checkpoints(trained):
+  from sdar_jax.checkpoint import CheckpointManager
+
+  workdir, _, _ = trained
+  rows = _rows(os.path.join(workdir, "metrics.jsonl"))
+  assert [r["step"] for r in rows] == [0, 2, 3]  # eval row 0, every 2nd, the last (with eval)
+  assert "val/success_rate" in rows[0] and "val/success_rate" in rows[2]
+  assert "train/loss" in rows[1] and rows[1]["episode/env_failures"] == 0
+  with CheckpointManager(os.path.join(workdir, "checkpoints"), read_only=True) as ckpt:
+    assert ckpt.all_steps() == [2, 3]
+  assert os.path.exists(os.path.join(workdir, "metrics.png"))
+  assert not os.path.exists(os.path.join(workdir, ".sdar_jax.lock"))  # released at the end
+
+
+def test_progress_lines_and_compile_messages(trained):
+  _, _, messages = trained
+  progress = [m for name, _, m in messages if name == "sdar_jax.trainer" and "iteration " in m]
+  for k in (1, 2, 3):
+    (line,) = [m for m in progress if m.startswith(f"iteration {k}/3 ")]
+    assert re.search(r" in [\d.:]+s?, elapsed [\d.:]+s?, ETA [\d.:]+s? \| ", line), line
+    assert "episode/valid_action_ratio=" in line and "train/loss=" in line
+  assert "val/success_rate=" in next(m for m in progress if m.startswith("iteration 3/3 "))
+  compiling = [m for _, _, m in messages if m.startswith("compiling the ")]
+  assert any(m.startswith("compiling the sampler") for m in compiling)
+  assert any(m.startswith("compiling the update") for m in compiling)
+
+
+# ------------------------------------------------------------------------------------ evaluation
+def test_evaluate_latest_checkpoint_reproduces_the_runs_evaluation(trained, monkeypatch):
+  """The run's own evaluation at step 3 and an eval-only run of checkpoint 3 play the same
+  episodes with the same parameters; the run's files are not touched, no optimizer is built."""
+  from sdar_jax import evaluate, trainer
+
+  workdir, config, _ = trained
+  before = _run_files(workdir)
+  plan = evaluate.plan_evaluation(config, workdir)
+  assert plan.params_from == (os.path.join(workdir, "checkpoints"), 3)
+  assert plan.output == os.path.join(workdir, "eval", "step_3")
+
+  def forbidden(*args, **kwargs):
+    raise AssertionError("an evaluation built training state")
+
+  monkeypatch.setattr(trainer, "create_train_state", forbidden)
+  monkeypatch.setattr(trainer, "train_step_from_config", forbidden)
+  monkeypatch.setattr(trainer, "abstract_train_state", forbidden)
+  from sdar_jax.workdir_lock import WorkdirLock
+
+  with WorkdirLock(workdir):  # a training run holding its workdir does not block evaluation
+    t = trainer.Trainer(config, plan.output, eval_only=True, params_from=plan.params_from)
+    try:
+      assert t.state is None and t.ref_params is None and t.pool is None and t.ckpt is None
+      row = t.run()
+    finally:
+      t.close()
+  assert row["step"] == 3
+  trained_row = _rows(os.path.join(workdir, "metrics.jsonl"))[-1]
+  val = [k for k in trained_row if k.startswith("val/") and "seconds" not in k]
+  assert "val/success_rate" in val and "val/valid_action_ratio" in val
+  for key in val:
+    assert row[key] == trained_row[key], key
+  out = plan.output
+  assert [r["step"] for r in _rows(os.path.join(out, "metrics.jsonl"))] == [3]
+  assert os.path.exists(os.path.join(out, "metrics.png"))
+  with open(os.path.join(out, "config.json")) as f:
+    assert json.load(f)["train"]["total_steps"] == 3
+  with open(os.path.join(out, trainer.EVAL_RECORD)) as f:
+    assert json.load(f)["evaluated"]["step"] == 3
+  assert _run_files(workdir) == before
+
+
+def test_evaluate_a_chosen_step_and_again(trained):
+  from sdar_jax import evaluate, trainer
+
+  workdir, config, _ = trained
+  plan = evaluate.plan_evaluation(config, workdir, step=2)
+  assert plan.output == os.path.join(workdir, "eval", "step_2")
+  for _ in range(2):  # evaluating again replaces the results
+    row = trainer.run_evaluation(config, plan.output, plan.params_from)
+    assert row["step"] == 2 and "val/success_rate" in row
+    assert [r["step"] for r in _rows(os.path.join(plan.output, "metrics.jsonl"))] == [2]
+  with pytest.raises(evaluate.EvaluationError, match=r"its steps are \[2, 3\]"):
+    evaluate.plan_evaluation(config, workdir, step=1)
+  with pytest.raises(evaluate.EvaluationError, match="never writes into a run's files"):
+    evaluate.plan_evaluation(config, workdir, output=workdir)
+  before = _run_files(workdir)
+  with pytest.raises(FileExistsError, match="never writes into a run's files"):
+    trainer.run_evaluation(config, workdir, plan.params_from)  # the library call guards too
+  assert _run_files(workdir) == before
+
+
+def test_evaluate_refuses_a_run_without_checkpoints_as_output(trained, tmp_path):
+  from sdar_jax import evaluate
+
+  _, config, _ = trained
+  run = tmp_path / "young_run"
+  run.mkdir()
+  (run / "config.json").write_text("{}")  # a training run that has not saved yet
+  with pytest.raises(evaluate.EvaluationError, match="holds a training run"):
+    evaluate.plan_evaluation(config, str(run))
+  with pytest.raises(evaluate.EvaluationError, match="holds no checkpoint"):
+    evaluate.plan_evaluation(config, str(run), step=3)
+  plan = evaluate.plan_evaluation(config, str(run), output=str(tmp_path / "results"))
+  assert plan.params_from is None and plan.output == str(tmp_path / "results")
+  with pytest.raises(evaluate.EvaluationError, match="eval.num_tasks=0"):
+    evaluate.plan_evaluation(_config(1, **{"eval.num_tasks": 0}), str(tmp_path / "results"))
+
+
+def _cli(*args):
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  env.pop("XLA_FLAGS", None)
+  return subprocess.run(
+    [sys.executable, "-m", "sdar_jax.evaluate", *args],
+    capture_output=True,
+    text=True,
+    cwd=_REPO,
+    env=env,
+    timeout=600,
+    check=False,
+  )
+
+
+def test_evaluate_cli_dry_run_names_the_checkpoint_with_timestamps(trained, tmp_path):
+  """The CLI resolves the latest checkpoint, logs it on a timestamped line, writes nothing; an
+  explicit --verbosity=-1 (warnings only) hides that INFO line."""
+  workdir, _, _ = trained
+  out = tmp_path / "out"
+  args = (
+    "--config=configs/alfworld.py:model=tiny,local=True",
+    f"--workdir={workdir}",
+    f"--output={out}",
+    "--dry_run",
+  )
+  result = _cli(*args)
+  assert result.returncode == 0, result.stderr
+  assert f"checkpoint step 3 of {workdir}/checkpoints" in result.stdout
+  info = [line for line in result.stderr.splitlines() if "evaluating checkpoint step 3" in line]
+  assert info and re.match(r"I\d{4} \d\d:\d\d:\d\d\.\d+ ", info[0]), result.stderr
+  assert not out.exists()
+  quiet = _cli(*args, "--verbosity=-1")
+  assert quiet.returncode == 0, quiet.stderr
+  assert "evaluating checkpoint step 3" not in quiet.stderr
+
+
+# ------------------------------------------------------------------------------------ failures
+@pytest.fixture(scope="module")
+def broken_data(tmp_path_factory, data_cache):
+  """The generated games with every training game's PDDL problem cut off: each env fails at
+  reset (a Fast Downward parse error)."""
+  from sdar_jax.trainer import offline_alfworld_dir
+
+  source = offline_alfworld_dir(_config(1).env)
+  data = str(tmp_path_factory.mktemp("broken") / "alfworld")
+  shutil.copytree(source, data)
+  for path in glob.glob(os.path.join(data, "train", "*", "*", "game.tw-pddl")):
+    with open(path) as f:
+      game = json.load(f)
+    game["pddl_problem"] = "(define (problem cut-off"
+    with open(path, "w") as f:
+      json.dump(game, f)
+  return data
+
+
+def _broken(total_steps: int, data: str, **overrides):
+  return _config(
+    total_steps,
+    **{"env.data_dir": data, "train.eval_every": 0, "train.eval_before_train": False, **overrides},
+  )
+
+
+def test_every_env_failing_stops_the_run(broken_data, tmp_path, caplog):
+  from sdar_jax import trainer
+  from sdar_jax.workdir_lock import WorkdirLock
+
+  workdir = str(tmp_path / "run")
+  config = _broken(5, broken_data, **{"train.max_failed_iterations": 2})
+  with (
+    caplog.at_level(logging.INFO, logger="sdar_jax"),
+    pytest.raises(trainer.EnvFailureError) as e,
+  ):
+    trainer.run(config, workdir)
+  msg = str(e.value)
+  assert "every environment failed in 2 consecutive iterations" in msg
+  assert "train.max_failed_iterations=2" in msg
+  assert "ParseError" in msg and os.path.join(broken_data, "train") in msg and "game.tw-pddl" in msg
+  shown = [r for r in caplog.records if "failed: env raised during reset: ParseError" in r.message]
+  assert len(shown) == 1  # the first error of its kind, once, with its env and game file
+  assert shown[0].levelno == logging.WARNING
+  assert "episode env " in shown[0].message and "game.tw-pddl" in shown[0].message
+  rows = _rows(os.path.join(workdir, "metrics.jsonl"))
+  assert [r["step"] for r in rows] == [1]  # iteration 2 raised before its row
+  assert rows[0]["episode/env_failures"] == 2
+  WorkdirLock(workdir).acquire().release()  # the lock was released on the way out
+
+
+def test_checkpoint_every_zero_saves_at_the_end(broken_data, tmp_path):
+  from sdar_jax import trainer
+  from sdar_jax.checkpoint import CheckpointManager
+
+  workdir = str(tmp_path / "run")
+  trainer.run(_broken(2, broken_data, **{"checkpoint.every": 0}), workdir)
+  with CheckpointManager(os.path.join(workdir, "checkpoints"), read_only=True) as ckpt:
+    assert ckpt.all_steps() == [2]
+
+
+def test_kill_between_row_and_checkpoint_logs_each_step_once(broken_data, tmp_path, monkeypatch):
+  from sdar_jax import trainer
+
+  workdir = str(tmp_path / "run")
+  config = _broken(3, broken_data, **{"checkpoint.every": 2, "train.max_failed_iterations": 10})
+  real_save = trainer.Trainer.save
+
+  def killed_at_3(self, force=False):
+    if self.loop_state.iteration == 3:
+      raise KeyboardInterrupt("killed after logging row 3, before checkpoint 3")
+    real_save(self, force)
+
+  monkeypatch.setattr(trainer.Trainer, "save", killed_at_3)
+  with pytest.raises(KeyboardInterrupt):
+    trainer.run(config, workdir)
+  assert [r["step"] for r in _rows(os.path.join(workdir, "metrics.jsonl"))] == [1, 2, 3]
+  monkeypatch.undo()
+  trainer.run(config, workdir)  # resumes at checkpoint 2 and runs iteration 3 again
+  assert [r["step"] for r in _rows(os.path.join(workdir, "metrics.jsonl"))] == [1, 2, 3]
+
+
+def test_second_trainer_on_a_workdir_is_refused(broken_data, tmp_path):
+  from sdar_jax import trainer
+  from sdar_jax.workdir_lock import WorkdirLock, WorkdirLockedError
+
+  workdir = tmp_path / "run"
+  refused = pytest.raises(WorkdirLockedError, match=f"pid {os.getpid()} on host")
+  with WorkdirLock(workdir, purpose="training"), refused:
+    trainer.Trainer(_broken(1, broken_data), str(workdir))
+  assert sorted(os.listdir(workdir)) == []  # nothing written by the refused trainer
+
+
+def test_max_staleness_is_refused_before_anything_is_written(tmp_path):
+  from sdar_jax import trainer
+
+  config = _config(1, **{"train.max_staleness": 2})
+  with pytest.raises(ValueError, match=r"train.max_staleness=2: asynchronous training"):
+    trainer.Trainer(config, str(tmp_path / "run"))
+  assert not (tmp_path / "run").exists()
