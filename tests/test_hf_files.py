@@ -128,3 +128,36 @@ def test_export_without_a_source_writes_the_qwen_generation_config(params, tmp_p
   with open(os.path.join(out, "generation_config.json")) as f:
     assert json.load(f) == QWEN_GENERATION_CONFIG
   assert os.path.exists(os.path.join(out, "chat_template.jinja"))
+
+
+def test_export_with_another_tokenizer_writes_that_tokenizers_stop_ids(params, tmp_path):
+  """A compact tokenizer's <|im_end|> / <|endoftext|> are not Qwen's ids: an export must name the
+  exported tokenizer's own ids, or transformers' generate would never stop."""
+  compact = os.path.join(
+    os.path.dirname(__file__), "..", "sdar_jax", "assets", "tokenizers", "alfworld_compact"
+  )
+  with open(os.path.join(compact, "tokenizer.json")) as f:
+    added = {t["content"]: t["id"] for t in json.load(f)["added_tokens"]}
+  out = export_hf(SMALL_QWEN3, params, tmp_path / "export", tokenizer_dir=compact)
+  with open(os.path.join(out, "generation_config.json")) as f:
+    generation = json.load(f)
+  with open(os.path.join(out, "config.json")) as f:
+    config = json.load(f)
+  assert generation["eos_token_id"][0] == config["eos_token_id"] == added["<|im_end|>"]
+  assert generation["pad_token_id"] == added["<|endoftext|>"]
+  assert max(added.values()) < 151643  # not the Qwen ids
+
+
+def test_export_with_the_qwen_tokenizer_writes_the_published_qwen_ids(params, tmp_path):
+  from sdar_jax.tokenizer import Tokenizer
+
+  out = export_hf(
+    SMALL_QWEN3, params, tmp_path / "export", tokenizer_dir=Tokenizer.bundled_qwen().path
+  )
+  with open(os.path.join(out, "generation_config.json")) as f:
+    # Qwen2.5-*-Instruct's published generation_config.json ids.
+    assert json.load(f) == {
+      "bos_token_id": 151643,
+      "eos_token_id": [151645, 151643],
+      "pad_token_id": 151643,
+    }

@@ -415,6 +415,34 @@ QWEN_GENERATION_CONFIG = {
 }
 
 
+def tokenizer_special_ids(tokenizer_dir: str | os.PathLike) -> dict[str, Any] | None:
+  """{"bos_token_id", "eos_token_id", "pad_token_id"} of the tokenizer in `tokenizer_dir` (its
+  tokenizer_config.json's eos / pad tokens looked up in tokenizer.json's added tokens), or None
+  when they cannot be read. For the Qwen tokenizer this is QWEN_GENERATION_CONFIG's ids."""
+  try:
+    with open(os.path.join(tokenizer_dir, "tokenizer_config.json")) as f:
+      tokenizer_config = json.load(f)
+    with open(os.path.join(tokenizer_dir, "tokenizer.json")) as f:
+      added = {t["content"]: t["id"] for t in json.load(f).get("added_tokens", [])}
+  except (OSError, ValueError, KeyError, TypeError):
+    return None
+
+  def token_id(key: str) -> int | None:
+    token = tokenizer_config.get(key)
+    if isinstance(token, dict):  # {"content": ...} form of older tokenizer configs
+      token = token.get("content")
+    return added.get(token) if isinstance(token, str) else None
+
+  eos, pad = token_id("eos_token"), token_id("pad_token")
+  if eos is None or pad is None:
+    return None
+  return {
+    "bos_token_id": pad,
+    "eos_token_id": sorted({eos, pad}, key=[eos, pad].index),
+    "pad_token_id": pad,
+  }
+
+
 def _fresh_dir(parent: str, prefix: str) -> str:
   """A new, uniquely named directory in `parent` with the permissions `os.makedirs` gives (0o777
   minus the umask; `tempfile.mkdtemp` would make it 0o700, unreadable to the rest of a team)."""
@@ -449,14 +477,22 @@ def save_pretrained(
   os.makedirs(parent, exist_ok=True)
   tmp = _fresh_dir(parent, prefix=".tmp-" + os.path.basename(out_dir) + "-")
   try:
+    # Stop / pad ids: the tokenizer's own when it is exported with the weights (a compact
+    # tokenizer's ids are not Qwen's), else the Qwen chat models' ids.
+    special_ids = (tokenizer_special_ids(tokenizer_dir) if tokenizer_dir else None) or dict(
+      QWEN_GENERATION_CONFIG
+    )
+    hf_config = config.to_hf_config()
+    hf_config["bos_token_id"] = special_ids["bos_token_id"]
+    hf_config["eos_token_id"] = special_ids["eos_token_id"][0]
     with open(os.path.join(tmp, "config.json"), "w") as f:
-      json.dump(config.to_hf_config(), f, indent=2)
+      json.dump(hf_config, f, indent=2)
     source_generation = os.path.join(os.fspath(source_dir or ""), "generation_config.json")
     if source_dir is not None and os.path.isfile(source_generation):
       shutil.copy(source_generation, tmp)
     else:
       with open(os.path.join(tmp, "generation_config.json"), "w") as f:
-        json.dump(QWEN_GENERATION_CONFIG, f, indent=2)
+        json.dump(special_ids, f, indent=2)
     shards: list[dict[str, np.ndarray]] = [{}]
     size = 0
     for name, x in to_hf_tensors(config, params):
