@@ -15,16 +15,15 @@ import optax
 import pytest
 
 from sdar_jax.algos import get_preset
+from sdar_jax.batch import TurnBatch, TurnSample
 from sdar_jax.models import ModelConfig, forward, init_params
 from sdar_jax.rollout import pack_batch
-from sdar_jax.rollout.batching import TurnSample
 from sdar_jax.sampling import Sampler, SamplingParams
 from sdar_jax.train_state import create_train_state, make_optimizer
 from sdar_jax.train_step import (
   LossConfig,
-  TurnBatch,
+  TrainStep,
   loss_and_grads,
-  make_train_step,
   train_step_from_config,
 )
 
@@ -142,9 +141,7 @@ def test_lr_warmup_counts_iterations_not_optimizer_updates(params):
 def test_default_iteration_is_one_per_update(params):
   """Without `iteration` each update is its own iteration (one mini-batch per iteration)."""
   optimizer = make_optimizer(lr=1e-2, warmup_steps=2)
-  step = make_train_step(
-    CONFIG, GRPO, optimizer, lr_schedule=lambda k: 1e-2 * jnp.minimum(k, 2) / 2
-  )
+  step = TrainStep(CONFIG, GRPO, optimizer, lr_schedule=lambda k: 1e-2 * jnp.minimum(k, 2) / 2)
   state = fresh_state(params, optimizer)
   lrs = []
   for seed in range(3):
@@ -197,7 +194,7 @@ TEMPERATURE = 0.8
 def sampled(params):
   """(step, batch): responses from the real sampler (fp32) at TEMPERATURE, packed as the trainer
   packs them, and an update scoring at the same temperature."""
-  step = make_train_step(CONFIG, dict(GRPO, temperature=TEMPERATURE), make_optimizer(1e-3))
+  step = TrainStep(CONFIG, dict(GRPO, temperature=TEMPERATURE), make_optimizer(1e-3))
   return step, sampled_batch(params, TEMPERATURE)
 
 

