@@ -1,30 +1,48 @@
-"""Expert warm start: supervised fine-tuning on the planner's walkthroughs before RL.
+"""Expert warm start: SFT on expert turns before RL, with rollout-identical prompts.
 
-The offline ALFWorld generator exports, for every game, the planner's winning actions with the
-observation and admissible commands at each step (`walkthroughs/<split>.jsonl`). Each step becomes
-one turn-sample exactly as the agent loop would build it — the same prompt (task, history window,
-observation, admissible actions, chat template) — with the response
-``<think>...</think>\\n<action>ACTION</action><|im_end|>``. A few hundred steps of next-token
-likelihood on these responses give a small model the output format and the first moves, so the RL
-that follows starts from a policy that sometimes wins (a random policy never does, and GRPO then
-has no signal). The reference trains from instruction-tuned checkpoints instead; this is for
-models that start from scratch (the offline demo) or for ablations.
+Two sources of expert turns:
+- the planner's walkthroughs the offline generator exports (`walkthroughs/<split>.jsonl`): they go
+  straight to the hidden object, which no policy can copy without seeing where it is;
+- `envs.alfworld.expert.SearchExpert` played on the real engine (`record_expert_games`): an
+  expert that does not know where the object is and searches for it, in two modes. Without skills
+  it searches in a knowledge-free order and its turns get the plain student prompt; following
+  the skills it searches first where the skill text says objects of that type are kept, and its
+  turns get the prompt with the `[Privileged Skill Information]` block, built as the teacher
+  branch sees it (the block, then the chat-templated student prompt). Mixing both teaches a model
+  trained from scratch to read the skill text, so the skill-conditioned teacher of SDAR knows
+  more than the student (a pretrained instruction model can read it already).
+
+Each expert step becomes one turn-sample exactly as the agent loop would build it: the same prompt
+(task, history window, observation, admissible actions, chat template) and the response
+``<think>...</think>\n<action>ACTION</action><|im_end|>``. A few hundred steps of next-token
+likelihood give a small model the output format and the first moves, so the RL that follows starts
+from a policy that sometimes wins (a random policy never does, and GRPO then has no signal). The
+reference trains from instruction-tuned checkpoints instead; this is for models that start from
+scratch (the offline demo) or for ablations.
+
+`teacher_student_gap_on_expert` measures what the warm start taught: on held-out skill-following
+turns, the mean over response tokens of log p(response | skill prompt) - log p(response | plain
+prompt); positive when the skill text makes the model more confident of the skill-following
+actions, i.e. when the teacher branch has something to distil.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
+from sdar_jax.batch import TurnSample
 from sdar_jax.models import ModelConfig, Params
 from sdar_jax.rollout.agent_loop import AgentLoop, EpisodeView
-from sdar_jax.rollout.batching import TurnSample, pack_batch
+from sdar_jax.rollout.batching import pack_batch
 from sdar_jax.train_step import response_logprobs
 
 
@@ -45,11 +63,11 @@ def read_walkthroughs(path: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in f if line.strip()]
 
 
-def expert_samples(
-  records: Sequence[dict[str, Any]], loop: AgentLoop, end_token_id: int
-) -> list[TurnSample]:
-  """One sample per expert step, its prompt built by `loop` as during rollouts."""
-  samples = []
+def _record_turns(
+  records: Sequence[dict[str, Any]], loop: AgentLoop, end_token_id: int, skip_random: bool
+) -> list[tuple[dict[str, Any], list[int], list[int] | None, list[int], str]]:
+  """(record, plain prompt, skill prompt or None, response ids, action) per expert step."""
+  turns = []
   for r, record in enumerate(records):
     history: list[tuple[str, str]] = []
     for k, step in enumerate(record["steps"]):
@@ -61,24 +79,219 @@ def expert_samples(
         admissible=list(step.get("admissible_commands", [])),
         history=list(history),
       )
-      prompt, _ = loop.build_prompts(view, sample_id=(r, k), where=f"walkthrough {r} step {k}")
+      history.append((step["observation"], step["action"]))
+      if skip_random and step.get("random", False):
+        continue  # its prompt stays in the later turns' history, its action is not a target
+      plain, skill = loop.build_prompts(view, sample_id=(r, k), where=f"expert {r} step {k}")
       response = loop.tokenizer.encode(expert_response(record["task"], step["action"]))
       response.append(end_token_id)
-      samples.append(
-        TurnSample(
-          prompt_ids=prompt,
-          response_ids=response,
-          logprobs=[0.0] * len(response),
-          score=0.0,
-          advantage=0.0,
-          group_id=r,
-          policy_version=0,
-          valid=True,
-          task_type=view.task_type,
-        )
-      )
-      history.append((step["observation"], step["action"]))
+      turns.append((record, plain, skill, response, step["action"]))
+  return turns
+
+
+def _sample(
+  prompt: list[int],
+  response: list[int],
+  group: int,
+  task_type: str,
+  teacher: list[int] | None = None,
+) -> TurnSample:
+  return TurnSample(
+    prompt_ids=prompt,
+    response_ids=response,
+    logprobs=[0.0] * len(response),
+    score=0.0,
+    advantage=0.0,
+    group_id=group,
+    policy_version=0,
+    valid=True,
+    task_type=task_type,
+    teacher_prompt_ids=teacher,
+  )
+
+
+def _check_skill_loop(records: Sequence[dict[str, Any]], loop: AgentLoop) -> None:
+  if any(r.get("mode") == "skills" for r in records) and not loop.with_teacher:
+    raise ValueError(
+      "expert records in 'skills' mode need the skill prompt: build the loop with a skill "
+      "retriever and with_teacher=True (warm_start_loop does)."
+    )
+
+
+def expert_samples(
+  records: Sequence[dict[str, Any]],
+  loop: AgentLoop,
+  end_token_id: int,
+  *,
+  skip_random: bool = True,
+) -> list[TurnSample]:
+  """One SFT sample per expert step, its prompt built by `loop` as during rollouts.
+
+  Records of walkthroughs and of the "plain" expert get the student prompt; records of the
+  "skills" expert get the teacher's prompt (skill block + the student prompt), so `loop` must
+  build teacher prompts when there are any. Random turns of an imperfect expert are not targets
+  unless `skip_random` is False.
+  """
+  _check_skill_loop(records, loop)
+  rows = _record_turns(records, loop, end_token_id, skip_random)
+  index = {id(record): r for r, record in enumerate(records)}
+  return [
+    _sample(
+      skill if record.get("mode") == "skills" else plain,
+      response,
+      index[id(record)],
+      record.get("task_type", "unknown"),
+    )
+    for record, plain, skill, response, _ in rows
+  ]
+
+
+def gap_samples(
+  records: Sequence[dict[str, Any]], loop: AgentLoop, end_token_id: int
+) -> list[TurnSample]:
+  """The skill-following expert's steps as samples with the plain prompt (`prompt_ids`) and the
+  skill prompt (`teacher_prompt_ids`), for `teacher_student_gap_on_expert`."""
+  skill_records = [r for r in records if r.get("mode") == "skills"]
+  _check_skill_loop(skill_records, loop)
+  rows = _record_turns(skill_records, loop, end_token_id, skip_random=True)
+  samples = []
+  for record, plain, skill, response, action in rows:
+    sample = _sample(plain, response, 0, record.get("task_type", "unknown"), teacher=skill)
+    sample.score = 1.0 if action.startswith("go to ") else 0.0  # marks the search turns
+    samples.append(sample)
   return samples
+
+
+def warm_start_loop(loop: AgentLoop, retriever) -> AgentLoop:
+  """A prompt builder with `loop`'s settings (tokenizer, chat template, history window, prompt
+  limit and truncation) whose student prompt never holds skills and whose teacher prompt is
+  `retriever`'s skill block + the student prompt: the plain and the skill prompt of the warm start,
+  the same whatever the algorithm (Skill-GRPO included), so every ablation arm starts alike."""
+  return AgentLoop(
+    pool=None,
+    adapter=loop.adapter,
+    sampler=None,
+    tokenizer=loop.tokenizer,
+    chat_template=loop.chat_template,
+    sampling=loop.sampling,
+    max_turns=loop.max_turns,
+    history_length=loop.history_length,
+    max_prompt_len=loop.max_prompt_len,
+    truncation=loop.truncation,
+    retriever=retriever,
+    with_teacher=True,
+    skills_in_student=False,
+    enable_thinking=loop.enable_thinking,
+    progress=False,
+  )
+
+
+def record_expert_games(
+  pool,
+  tasks: Sequence[int],
+  retriever,
+  *,
+  epsilon: float = 0.0,
+  seed: int = 0,
+  search_order: str = "shuffled",
+  progress: bool = True,
+) -> list[dict[str, Any]]:
+  """Plays every game of `tasks` once with each expert mode (knowledge-free, then skill-following)
+  on `pool` (ALFWorld envs; their `max_steps` is the turn limit) and returns the episode records
+  (`envs.alfworld.expert.play_episodes`). The skill-following expert reads the skill text the
+  teacher's block holds at the game's first turn (`retriever.skill_text` for its task type, game
+  file and first observation): the block of every turn with the "rules" strategy; "bm25" and
+  "random" may pick other items on later turns."""
+  from tqdm import tqdm
+
+  from envs.alfworld.expert import MODES, play_episodes
+
+  def skill_text(info: dict[str, Any]) -> str:
+    query = f"{info.get('task', '')} {info.get('observation', '')}"  # the adapter's first query
+    return retriever.skill_text(
+      task_type=info.get("task_type"), gamefile=info.get("gamefile"), query=query
+    )
+
+  jobs = [(mode, t) for mode in MODES for t in tasks]
+  records: list[dict[str, Any]] = []
+  n = len(pool)
+  for start in tqdm(range(0, len(jobs), n), desc="expert games", leave=False, disable=not progress):
+    chunk = jobs[start : start + n]
+    records += play_episodes(
+      pool,
+      [t for _, t in chunk],
+      [m for m, _ in chunk],
+      skill_text=skill_text,
+      epsilon=epsilon,
+      seed=seed,
+      search_order=search_order,
+    )
+  return [r for r in records if not r["failed"]]
+
+
+def split_held_out(
+  records: Sequence[dict[str, Any]], fraction: float, seed: int = 0
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+  """(train, held-out) records, split by game (both modes of a game fall on the same side); at
+  least one game is held out when `fraction` > 0 and there are two games or more."""
+  if not 0.0 <= fraction < 1.0:
+    raise ValueError(f"held-out fraction {fraction} must be in [0, 1).")
+  games = sorted({r.get("gamefile", "") for r in records})
+  rng = np.random.default_rng(seed)
+  rng.shuffle(games)
+  k = round(fraction * len(games))
+  if fraction > 0 and len(games) > 1:
+    k = min(max(k, 1), len(games) - 1)
+  held = set(games[:k])
+  return (
+    [r for r in records if r.get("gamefile", "") not in held],
+    [r for r in records if r.get("gamefile", "") in held],
+  )
+
+
+def expert_summary(records: Sequence[dict[str, Any]]) -> dict[str, float]:
+  """Success rate and mean steps per expert mode (`warm_start/expert_<mode>_success`, `..._steps`)."""
+  out = {}
+  for mode in sorted({r.get("mode", "walkthrough") for r in records}):
+    mine = [r for r in records if r.get("mode", "walkthrough") == mode]
+    out[f"warm_start/expert_{mode}_success"] = float(np.mean([r["won"] for r in mine]))
+    out[f"warm_start/expert_{mode}_steps"] = float(np.mean([len(r["steps"]) for r in mine]))
+  return out
+
+
+def expert_warm_start_data(
+  settings: Any,
+  loop: AgentLoop,
+  pool,
+  num_games: int,
+  end_token_id: int,
+  *,
+  seed: int = 0,
+  progress: bool = True,
+) -> tuple[list[TurnSample], list[TurnSample], dict[str, float]]:
+  """Plays the search expert on the training games and turns its episodes into samples.
+
+  `settings` is the config's `warm_start` section; read with defaults: `expert_games` (games
+  played, each once per mode; 0 = all `num_games`), `expert_epsilon` (share of random turns),
+  `expert_search_order` ("shuffled" | "room"), `expert_holdout` (share of the games kept out of the
+  SFT for the teacher-student gap). `loop` builds the plain and the skill prompts
+  (`warm_start_loop`). Returns (SFT samples, held-out gap samples, expert metrics).
+  """
+  games = settings.get("expert_games", 0) or num_games
+  tasks = sorted(np.random.default_rng(seed).permutation(num_games)[: min(games, num_games)])
+  records = record_expert_games(
+    pool,
+    [int(t) for t in tasks],
+    loop.retriever,
+    epsilon=settings.get("expert_epsilon", 0.0),
+    seed=seed,
+    search_order=settings.get("expert_search_order", "shuffled"),
+    progress=progress,
+  )
+  train, held_out = split_held_out(records, settings.get("expert_holdout", 0.1), seed=seed)
+  samples = expert_samples(train, loop, end_token_id)
+  gap = gap_samples(held_out, loop, end_token_id)
+  return samples, gap, expert_summary(records)
 
 
 def _nll(config: ModelConfig, params: Params, batch) -> tuple[jax.Array, jax.Array]:
@@ -131,3 +344,56 @@ def warm_start(
     params, opt_state, loss = step(params, opt_state, batch)
     losses.append(float(loss))
   return params, losses
+
+
+def teacher_student_gap_on_expert(
+  config: ModelConfig,
+  params: Params,
+  samples: Sequence[TurnSample],
+  *,
+  batch_size: int = 8,
+  shard_batch=lambda b: b,
+) -> dict[str, float]:
+  """The teacher's advantage on skill-following expert turns (`gap_samples`), under `params`.
+
+  Returns `warm_start/teacher_student_gap_on_expert`: the mean over all response tokens of
+  log p(response | skill prompt) - log p(response | plain prompt); `..._search`: the same over the
+  turns whose action is a "go to" (where the skill text decides which receptacle comes next; absent
+  when there are none); and `..._tokens`: how many response tokens were scored. Positive: the skill text makes the model
+  more confident of the skill-following actions.
+  """
+  if not samples:
+    raise ValueError("teacher_student_gap_on_expert: no samples (no skill-following expert turns).")
+
+  @functools.partial(jax.jit, static_argnames="response_len")
+  def logps(params, student_tokens, student_mask, teacher_tokens, teacher_mask, response_len):
+    student, _ = response_logprobs(config, params, student_tokens, student_mask, response_len)
+    teacher, _ = response_logprobs(config, params, teacher_tokens, teacher_mask, response_len)
+    return teacher, student
+
+  total = search = 0.0
+  tokens = search_tokens = 0.0
+  for start in range(0, len(samples), batch_size):
+    chunk = list(samples[start : start + batch_size])
+    batch = shard_batch(pack_batch(chunk, batch_size, with_teacher=True))
+    teacher, student = logps(
+      params,
+      batch.student_tokens,
+      batch.student_mask,
+      batch.teacher_tokens,
+      batch.teacher_mask,
+      response_len=batch.response_len,
+    )
+    mask = np.asarray(batch.response_mask, np.float64)
+    diff = (np.asarray(teacher, np.float64) - np.asarray(student, np.float64)) * mask
+    is_search = np.zeros(mask.shape[0])
+    is_search[: len(chunk)] = [s.score for s in chunk]
+    total += diff.sum()
+    tokens += mask.sum()
+    search += (diff.sum(axis=1) * is_search).sum()
+    search_tokens += (mask.sum(axis=1) * is_search).sum()
+  key = "warm_start/teacher_student_gap_on_expert"
+  out = {key: float(total / tokens), f"{key}_tokens": float(tokens)}
+  if search_tokens:
+    out[f"{key}_search"] = float(search / search_tokens)
+  return out
