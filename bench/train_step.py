@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import dataclasses
 import gc
 import os
 import statistics
@@ -51,10 +52,11 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from sdar_jax.algos import get_preset  # noqa: E402
+from sdar_jax.algos import AlgoConfig, get_preset  # noqa: E402
+from sdar_jax.batch import TurnBatch  # noqa: E402
 from sdar_jax.models import ModelConfig, init_params  # noqa: E402
 from sdar_jax.train_state import create_train_state, make_optimizer  # noqa: E402
-from sdar_jax.train_step import TurnBatch, make_train_step, response_logprobs  # noqa: E402
+from sdar_jax.train_step import TrainStep, response_logprobs  # noqa: E402
 from _common import median_time, peer_model  # noqa: E402
 
 # Dense bf16 peak FLOP/s per chip, by a substring of jax.Device.device_kind (first match wins).
@@ -174,14 +176,14 @@ def prepare_ours_update(
   config,
   params,
   batch,
-  algo: dict,
+  algo: AlgoConfig,
   lr: float = 1e-6,
   micro_batch_size: int | None = None,
   copy_params: bool = True,
 ) -> dict:
   """Compiles and runs once the full update; `copy_params=False` donates `params` to the state."""
   optimizer = make_optimizer(lr=lr)
-  step = make_train_step(config, algo, optimizer, micro_batch_size=micro_batch_size)
+  step = TrainStep(config, algo, optimizer, micro_batch_size=micro_batch_size)
   state = create_train_state(jax.tree.map(jnp.copy, params) if copy_params else params, optimizer)
   batch = batch.replace(old_logp=step.score_student(state.params, batch))
   start = time.perf_counter()
@@ -262,9 +264,11 @@ def compare(args) -> None:
   t_on = prepare_torch(hf, batch, True)
   o_on = prepare_ours_grad(config, params, batch, True)
   o_off = prepare_ours_grad(config, params, batch, False)
-  sdar = dict(get_preset("sdar"), kl_coef=0.0, teacher_source="step")  # teacher in the update
+  sdar = dataclasses.replace(get_preset("sdar"), kl_coef=0.0, teacher_source="step")
   u_on = prepare_ours_update(config, params, batch, sdar)
-  u_off = prepare_ours_update(config, params, batch, dict(get_preset("grpo"), kl_coef=0.0))
+  u_off = prepare_ours_update(
+    config, params, batch, dataclasses.replace(get_preset("grpo"), kl_coef=0.0)
+  )
   rows = [
     ("sdar-jax", "fwd+bwd + teacher fwd", 2, o_on),
     ("transformers", "fwd+bwd + teacher fwd", 2, t_on),
@@ -345,11 +349,13 @@ def peak_flops(device) -> float | None:
   return None
 
 
-def compile_only(config: ModelConfig, batch: TurnBatch, algo: dict, micro: int | None) -> None:
+def compile_only(
+  config: ModelConfig, batch: TurnBatch, algo: AlgoConfig, micro: int | None
+) -> None:
   """Lowers and compiles the update on abstract arrays (nothing allocated): checks that a size
   compiles and prints XLA's memory estimate on this backend, without running it."""
   optimizer = make_optimizer(lr=1e-6)
-  step = make_train_step(config, algo, optimizer, micro_batch_size=micro)
+  step = TrainStep(config, algo, optimizer, micro_batch_size=micro)
   state = jax.eval_shape(
     lambda: create_train_state(init_params(config, jax.random.key(0)), optimizer)
   )
@@ -371,7 +377,7 @@ def mfu(args) -> None:
   config = config.replace(remat=args.remat)
   B, ps, pt, r = args.batch, args.prompt, args.teacher_prompt, args.response
   batch = make_batch(np.random.default_rng(0), config.vocab_size, B, ps, pt, r, r)
-  algo = dict(get_preset("sdar"), kl_coef=0.0, teacher_source="step")  # teacher in the update
+  algo = dataclasses.replace(get_preset("sdar"), kl_coef=0.0, teacher_source="step")
   if args.compile_only:
     compile_only(config, batch, algo, args.micro_batch)
     return

@@ -12,13 +12,14 @@ turn-samples over the whole mesh.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping
 
 import ml_collections as mlc
 from ml_collections import config_dict
 
 from configs import models
-from sdar_jax.algos import ALGO_PRESETS, get_preset
+from sdar_jax.algos import get_preset
 
 ENVS = ("alfworld", "webshop", "search_qa")
 
@@ -73,24 +74,10 @@ def parse_arg(arg: str | None, **defaults: Any) -> mlc.ConfigDict:
 
 # ------------------------------------------------------------------------------------ sections
 def algo(name: str) -> mlc.ConfigDict:
-  """The `config.algo` section: the method preset `name` (sdar_jax.algos.ALGO_PRESETS) plus
-
-  teacher_source: "rollout" = teacher log-probs computed once per step at the rollout weights
-    θ_old and kept through every mini-batch (the reference, §3.4); "step" = recomputed inside the
-    update with the current weights (stop-gradient).
-  temperature: logits are divided by it when scoring tokens; linked to rollout.temperature by
-    `finalize` (sampled and scored at the same temperature, so the importance ratio is exact).
-  recompute_old_logp: True = after the rollout, re-score the sampled tokens with a no-grad forward
-    at θ_old and use those as the old log-probs (the reference does); metric
-    rollout/max_abs_logp_diff_sampler_vs_recompute shows how far the sampler's were (bf16).
-  """
-  if name not in ALGO_PRESETS:
-    raise ValueError(f"unknown algo {name!r}; valid algos: {sorted(ALGO_PRESETS)}")
-  section = mlc.ConfigDict(get_preset(name))
-  section.teacher_source = "rollout"
-  section.temperature = 1.0
-  section.recompute_old_logp = False
-  return section
+  """The `config.algo` section: every field of `sdar_jax.algos.AlgoConfig` (each documented there)
+  with the values of preset `name` (sdar_jax.algos.ALGO_PRESETS). `finalize` links its
+  temperature to rollout.temperature (tokens are scored at the temperature they were sampled at)."""
+  return mlc.ConfigDict(dataclasses.asdict(get_preset(name)))
 
 
 def base(model: str = "qwen2.5-3b", algo_name: str = "sdar") -> mlc.ConfigDict:
@@ -125,6 +112,14 @@ def base(model: str = "qwen2.5-3b", algo_name: str = "sdar") -> mlc.ConfigDict:
       lr=1e-5,
       batch_size=16,
       split="train",  # walkthroughs/<split>.jsonl of the (generated) data directory
+      # "walkthroughs": imitate the planner's oracle walkthroughs; "expert": a search expert that
+      # sees only observations (envs/alfworld/expert.py), played with and without the skill block
+      # so the model learns to read skills (skill-following turns get the teacher's prompt).
+      source="walkthroughs",
+      expert_games=0,  # games played per mode (0 = every train game once)
+      expert_epsilon=0.0,  # share of random admissible actions (not trained on)
+      expert_search_order="shuffled",  # knowledge-free order: "shuffled" | "room" (description order)
+      expert_holdout=0.1,  # share of games held out to measure the teacher-student gap before RL
     )
   )
   config.rollout = mlc.ConfigDict(

@@ -10,15 +10,34 @@ Environments live in subpackages (`envs.alfworld`, ...) that register themselves
 `envs.make(name)` imports `envs.<name>` on first use.
 """
 
-from envs.base import StepResult, TextEnv, failed_result, make, register, registered_names
+from envs.base import (
+  EnvAdapter,
+  EnvFamily,
+  EnvSplit,
+  EpisodeView,
+  StepResult,
+  TextEnv,
+  env_family,
+  failed_result,
+  make,
+  register,
+  register_family,
+  registered_names,
+)
 from envs.pool import EnvPool
 
 __all__ = [
+  "EnvAdapter",
+  "EnvFamily",
   "EnvPool",
+  "EnvSplit",
+  "EpisodeView",
   "StepResult",
   "TextEnv",
+  "env_family",
   "failed_result",
   "make",
   "register",
+  "register_family",
   "registered_names",
 ]

@@ -11,6 +11,12 @@ An environment is anything with `reset(task) -> (observation, info)` and
 Environments register a factory under a name; `make(name, **kwargs)` builds one. A name that is not
 registered yet is looked up as the module ``envs.<name>``, whose import registers it: worker
 processes of the `EnvPool` can therefore build any environment from its name alone.
+
+An environment the trainer can run also registers an `EnvFamily` under the same name
+(`register_family`): how a split of the run config becomes pool kwargs and task ids, the adapter
+that writes its prompts, projects model outputs to actions and queries skills, its skills
+directory, and optional expert data for the warm start. The trainer knows environments only
+through `env_family(name)` (docs/extending.md, "Adding an environment").
 """
 
 from __future__ import annotations
@@ -20,13 +26,19 @@ import importlib
 from typing import Any, Callable, Protocol, runtime_checkable
 
 __all__ = [
-  "TextEnv",
-  "StepResult",
-  "register",
-  "make",
-  "registered_names",
-  "failed_result",
+  "EnvAdapter",
+  "EnvFamily",
   "EnvPool",
+  "EnvSplit",
+  "EpisodeView",
+  "StepResult",
+  "TextEnv",
+  "env_family",
+  "failed_result",
+  "make",
+  "register",
+  "register_family",
+  "registered_names",
 ]
 
 
@@ -99,20 +111,127 @@ def registered_names() -> list[str]:
   return sorted(_REGISTRY)
 
 
+def _import_env_module(name: str) -> None:
+  """Imports ``envs.<name>`` (which registers what it defines); a missing module is not an error."""
+  try:
+    importlib.import_module(f"envs.{name}")
+  except ModuleNotFoundError as e:
+    if e.name != f"envs.{name}":
+      raise
+
+
 def make(name: str, **kwargs: Any) -> TextEnv:
   """Builds the environment registered as `name` with `kwargs`, importing ``envs.<name>`` if needed."""
   if name not in _REGISTRY:
-    try:
-      importlib.import_module(f"envs.{name}")
-    except ModuleNotFoundError as e:
-      if e.name != f"envs.{name}":
-        raise
+    _import_env_module(name)
     if name not in _REGISTRY:
       raise KeyError(
         f"unknown environment {name!r}; registered: {registered_names()}. "
         f"Register it with @envs.register({name!r}) or add a module envs/{name} that does."
       )
   return _REGISTRY[name](**kwargs)
+
+
+# ------------------------------------------------------------------------------ families
+@dataclasses.dataclass
+class EpisodeView:
+  """What an adapter sees of a running episode (built by the agent loop from the env's infos)."""
+
+  task: str
+  task_type: str
+  gamefile: str
+  observation: str
+  admissible: list[str]
+  history: list[tuple[str, str]]  # (observation before the action, action sent), oldest first
+
+
+@runtime_checkable
+class EnvAdapter(Protocol):
+  """Environment-specific text: the user message, the output -> action projection, the skill query."""
+
+  def user_text(self, view: EpisodeView, history_length: int) -> str:
+    """The user message of the current turn (its last `history_length` steps as history)."""
+    ...
+
+  def project(self, text: str) -> tuple[str, bool]:
+    """(action sent to the env, whether the output was well-formed) for a model output `text`."""
+    ...
+
+  def skill_query(self, view: EpisodeView) -> str:
+    """The text the skill retriever matches against (strategies "bm25" and "rules")."""
+    ...
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvSplit:
+  """One split of an environment as a pool plays it.
+
+  `env_kwargs` go to every env of the pool (the trainer adds ``seed`` and ``max_steps``);
+  `task_names[t]` names task id t in logs (a game file, a goal id): the split has
+  ``len(task_names)`` tasks.
+  """
+
+  env_kwargs: dict[str, Any]
+  task_names: list[str]
+
+  @property
+  def num_tasks(self) -> int:
+    return len(self.task_names)
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvFamily:
+  """What the trainer needs to run the environment registered (`register`) as `name`.
+
+  Attributes:
+    name: the environment's registry name (``env.name`` of a run config).
+    split: (the run config's ``env`` section, split name) -> `EnvSplit`.
+    adapter: builds the `EnvAdapter` of the agent loop.
+    skills: the skills directory `envs.skills.SkillRetriever` reads when ``env.skills.dir`` is
+      unset (a folder name under envs/skills/ or a path).
+    expert_records: optional warm-start source ``warm_start.source="walkthroughs"``: (``env``
+      section, split name) -> expert episode records ({"task", "task_type", "gamefile", "steps":
+      [{"observation", "admissible_commands", "action"}, ...]}).
+    expert_modes / play_expert: optional warm-start source ``warm_start.source="expert"``: the
+      expert's modes and ``play_expert(pool, tasks, modes, skill_text=, epsilon=, seed=,
+      search_order=)`` that plays them on a pool and returns records as above (plus "mode",
+      "won", "failed").
+  """
+
+  name: str
+  split: Callable[[Any, str], EnvSplit]
+  adapter: Callable[[], EnvAdapter]
+  skills: str
+  expert_records: Callable[[Any, str], list[dict[str, Any]]] | None = None
+  expert_modes: tuple[str, ...] = ()
+  play_expert: Callable[..., list[dict[str, Any]]] | None = None
+
+
+_FAMILIES: dict[str, EnvFamily] = {}
+
+
+def register_family(family: EnvFamily) -> EnvFamily:
+  """Registers `family` under `family.name` (the name its env factory is registered under)."""
+  if family.name in _FAMILIES and _FAMILIES[family.name] is not family:
+    raise ValueError(
+      f"environment family {family.name!r} is already registered; pick another name or register "
+      "it once (at import of its module)"
+    )
+  _FAMILIES[family.name] = family
+  return family
+
+
+def env_family(name: str) -> EnvFamily:
+  """The `EnvFamily` registered as `name`, importing ``envs.<name>`` if needed."""
+  if name not in _FAMILIES:
+    _import_env_module(name)
+    if name not in _FAMILIES:
+      raise KeyError(
+        f"environment {name!r} has no EnvFamily, so the trainer cannot run it; families: "
+        f"{sorted(_FAMILIES)}. Fix: register one with envs.register_family(EnvFamily({name!r}, "
+        "...)) in its module (docs/extending.md, 'Adding an environment')."
+      )
+  return _FAMILIES[name]
 
 
 def __getattr__(attr: str) -> Any:

@@ -40,7 +40,7 @@ from jax.sharding import Mesh
 import sdar_jax
 from sdar_jax import sharding as sharding_lib
 from sdar_jax.models import ModelConfig, param_shapes, save_pretrained
-from sdar_jax.train_state import TrainState, init_train_state
+from sdar_jax.train_state import TrainState, init_train_state, train_state_shardings
 
 __all__ = [
   "ARCH_FIELDS",
@@ -48,27 +48,15 @@ __all__ = [
   "abstract_train_state",
   "export_hf",
   "model_config_mismatches",
-  "train_state_shardings",
 ]
 
-# Fields that change the function the parameters compute (or their shapes). A checkpoint written for
-# other values of any of these is a different model. dtype / param_dtype / remat / name /
-# max_position_embeddings may differ: they change numerics or memory, not the weights' meaning.
-ARCH_FIELDS = (
-  "family",
-  "vocab_size",
-  "hidden_size",
-  "intermediate_size",
-  "num_layers",
-  "num_heads",
-  "num_kv_heads",
-  "head_dim",
-  "rope_theta",
-  "rms_norm_eps",
-  "tie_word_embeddings",
-  "qkv_bias",
-  "o_bias",
-  "qk_norm",
+# ModelConfig fields a checkpoint may differ in: they change numerics or memory, not what the
+# weights mean.
+NON_ARCH_FIELDS = ("max_position_embeddings", "dtype", "param_dtype", "remat", "name")
+# Every other field changes the function the parameters compute (or their shapes): a checkpoint
+# written for other values of any of them is a different model.
+ARCH_FIELDS = tuple(
+  f.name for f in dataclasses.fields(ModelConfig) if f.name not in NON_ARCH_FIELDS
 )
 
 _ITEMS = ("state", "meta", "extra")
@@ -93,20 +81,6 @@ def model_config_mismatches(
   return [
     (f, stored.get(f), expected.get(f)) for f in ARCH_FIELDS if stored.get(f) != expected.get(f)
   ]
-
-
-def train_state_shardings(
-  model_config: ModelConfig, optimizer: optax.GradientTransformation, mesh: Mesh, rules=None
-) -> TrainState:
-  """A TrainState of NamedShardings: params by the logical-axis rules, optimizer moments like the
-  params they track (`optax.tree_map_params`), scalars (step, counts) replicated."""
-  abstract = jax.eval_shape(lambda: init_train_state(model_config, optimizer, 0))
-  params = sharding_lib.param_shardings(model_config, mesh, rules)
-  replicated = sharding_lib.replicated(mesh)
-  opt_state = optax.tree_map_params(
-    optimizer, lambda _, s: s, abstract.opt_state, params, transform_non_params=lambda _: replicated
-  )
-  return TrainState(step=replicated, params=params, opt_state=opt_state, skipped_updates=replicated)
 
 
 def abstract_train_state(

@@ -53,6 +53,7 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 
 from sdar_jax import sharding
+from sdar_jax.batch import batch_bucket, new_tokens_bucket, next_power_of_two, prompt_bucket
 from sdar_jax.models.config import ModelConfig
 from sdar_jax.models.qwen import (
   KVCache,
@@ -66,9 +67,6 @@ from sdar_jax.models.qwen import (
 QWEN_STOP_TOKEN_IDS = (151645, 151643)  # <|im_end|>, <|endoftext|>
 FINISH_REASONS = ("length", "stop_token", "stop_string")  # index = the code the loop returns
 
-_MIN_PROMPT_BUCKET = 16
-_PROMPT_POW2_LIMIT = 512  # prompt buckets: powers of two up to here, then multiples of it
-_MIN_NEW_BUCKET = 16
 _MIN_STATE_BUCKET = 16
 
 
@@ -119,29 +117,6 @@ class GenerationResult:
   finish_reasons: list[str]
   num_prefill_rows: int = 0  # distinct prompts actually prefilled (after prefix sharing)
   shapes: dict[str, int] = dataclasses.field(default_factory=dict)  # the buckets used
-
-
-# ----------------------------------------------------------------------------------- buckets
-def _pow2_at_least(n: int) -> int:
-  return 1 << max(0, int(n) - 1).bit_length()
-
-
-def batch_bucket(n: int, divisor: int = 1) -> int:
-  """Rows the compiled function runs for `n` real rows: a power of two, a multiple of `divisor`."""
-  b = _pow2_at_least(max(n, divisor))
-  return -(-b // divisor) * divisor
-
-
-def prompt_bucket(n: int) -> int:
-  """Padded prompt length: a power of two >= 16 up to 512, then a multiple of 512."""
-  if n <= _PROMPT_POW2_LIMIT:
-    return max(_MIN_PROMPT_BUCKET, _pow2_at_least(n))
-  return -(-n // _PROMPT_POW2_LIMIT) * _PROMPT_POW2_LIMIT
-
-
-def new_tokens_bucket(n: int) -> int:
-  """Output buffer / cache room for `n` new tokens: a power of two >= 16."""
-  return max(_MIN_NEW_BUCKET, _pow2_at_least(n))
 
 
 # ------------------------------------------------------------------------------- stop strings
@@ -216,7 +191,7 @@ def _cached_stop_table(tokenizer, vocab_size: int, stop_strings: tuple[str, ...]
   token_bytes = tokenizer.all_token_bytes(size=vocab_size)
   states = 1 + sum(len(s.encode("utf-8")) for s in stop_strings)
   return stop_string_table(
-    token_bytes, stop_strings, max(_MIN_STATE_BUCKET, _pow2_at_least(states))
+    token_bytes, stop_strings, max(_MIN_STATE_BUCKET, next_power_of_two(states))
   )
 
 

@@ -1,4 +1,4 @@
-"""Device mesh, logical-axis rules and parameter placement.
+"""Device mesh, logical-axis rules and the placement of parameters and batches.
 
 Every parameter carries logical axis names (models/qwen.py `param_specs`); a rules table maps each
 logical name to mesh axes of the ('data', 'fsdp', 'tensor') mesh. The table is data: sweep or
@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from sdar_jax.models.config import ModelConfig
 from sdar_jax.models.qwen import ParamSpec, param_specs
@@ -42,35 +44,58 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
 Rules = Sequence[tuple[str, Any]]
 
 
-def make_mesh(shape: Mapping[str, int] | Sequence[int] | None = None, devices=None) -> Mesh:
-  """A ('data', 'fsdp', 'tensor') mesh. `shape` is a dict or a 3-tuple; one entry may be -1 (fill
-  with the remaining devices). Built with `jax.sharding.Mesh` (auto axes), so jit propagates
-  shardings without explicit-axis annotations."""
-  devices = list(jax.devices() if devices is None else devices)
-  if shape is None:
-    shape = (len(devices), 1, 1)
-  if isinstance(shape, Mapping):
-    unknown = set(shape) - set(MESH_AXES)
+MeshShape = Mapping[str, int] | Sequence[int]
+
+
+def resolve_mesh_shape(shape: MeshShape, num_devices: int) -> dict[str, int]:
+  """The size of each mesh axis for `num_devices` devices. `shape` is a dict or config section (a
+  missing axis is 1) or a 3-tuple in MESH_AXES order; one entry may be -1 (all the remaining
+  devices). Raises a ValueError naming the shape and the fix."""
+  if hasattr(shape, "keys"):  # a dict or a config section
+    unknown = sorted(set(shape.keys()) - set(MESH_AXES))
     if unknown:
-      raise ValueError(f"Unknown mesh axes {sorted(unknown)}; the mesh axes are {MESH_AXES}.")
-    shape = tuple(int(shape.get(a, 1)) for a in MESH_AXES)
-  shape = list(int(s) for s in shape)
-  if len(shape) != 3:
-    raise ValueError(f"Mesh shape {shape} must have 3 entries for axes {MESH_AXES}.")
-  if shape.count(-1) > 1:
-    raise ValueError(f"Mesh shape {shape}: at most one axis may be -1.")
-  if -1 in shape:
-    rest = math.prod(s for s in shape if s != -1)
-    if len(devices) % rest:
-      raise ValueError(f"Mesh shape {shape} cannot be filled from {len(devices)} devices.")
-    shape[shape.index(-1)] = len(devices) // rest
-  if math.prod(shape) != len(devices):
+      raise ValueError(f"Unknown mesh axes {unknown}. Fix: use only {MESH_AXES}.")
+    sizes = {axis: int(shape[axis]) if axis in shape else 1 for axis in MESH_AXES}
+  else:
+    if len(shape) != len(MESH_AXES):
+      raise ValueError(
+        f"Mesh shape {tuple(shape)} has {len(shape)} entries. Fix: give one size per axis of "
+        f"{MESH_AXES}."
+      )
+    sizes = {axis: int(size) for axis, size in zip(MESH_AXES, shape)}
+  bad = {axis: size for axis, size in sizes.items() if size == 0 or size < -1}
+  if bad:
     raise ValueError(
-      f"Mesh shape {dict(zip(MESH_AXES, shape))} needs {math.prod(shape)} devices but "
-      f"{len(devices)} are available; make the product of the mesh axes equal the device count "
-      f"(or use -1 for one axis)."
+      f"mesh {bad}: axis sizes must be >= 1 (or -1 for all remaining devices). "
+      "Fix: set them to positive sizes."
     )
-  return Mesh(np.asarray(devices).reshape(shape), MESH_AXES)
+  free = [axis for axis, size in sizes.items() if size == -1]
+  if len(free) > 1:
+    raise ValueError(f"mesh {sizes}: only one axis may be -1 (got {free}). Fix: size the others.")
+  fixed = math.prod(size for size in sizes.values() if size != -1)
+  if free:
+    if num_devices % fixed:
+      raise ValueError(
+        f"mesh {sizes}: the fixed axes need a multiple of {fixed} devices but {num_devices} are "
+        f"available. Fix: choose axis sizes whose product divides {num_devices}."
+      )
+    sizes[free[0]] = num_devices // fixed
+  elif fixed != num_devices:
+    raise ValueError(
+      f"mesh {sizes}: the product of the axes is {fixed}, so it needs {fixed} devices but "
+      f"{num_devices} devices are available. Fix: make data x fsdp x tensor = {num_devices}, or "
+      "set one axis to -1."
+    )
+  return sizes
+
+
+def make_mesh(shape: MeshShape | None = None, devices=None) -> Mesh:
+  """A ('data', 'fsdp', 'tensor') mesh over `devices` (default: all), of `shape` as
+  `resolve_mesh_shape` reads it (default: every device on 'data'). Built with `jax.sharding.Mesh`
+  (auto axes), so jit propagates shardings without explicit-axis annotations."""
+  devices = list(jax.devices() if devices is None else devices)
+  sizes = resolve_mesh_shape((-1, 1, 1) if shape is None else shape, len(devices))
+  return Mesh(np.asarray(devices).reshape(tuple(sizes.values())), MESH_AXES)
 
 
 def _rules_dict(rules: Rules | None) -> dict[str, tuple[str, ...]]:
@@ -171,10 +196,13 @@ def batch_sharding(mesh: Mesh, ndim: int = 2, rules: Rules | None = None) -> Nam
   return NamedSharding(mesh, P(lead, *([None] * (ndim - 1))))
 
 
-def batch_divisor(mesh: Mesh, rules: Rules | None = None) -> int:
-  """The batch size must be a multiple of this to shard over the mesh's batch axes."""
-  return math.prod(mesh.shape[t] for t in _rules_dict(rules).get("batch", ()))
+def batch_divisor(mesh: Mesh | Mapping[str, int], rules: Rules | None = None) -> int:
+  """How many shards the batch dimension is split into (the product of the 'batch' rule's mesh
+  axes): a batch must be a multiple of it. `mesh` is a Mesh or its axis sizes."""
+  sizes = mesh.shape if isinstance(mesh, Mesh) else mesh
+  return math.prod(int(sizes[axis]) for axis in _rules_dict(rules).get("batch", ()))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
+  """The sharding of an array every device holds whole."""
   return NamedSharding(mesh, P())

@@ -1,4 +1,5 @@
-"""The training state pytree and the optimizer, shared by the train step and the checkpointer."""
+"""The training state pytree, its shardings and the optimizer, shared by the train step and the
+checkpointer."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import optax
+from jax.sharding import Mesh
 
-from sdar_jax.models import ModelConfig, Params, init_params
+from sdar_jax.models import ModelConfig, Params, init_params, param_shapes
+from sdar_jax.sharding import Rules, param_shardings, replicated
 
 
 @flax.struct.dataclass
@@ -63,6 +66,46 @@ def scale_by_iteration_lr(
   return optax.GradientTransformationExtraArgs(init, update)
 
 
+def _optimizer_problems(lr, warmup_steps, b1, b2, weight_decay, clip_norm, eps) -> list[str]:
+  """One "optim.<key>=<value>: <problem>. Fix: <fix>" line per invalid `make_optimizer` argument."""
+  problems = []
+
+  def require(ok: bool, key: str, value, problem: str, fix: str) -> None:
+    if not ok:
+      problems.append(f"optim.{key}={value!r}: {problem}. Fix: {fix}")
+
+  def number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+  require(number(lr) and lr >= 0, "lr", lr, "must be a number >= 0", "the reference uses 1e-6")
+  require(
+    number(warmup_steps) and warmup_steps >= 0,
+    "warmup_steps",
+    warmup_steps,
+    "must be a number >= 0 (training iterations)",
+    "use 0 for no warm-up",
+  )
+  for key, value in (("b1", b1), ("b2", b2)):
+    decay = "Adam decay rates must be in [0, 1)"
+    require(number(value) and 0 <= value < 1, key, value, decay, "use 0.9 / 0.999")
+  require(number(eps) and eps > 0, "eps", eps, "must be > 0", "use 1e-8")
+  require(
+    number(weight_decay) and weight_decay >= 0,
+    "weight_decay",
+    weight_decay,
+    "must be a number >= 0",
+    "the reference uses 0.01",
+  )
+  require(
+    number(clip_norm) and clip_norm >= 0,
+    "clip_norm",
+    clip_norm,
+    "must be a number >= 0",
+    "use 0 to disable clipping",
+  )
+  return problems
+
+
 def make_optimizer(
   lr: float = 1e-6,
   warmup_steps: int = 0,
@@ -77,10 +120,9 @@ def make_optimizer(
   iterations). The warm-up matches the reference's scheduler: iteration k (0-based) of K uses
   lr·k/K, so the first uses 0; `update` takes the 1-based `iteration=` keyword for it (see
   `scale_by_iteration_lr`). Without warm-up it is exactly `optax.adamw` after the clipping."""
-  if lr < 0:
-    raise ValueError(f"optim.lr={lr} must be >= 0.")
-  if warmup_steps < 0:
-    raise ValueError(f"optim.warmup_steps={warmup_steps} must be >= 0.")
+  problems = _optimizer_problems(lr, warmup_steps, b1, b2, weight_decay, clip_norm, eps)
+  if problems:
+    raise ValueError("\n".join(problems))
   parts = []
   if clip_norm and clip_norm > 0:
     parts.append(optax.clip_by_global_norm(clip_norm))
@@ -110,3 +152,20 @@ def init_train_state(
 ) -> TrainState:
   """Random-init parameters + optimizer state (tests, the offline demo)."""
   return create_train_state(init_params(config, jax.random.key(seed)), optimizer)
+
+
+def train_state_shardings(
+  model_config: ModelConfig,
+  optimizer: optax.GradientTransformation,
+  mesh: Mesh,
+  rules: Rules | None = None,
+) -> TrainState:
+  """A TrainState of NamedShardings: params by the logical-axis rules, optimizer moments like the
+  params they track (`optax.tree_map_params`), scalars (step, counts) replicated."""
+  params = param_shardings(model_config, mesh, rules)
+  scalar = replicated(mesh)
+  abstract_opt_state = jax.eval_shape(optimizer.init, param_shapes(model_config))
+  opt_state = optax.tree_map_params(
+    optimizer, lambda _, s: s, abstract_opt_state, params, transform_non_params=lambda _: scalar
+  )
+  return TrainState(step=scalar, params=params, opt_state=opt_state, skipped_updates=scalar)

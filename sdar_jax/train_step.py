@@ -2,23 +2,12 @@
 
 One call = one mini-batch = one optimizer update, compiled once per bucket shape:
 
-    step = make_train_step(model_config, algo_config, optimizer, mesh=mesh, micro_batch_size=8)
+    step = TrainStep(model_config, algo_config, optimizer, mesh=mesh, micro_batch_size=8)
     state = step.shard_state(state)
     state, metrics = step(state, batch)                # batch: a TurnBatch, donated state
 
-Batch layout (`TurnBatch`, every array [B, ...], B turn-samples, R response slots):
-
-    student_tokens [B, Ps+R]  student prompt LEFT-padded to Ps, then the response RIGHT-padded to R
-    teacher_tokens [B, Pt+R]  skills block + the same chat-templated prompt, left-padded to Pt,
-                              then the SAME response tokens
-    *_mask                    1 = real token (left pads and right pads are 0)
-    response_mask  [B, R]     response tokens up to and including the first stop token
-    old_logp       [B, R]     behaviour log-probs from the sampler
-    advantages     [B]        sequence-level GRPO advantages (RLSD makes them token-level here)
-    ref_logp       [B, R]     optional: reference-policy log-probs (KL term without ref params)
-    teacher_logp   [B, R]     optional: teacher log-probs scored at θ_old ("rollout" source)
-
-The index map between the two branches is a static offset: response token r sits at position
+The batch layout is `sdar_jax.batch.TurnBatch`'s (B turn-samples, R response slots; RLSD makes
+its sequence-level advantages token-level here). The index map between the two branches is a static offset: response token r sits at position
 P+r and is predicted by the logits at P+r-1, with P = Ps for the student and Pt for the teacher.
 So only the R hidden states [P-1, P-1+R) go through the lm_head: the [B, T, V] logits of the
 prompt positions are never materialised, and student and teacher log-probs line up slot by slot.
@@ -29,6 +18,8 @@ returns, so the importance ratio is 1 at staleness 0; the entropy is that distri
 Loss (every term from `sdar_jax.algos`, by config name; a term whose coefficient is 0 is left out):
 
     loss = pg_coef·PPO(advantage) + lam·distill − entropy_coef·H + kl_coef·KL(kl_kind)
+
+with every setting from one `sdar_jax.algos.AlgoConfig` (a jit static).
 
 Teacher branch. teacher_source="step": teacher log-probs from the current parameters inside the
 same jit, computed OUTSIDE the differentiated function, so XLA keeps none of its activations for
@@ -49,124 +40,29 @@ A non-finite loss or gradient norm skips the update: params and optimizer state 
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 from typing import Any, Callable, Mapping
 
-import flax.struct
 import jax
 import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from sdar_jax import algos, sharding
-from sdar_jax.models import ModelConfig, Params, apply, logits_from_hidden, param_shapes
+from sdar_jax.algos import AlgoConfig
+from sdar_jax.batch import TurnBatch
+from sdar_jax.models import ModelConfig, Params, apply, logits_from_hidden
 from sdar_jax.models import positions_from_mask
-from sdar_jax.train_state import TrainState, make_lr_schedule, make_optimizer
+from sdar_jax.train_state import (
+  TrainState,
+  make_lr_schedule,
+  make_optimizer,
+  train_state_shardings,
+)
 
 Array = jax.Array
 Metrics = dict[str, Array]
-
-TEACHER_SOURCES = ("step", "rollout")
-# Keys of an algo config section that belong to the rollout / advantage side, not to the update.
-_NON_STEP_KEYS = frozenset(
-  {"name", "norm_adv_by_std", "invalid_penalty", "skills_in_student", "recompute_old_logp"}
-)
-
-
-# ------------------------------------------------------------------------------------ config
-@dataclasses.dataclass(frozen=True)
-class LossConfig:
-  """The static description of the update objective (hashable: a jit static)."""
-
-  pg_coef: float = 1.0
-  distill: str = "none"
-  lam: float = 0.0
-  beta: float = 5.0
-  gate: str = "gap"
-  form: str = "reference"
-  advantage: str = "grpo"
-  rlsd_lam0: float = 0.5
-  rlsd_warmdown_steps: int = 100
-  rlsd_clip_eps: float = 0.2
-  entropy_coef: float = 0.001
-  kl_coef: float = 0.01
-  kl_kind: str = "low_var_kl"
-  clip_low: float = 0.2
-  clip_high: float = 0.2
-  clip_c: float = 3.0
-  agg: str = "token-mean"
-  teacher: bool = False  # score the teacher even if no term needs it (for its metrics)
-  teacher_source: str = "rollout"  # as the configs and the reference: scored once at θ_old
-  temperature: float = 1.0
-
-  def __post_init__(self):
-    for field, registry in (
-      ("distill", algos.DISTILL_LOSSES),
-      ("gate", algos.GATES),
-      ("form", algos.SDAR_FORMS),
-      ("advantage", algos.ADVANTAGE_ESTIMATORS),
-      ("kl_kind", algos.KL_PENALTIES),
-      ("agg", algos.AGG_MODES),
-    ):
-      if getattr(self, field) not in registry:
-        raise ValueError(f"algo.{field}={getattr(self, field)!r}; valid: {registry.names()}.")
-    if self.teacher_source not in TEACHER_SOURCES:
-      raise ValueError(
-        f"algo.teacher_source={self.teacher_source!r}; choose one of {TEACHER_SOURCES}."
-      )
-    if not self.temperature > 0:
-      raise ValueError(
-        f"algo.temperature={self.temperature} must be > 0 (the sampling "
-        "temperature the behaviour log-probs were taken at)."
-      )
-
-  @property
-  def needs_teacher(self) -> bool:
-    return self.teacher or self.distill != "none" or self.advantage == "rlsd"
-
-  @classmethod
-  def from_config(cls, algo: "LossConfig | Mapping[str, Any]", **overrides) -> "LossConfig":
-    """From an algo config section (dict, ConfigDict or `get_preset(name)`). Rollout-side keys
-    (name, norm_adv_by_std, invalid_penalty, skills_in_student, recompute_old_logp) are ignored;
-    any other unknown key is an error, so a typo cannot silently fall back to a default."""
-    if isinstance(algo, LossConfig):
-      return dataclasses.replace(algo, **overrides)
-    items = dict(algo.to_dict() if hasattr(algo, "to_dict") else algo)
-    items.update(overrides)
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(items) - known - _NON_STEP_KEYS
-    if unknown:
-      raise ValueError(
-        f"Unknown algo config keys {sorted(unknown)}; the update reads "
-        f"{sorted(known)} and ignores {sorted(_NON_STEP_KEYS)}."
-      )
-    return cls(**{k: v for k, v in items.items() if k in known})
-
-
-# ------------------------------------------------------------------------------------- batch
-@flax.struct.dataclass
-class TurnBatch:
-  """A fixed-shape batch of turn-samples (layout in the module docstring)."""
-
-  student_tokens: Array
-  student_mask: Array
-  response_mask: Array
-  old_logp: Array
-  advantages: Array
-  teacher_tokens: Array | None = None
-  teacher_mask: Array | None = None
-  ref_logp: Array | None = None
-  teacher_logp: Array | None = None
-
-  @property
-  def batch_size(self) -> int:
-    return self.advantages.shape[0]
-
-  @property
-  def response_len(self) -> int:
-    return self.response_mask.shape[1]
 
 
 # --------------------------------------------------------------------------------- log-probs
@@ -211,21 +107,21 @@ def response_logprobs(
   return head(params, hidden, tokens[:, prompt_len:])
 
 
-def _student_logp(config, loss_config, params, mb: TurnBatch, with_entropy: bool):
+def _student_logp(config, algo: AlgoConfig, params, batch: TurnBatch, with_entropy: bool):
   return response_logprobs(
     config,
     params,
-    mb.student_tokens,
-    mb.student_mask,
-    mb.response_len,
-    loss_config.temperature,
+    batch.student_tokens,
+    batch.student_mask,
+    batch.response_len,
+    algo.temperature,
     with_entropy,
   )
 
 
-def _teacher_logp(config, loss_config, params, mb: TurnBatch) -> Array:
+def _teacher_logp(config, algo: AlgoConfig, params, batch: TurnBatch) -> Array:
   logp, _ = response_logprobs(
-    config, params, mb.teacher_tokens, mb.teacher_mask, mb.response_len, loss_config.temperature
+    config, params, batch.teacher_tokens, batch.teacher_mask, batch.response_len, algo.temperature
   )
   return logp
 
@@ -233,64 +129,67 @@ def _teacher_logp(config, loss_config, params, mb: TurnBatch) -> Array:
 # ------------------------------------------------------------------------------------- loss
 def micro_loss(
   config: ModelConfig,
-  lc: LossConfig,
+  algo: AlgoConfig,
   params: Params,
-  mb: TurnBatch,
+  micro_batch: TurnBatch,
   teacher_logp: Array | None,
   ref_logp: Array | None,
   denom: Array,
   num_seqs: Array,
-  rlsd_lam: Array,
+  rlsd_weight: Array,
 ) -> tuple[Array, Metrics]:
   """The loss of one micro-batch as its additive share of the mini-batch loss (`denom` and
-  `num_seqs` are the mini-batch's), with additive metric shares. Differentiated w.r.t. params."""
-  mask = mb.response_mask.astype(jnp.float32)
-  logp, entropy = _student_logp(config, lc, params, mb, with_entropy=True)
-  if lc.entropy_coef == 0:
+  `num_seqs` are the mini-batch's), with additive metric shares. Differentiated w.r.t. params.
+  `rlsd_weight` is RLSD's teacher weight λ_k of this iteration (`algos.rlsd_lambda`)."""
+  mask = micro_batch.response_mask.astype(jnp.float32)
+  logp, entropy = _student_logp(config, algo, params, micro_batch, with_entropy=True)
+  if algo.entropy_coef == 0:
     entropy = jax.lax.stop_gradient(entropy)  # a metric (and gate input) only
-  agg = dict(agg=lc.agg, denom=denom, num_seqs=num_seqs)
+  agg = dict(agg=algo.agg, denom=denom, num_seqs=num_seqs)
   adv = algos.token_advantages(
-    lc.advantage,
-    mb.advantages,
+    algo.advantage,
+    micro_batch.advantages,
     mask,
     teacher_logp=teacher_logp,
-    old_logp=mb.old_logp,
-    lam=rlsd_lam,
-    clip_eps=lc.rlsd_clip_eps,
+    old_logp=micro_batch.old_logp,
+    teacher_weight=rlsd_weight,
+    clip_eps=algo.rlsd_clip_eps,
   )
   pg, metrics = algos.policy_loss(
-    logp, mb.old_logp, adv, mask, lc.clip_low, lc.clip_high, lc.clip_c, **agg
+    logp, micro_batch.old_logp, adv, mask, algo.clip_low, algo.clip_high, algo.clip_c, **agg
   )
   ent, ent_metrics = algos.entropy_loss(entropy, mask, **agg)
   metrics.update(ent_metrics)
   loss = jnp.zeros((), jnp.float32)
-  if lc.pg_coef:
-    loss = loss + lc.pg_coef * pg
-  if lc.entropy_coef:
-    loss = loss - lc.entropy_coef * ent
-  if lc.distill != "none":
+  if algo.pg_coef:
+    loss = loss + algo.pg_coef * pg
+  if algo.entropy_coef:
+    loss = loss - algo.entropy_coef * ent
+  if algo.distill != "none":
     dist, dist_metrics = algos.distill_loss(
-      lc.distill,
+      algo.distill,
       student_logp=logp,
       teacher_logp=teacher_logp,
-      old_logp=mb.old_logp,
+      old_logp=micro_batch.old_logp,
       mask=mask,
-      beta=lc.beta,
-      gate=lc.gate,
+      beta=algo.beta,
+      gate=algo.gate,
       entropy=entropy,
       vocab_size=config.vocab_size,  # the entropy gates normalise h by ln V
-      form=lc.form,
+      form=algo.form,
       **agg,
     )
     metrics.update(dist_metrics)
-    if lc.lam:
-      loss = loss + lc.lam * dist
-  if lc.kl_coef:
-    kl, kl_metrics = algos.kl_loss(logp, ref_logp, mask, lc.kl_kind, **agg)
+    if algo.lam:
+      loss = loss + algo.lam * dist
+  if algo.kl_coef:
+    kl, kl_metrics = algos.kl_loss(logp, ref_logp, mask, algo.kl_kind, **agg)
     metrics.update(kl_metrics)
-    loss = loss + lc.kl_coef * kl
+    loss = loss + algo.kl_coef * kl
   if teacher_logp is not None:  # teacher vs behaviour policy (reference's trainer-side metric)
-    metrics["teacher/gap_vs_old_mean"] = algos.masked_mean(teacher_logp - mb.old_logp, mask, denom)
+    metrics["teacher/gap_vs_old_mean"] = algos.masked_mean(
+      teacher_logp - micro_batch.old_logp, mask, denom
+    )
   metrics["train/loss"] = loss
   return loss, jax.lax.stop_gradient(metrics)
 
@@ -313,7 +212,7 @@ def _merge_micro(x: Array) -> Array:
 
 def loss_and_grads(
   config: ModelConfig,
-  lc: LossConfig,
+  algo: AlgoConfig,
   params: Params,
   batch: TurnBatch,
   *,
@@ -326,7 +225,7 @@ def loss_and_grads(
 
   `iteration` is the 1-based training iteration (the reference's global step) for the RLSD
   λ schedule; `constrain` places a [num_micro, mb, ...] array (sharding constraint)."""
-  if lc.needs_teacher and lc.teacher_source == "rollout" and batch.teacher_logp is None:
+  if algo.teacher and algo.teacher_source == "rollout" and batch.teacher_logp is None:
     raise ValueError(
       "algo.teacher_source='rollout' reads batch.teacher_logp, which is None: score it with "
       "TrainStep.score_teacher(params, batch) first, or use teacher_source='step'."
@@ -336,28 +235,30 @@ def loss_and_grads(
   num_micro = B // micro
   denom = algos.token_count(batch.response_mask)
   num_seqs = algos.seq_count(batch.response_mask)
-  rlsd_lam = (
-    algos.rlsd_lambda(iteration, lc.rlsd_lam0, lc.rlsd_warmdown_steps)
-    if lc.advantage == "rlsd"
+  rlsd_weight = (
+    algos.rlsd_lambda(iteration, algo.rlsd_lam0, algo.rlsd_warmdown_steps)
+    if algo.advantage == "rlsd"
     else jnp.zeros((), jnp.float32)
   )
   frozen = jax.lax.stop_gradient(params)
-  grad_fn = jax.value_and_grad(functools.partial(micro_loss, config, lc), has_aux=True)
+  grad_fn = jax.value_and_grad(functools.partial(micro_loss, config, algo), has_aux=True)
 
-  def one(mb: TurnBatch):
+  def one(mb: TurnBatch):  # one micro-batch
     teacher_logp = None
-    if lc.needs_teacher:
+    if algo.teacher:
       teacher_logp = (
-        mb.teacher_logp if lc.teacher_source == "rollout" else _teacher_logp(config, lc, frozen, mb)
+        mb.teacher_logp
+        if algo.teacher_source == "rollout"
+        else _teacher_logp(config, algo, frozen, mb)
       )
     ref_logp = None
-    if lc.kl_coef:
+    if algo.kl_coef:
       ref_logp = (
         mb.ref_logp
         if ref_params is None
-        else _student_logp(config, lc, jax.lax.stop_gradient(ref_params), mb, False)[0]
+        else _student_logp(config, algo, jax.lax.stop_gradient(ref_params), mb, False)[0]
       )
-    (_, metrics), grads = grad_fn(params, mb, teacher_logp, ref_logp, denom, num_seqs, rlsd_lam)
+    (_, metrics), grads = grad_fn(params, mb, teacher_logp, ref_logp, denom, num_seqs, rlsd_weight)
     return jax.tree.map(lambda g: g.astype(jnp.float32), grads), metrics
 
   if num_micro == 1:
@@ -371,10 +272,10 @@ def loss_and_grads(
       return jax.tree.map(jnp.add, carry, one(mb)), None
 
     (grads, metrics), _ = jax.lax.scan(body, zeros, micro_batches)
-  if lc.advantage == "rlsd":
-    metrics["rlsd/lambda"] = rlsd_lam
-  if lc.distill == "sdar":
-    metrics["sdar/coef"] = jnp.asarray(lc.lam, jnp.float32)
+  if algo.advantage == "rlsd":
+    metrics["rlsd/lambda"] = rlsd_weight
+  if algo.distill == "sdar":
+    metrics["sdar/coef"] = jnp.asarray(algo.lam, jnp.float32)
   metrics["train/tokens"] = denom
   return grads, metrics
 
@@ -412,12 +313,13 @@ def apply_update(
 # ------------------------------------------------------------------------------- the builder
 class TrainStep:
   """The jitted update (and the jitted scoring passes) for one model, objective, optimizer and
-  mesh. `num_traces` counts traces of the update (= compilations: one per bucket shape)."""
+  mesh: `step(state, batch, ref_params=None, iteration=None) -> (state, metrics)`. `num_traces`
+  counts traces of the update (= compilations: one per bucket shape)."""
 
   def __init__(
     self,
     model_config: ModelConfig,
-    loss_config: LossConfig | Mapping[str, Any],
+    algo_config: AlgoConfig | Mapping[str, Any],
     optimizer: optax.GradientTransformation,
     *,
     mesh: Mesh | None = None,
@@ -426,7 +328,7 @@ class TrainStep:
     rules: sharding.Rules | None = None,
   ):
     self.model_config = model_config
-    self.loss_config = LossConfig.from_config(loss_config)
+    self.algo_config = AlgoConfig.from_config(algo_config)
     self.optimizer = optimizer
     self.mesh = mesh
     self.micro_batch_size = micro_batch_size
@@ -447,17 +349,10 @@ class TrainStep:
     )
 
   def state_shardings(self) -> TrainState | None:
-    """Shardings of the TrainState: params by the rules table, optimizer moments like the params
-    they mirror, everything else replicated."""
+    """`train_state_shardings` of this step's model, optimizer and mesh (None: no mesh)."""
     if self.mesh is None:
       return None
-    params = self.param_shardings()
-    rep = sharding.replicated(self.mesh)
-    abstract_opt = jax.eval_shape(self.optimizer.init, param_shapes(self.model_config))
-    opt = optax.tree_map_params(
-      self.optimizer, lambda _, s: s, abstract_opt, params, transform_non_params=lambda _: rep
-    )
-    return TrainState(step=rep, params=params, opt_state=opt, skipped_updates=rep)
+    return train_state_shardings(self.model_config, self.optimizer, self.mesh, self.rules)
 
   def _batch_sharding(self) -> NamedSharding | None:
     return None if self.mesh is None else sharding.batch_sharding(self.mesh, 1, self.rules)
@@ -498,7 +393,7 @@ class TrainStep:
     self, batch: TurnBatch, ref_params: Params | None = None, for_update: bool = True
   ) -> None:
     """Shape / presence checks on the host, with errors that say what to pass."""
-    lc = self.loss_config
+    algo = self.algo_config
     B, R = batch.response_mask.shape
     expect = {"student_mask": batch.student_tokens.shape, "old_logp": (B, R), "advantages": (B,)}
     if batch.student_tokens.shape[0] != B or batch.student_tokens.shape[1] <= R:
@@ -506,8 +401,8 @@ class TrainStep:
         f"student_tokens shape {batch.student_tokens.shape} must be [B={B}, Ps+R] "
         f"with a prompt of at least one token before R={R} response slots."
       )
-    teacher_in_step = lc.needs_teacher and lc.teacher_source == "step"
-    if for_update and lc.needs_teacher and lc.teacher_source == "rollout":
+    teacher_in_step = algo.teacher and algo.teacher_source == "step"
+    if for_update and algo.teacher and algo.teacher_source == "rollout":
       if batch.teacher_logp is None:
         raise ValueError(
           "algo.teacher_source='rollout' needs batch.teacher_logp: score it once "
@@ -518,7 +413,7 @@ class TrainStep:
     if teacher_in_step or not for_update:
       if batch.teacher_tokens is None or batch.teacher_mask is None:
         raise ValueError(
-          f"algo (distill={lc.distill!r}, advantage={lc.advantage!r}) scores the "
+          f"algo (distill={algo.distill!r}, advantage={algo.advantage!r}) scores the "
           "teacher: the batch needs teacher_tokens and teacher_mask [B, Pt+R]."
         )
       if batch.teacher_tokens.shape[0] != B or batch.teacher_tokens.shape[1] <= R:
@@ -527,10 +422,10 @@ class TrainStep:
           f"[B={B}, Pt+R] with Pt >= 1 before R={R} response slots."
         )
       expect["teacher_mask"] = batch.teacher_tokens.shape
-    if for_update and lc.kl_coef:
+    if for_update and algo.kl_coef:
       if ref_params is None and batch.ref_logp is None:
         raise ValueError(
-          f"algo.kl_coef={lc.kl_coef} needs the reference policy: pass ref_params= "
+          f"algo.kl_coef={algo.kl_coef} needs the reference policy: pass ref_params= "
           "(frozen initial params) or batch.ref_logp [B, R]; or set kl_coef=0."
         )
       if ref_params is None:
@@ -545,7 +440,7 @@ class TrainStep:
   def _update_fn(self, with_ref: bool) -> Callable:
     if with_ref in self._update_fns:
       return self._update_fns[with_ref]
-    config, lc, optimizer = self.model_config, self.loss_config, self.optimizer
+    config, algo, optimizer = self.model_config, self.algo_config, self.optimizer
 
     def update(state: TrainState, batch: TurnBatch, ref_params, iteration):
       self.num_traces += 1  # runs at trace time only
@@ -558,7 +453,7 @@ class TrainStep:
       iteration = jnp.where(iteration < 0, state.step + 1, iteration)
       grads, metrics = loss_and_grads(
         config,
-        lc,
+        algo,
         state.params,
         batch,
         micro_batch_size=self._micro(batch.batch_size),
@@ -624,10 +519,10 @@ class TrainStep:
   def _score_fn(self, branch: str) -> Callable:
     if branch in self._score_fns:
       return self._score_fns[branch]
-    config, lc = self.model_config, self.loss_config
+    config, algo = self.model_config, self.algo_config
     logp_fn = {
-      "teacher": lambda p, mb: _teacher_logp(config, lc, p, mb),
-      "student": lambda p, mb: _student_logp(config, lc, p, mb, False)[0],
+      "teacher": lambda p, mb: _teacher_logp(config, algo, p, mb),
+      "student": lambda p, mb: _student_logp(config, algo, p, mb, False)[0],
     }[branch]
 
     def score(params: Params, batch: TurnBatch) -> Array:
@@ -690,37 +585,15 @@ def lr_schedule_from_optim(optim: Mapping[str, Any]) -> Callable[[Array], Array]
   return make_lr_schedule(float(optim["lr"]), int(optim.get("warmup_steps", 0)))
 
 
-def make_train_step(
-  model_config: ModelConfig,
-  loss_config: LossConfig | Mapping[str, Any],
-  optimizer: optax.GradientTransformation,
-  *,
-  mesh: Mesh | None = None,
-  micro_batch_size: int | None = None,
-  lr_schedule: Callable[[Array], Array] | None = None,
-  rules: sharding.Rules | None = None,
-) -> TrainStep:
-  """The update: `step(state, batch, ref_params=None, iteration=None) -> (state, metrics)`."""
-  return TrainStep(
-    model_config,
-    loss_config,
-    optimizer,
-    mesh=mesh,
-    micro_batch_size=micro_batch_size,
-    lr_schedule=lr_schedule,
-    rules=rules,
-  )
-
-
 def train_step_from_config(
   model_config: ModelConfig, config, mesh: Mesh | None = None
 ) -> TrainStep:
-  """From a run config: `config.algo` (preset fields + teacher_source), `config.optim` (lr,
-  warmup_steps, b1, b2, weight_decay, clip_norm), `config.train.micro_batch_size`."""
+  """From a run config: `config.algo` (every `AlgoConfig` field), `config.optim` (lr,
+  warmup_steps, b1, b2, eps, weight_decay, clip_norm), `config.train.micro_batch_size`."""
   optim = dict(config.optim)
   optimizer = make_optimizer(**optim)
   micro = config.train.get("micro_batch_size") if hasattr(config.train, "get") else None
-  return make_train_step(
+  return TrainStep(
     model_config,
     config.algo,
     optimizer,

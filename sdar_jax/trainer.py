@@ -43,6 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import envs
 from sdar_jax import sharding
 from sdar_jax.chat_templates import ChatTemplate, resolve_chat_template
 from sdar_jax.checkpoint import CheckpointManager, abstract_train_state, export_hf
@@ -54,7 +55,6 @@ from sdar_jax.rollout import (
   AgentLoop,
   ReplayQueue,
   episodes_to_samples,
-  get_adapter,
   pack_batch,
   plan_minibatches,
   validation_tasks,
@@ -70,7 +70,6 @@ log = logging.getLogger(__name__)
 
 _PAD_FALLBACK = 0
 EVAL_RECORD = "evaluation.json"  # written by an evaluation into its output directory
-_HOST_LOOP_ENVS = ("alfworld",)
 # eval.skills -> [(metric prefix, skills in the student prompt)]; Skill-GRPO's table rows read
 # "val" without skills and "val_with_skill" with them (docs/reference.md §2.6).
 _EVAL_MODES = {
@@ -150,37 +149,13 @@ def _due(iteration: int, every: int, total: int) -> bool:
   return iteration == total or (every > 0 and iteration % every == 0)
 
 
-def offline_alfworld_dir(env_cfg) -> str:
-  """Generated ALFWorld games (train / valid_seen / valid_unseen), cached per generator settings."""
-  from envs.alfworld import generator
-
-  off = env_cfg.offline
-  root = os.environ.get(
-    "SDAR_DATA_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "sdar_jax")
-  )
-  out = os.path.join(root, f"alfworld_offline_n{off.num_train}_e{off.num_eval}_s{off.seed}")
-  marker = os.path.join(out, "COMPLETE")
-  if not os.path.exists(marker):
-    log.info("generating offline ALFWorld games into %s (planner-checked, cached) ...", out)
-    generator.generate(out, off.num_train, off.num_eval, seed=off.seed)
-    with open(marker, "w") as f:
-      f.write("ok\n")
-  return out
-
-
-def game_files(config, split: str) -> list[str]:
-  from envs.alfworld import collect_game_files
-
-  data_dir = config.env.get("data_dir") or offline_alfworld_dir(config.env)
-  return collect_game_files(data_dir, split)
-
-
 def build_retriever(config):
+  """The skill retriever of ``env.skills``: its directory, else the env family's skills."""
   from envs.skills.retrieval import SkillRetriever
 
   s = config.env.skills
   return SkillRetriever(
-    s.get("dir") or config.env.name,
+    s.get("dir") or envs.env_family(config.env.name).skills,
     strategy=s.strategy,
     rules_version=s.rules_version,
     top_k=s.top_k,
@@ -249,12 +224,12 @@ class Trainer:
     """workdir: the run directory, or where an evaluation (`eval_only`) writes its results.
     params_from: (checkpoint directory, step) whose parameters an evaluation plays; None = the
     config's weights (model.path, or random init)."""
-    if config.env.name not in _HOST_LOOP_ENVS:
+    try:
+      self.env_family = envs.env_family(config.env.name)
+    except KeyError as e:
       raise NotImplementedError(
-        f"env.name={config.env.name!r}: the host loop runs {_HOST_LOOP_ENVS} so far; the "
-        f"WebShop and Search-QA environments are not implemented yet (their configs validate and "
-        f"--dry_run works)."
-      )
+        f"env.name={config.env.name!r}: the host loop cannot run it yet ({e.args[0]})"
+      ) from None
     if not eval_only:
       check_trainable(config)
     self.config = config
@@ -271,8 +246,6 @@ class Trainer:
 
   def _build(self) -> None:
     """Everything `__init__` builds once the workdir's lock is held."""
-    import envs
-
     config = self.config
     if self.eval_only:
       self._start_eval_record()
@@ -290,7 +263,7 @@ class Trainer:
     self.with_teacher = False
     if not self.eval_only:
       self.step_fn = train_step_from_config(self.model_config, config, self.mesh)
-      self.with_teacher = self.step_fn.loss_config.needs_teacher
+      self.with_teacher = self.step_fn.algo_config.teacher
     self.pad_id = self.tokenizer.pad_token_id or _PAD_FALLBACK
     self.sampler = Sampler(
       self.model_config, self.mesh, self.tokenizer, max_prompt_len=config.rollout.max_prompt_len
@@ -298,12 +271,15 @@ class Trainer:
     env = config.env
     self.group_size = env.group_size
     self.tasks_per_step = env.tasks_per_step
-    self.train_games = [] if self.eval_only else game_files(config, env.get("split", "train"))
-    self.eval_games = (
-      game_files(config, config.eval.split)
+    # Each split's pool kwargs and task names (ALFWorld: its game files) from the env family.
+    train_split = None if self.eval_only else self.env_family.split(env, env.get("split", "train"))
+    eval_split = (
+      self.env_family.split(env, config.eval.split)
       if self.eval_only or config.train.eval_every or config.train.eval_before_train
-      else []
+      else None
     )
+    self.train_games = train_split.task_names if train_split else []
+    self.eval_games = eval_split.task_names if eval_split else []
     retriever = (
       build_retriever(config)
       if (self.with_teacher or config.algo.skills_in_student or config.eval.skills != "without")
@@ -315,7 +291,7 @@ class Trainer:
       self.pool = envs.EnvPool(
         env.name,
         n_train,
-        dict(game_files=self.train_games, seed=env.seed, max_steps=env.max_turns),
+        dict(train_split.env_kwargs, seed=env.seed, max_steps=env.max_turns),
         num_workers=min(env.num_workers, n_train),
       )
     sampling = SamplingParams(
@@ -326,7 +302,7 @@ class Trainer:
       stop_token_ids=self.tokenizer.eos_token_ids,
     )
     common = dict(
-      adapter=get_adapter(env.name),
+      adapter=self.env_family.adapter(),
       sampler=self.sampler,
       tokenizer=self.tokenizer,
       chat_template=self.chat_template,
@@ -358,7 +334,7 @@ class Trainer:
       self.eval_pool = envs.EnvPool(
         env.name,
         n_eval,
-        dict(game_files=self.eval_games, seed=env.seed + 1000, max_steps=env.max_turns),
+        dict(eval_split.env_kwargs, seed=env.seed + 1000, max_steps=env.max_turns),
         num_workers=min(env.num_workers, n_eval),
       )
       val_sampling = dataclasses.replace(sampling, temperature=config.rollout.val_temperature)
@@ -378,7 +354,7 @@ class Trainer:
     else:
       if config.get("warm_start") and config.warm_start.steps > 0:
         params = self._warm_start(params)
-      if self.step_fn.loss_config.kl_coef:  # the frozen initial policy (after any warm start)
+      if self.step_fn.algo_config.kl_coef:  # the frozen initial policy (after any warm start)
         self.ref_params = jax.tree.map(jnp.copy, params)
       self.state = self.step_fn.shard_state(create_train_state(params, self.step_fn.optimizer))
     self.replay = ReplayQueue(max_staleness=config.train.max_staleness)
@@ -402,13 +378,14 @@ class Trainer:
 
   # ---------------------------------------------------------------------------- warm start
   def _warm_start(self, params):
-    """Expert SFT on the walkthroughs, or (warm_start.source="expert") on the search expert's
-    games with and without skills, then the teacher-student gap on held-out expert turns (once
-    per workdir: the result is saved as a Hugging Face directory and reloaded on resume, so the
-    KL reference stays the warm-started policy)."""
+    """Expert SFT on the env family's expert records (ALFWorld: the walkthroughs), or
+    (warm_start.source="expert") on its expert's games with and without skills, then the
+    teacher-student gap on held-out expert turns (once per workdir: the result is saved as a
+    Hugging Face directory and reloaded on resume, so the KL reference stays the warm-started
+    policy)."""
     from sdar_jax import warm_start as ws
     from sdar_jax.models import save_pretrained
-    from sdar_jax.warm_start import expert_samples, read_walkthroughs, warm_start
+    from sdar_jax.warm_start import expert_samples, warm_start
 
     out = os.path.join(self.workdir, "warm_start_policy")
     if os.path.exists(os.path.join(out, "config.json")):
@@ -420,11 +397,22 @@ class Trainer:
     if w.get("source", "walkthroughs") == "expert":
       loop = ws.warm_start_loop(self.loop, build_retriever(self.config))
       samples, gap, expert_metrics = ws.expert_warm_start_data(
-        w, loop, self.pool, len(self.train_games), end, seed=self.config.train.seed
+        w,
+        loop,
+        self.pool,
+        len(self.train_games),
+        end,
+        family=self.env_family,
+        seed=self.config.train.seed,
       )
     else:
-      data_dir = self.config.env.get("data_dir") or offline_alfworld_dir(self.config.env)
-      records = read_walkthroughs(os.path.join(data_dir, "walkthroughs", f"{w.split}.jsonl"))
+      if self.env_family.expert_records is None:
+        raise ValueError(
+          f"warm_start.source={w.get('source', 'walkthroughs')!r}: env {self.env_family.name!r} "
+          "has no expert records (EnvFamily.expert_records). Fix: set warm_start.steps=0 or "
+          "warm_start.source='expert' if the env has an expert."
+        )
+      records = self.env_family.expert_records(self.config.env, w.split)
       samples = expert_samples(records, self.loop, end_token_id=end)
     params, losses = warm_start(
       self.model_config,
@@ -599,8 +587,8 @@ class Trainer:
     metrics = rollout_metrics(episodes)
     samples = episodes_to_samples(
       episodes,
-      invalid_penalty=self.config.algo.invalid_penalty,
-      norm_adv_by_std=self.config.algo.norm_adv_by_std,
+      invalid_penalty=self.step_fn.algo_config.invalid_penalty,
+      norm_adv_by_std=self.step_fn.algo_config.norm_adv_by_std,
     )
     self.replay.put(samples)
     samples = self.replay.take(None, current_version=it)
@@ -621,12 +609,12 @@ class Trainer:
       self.step_fn.shard_batch(pack_batch(mb, mb_size, self.with_teacher, self.pad_id))
       for mb in plan_minibatches(samples, mb_size)
     ]
-    lc = self.step_fn.loss_config
-    if self.config.algo.get("recompute_old_logp", False):  # θ_old re-scores the sampled tokens
+    algo = self.step_fn.algo_config
+    if algo.recompute_old_logp:  # θ_old re-scores the sampled tokens
       rescored = [self.step_fn.recompute_old_logp(self.state.params, b) for b in batches]
       batches = [b for b, _ in rescored]
       metrics["rollout/max_abs_logp_diff_sampler_vs_recompute"] = max(d for _, d in rescored)
-    if self.with_teacher and lc.teacher_source == "rollout":
+    if self.with_teacher and algo.teacher_source == "rollout":
       batches = [
         b.replace(teacher_logp=self.step_fn.score_teacher(self.state.params, b)) for b in batches
       ]

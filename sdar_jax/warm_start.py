@@ -1,9 +1,11 @@
 """Expert warm start: SFT on expert turns before RL, with rollout-identical prompts.
 
-Two sources of expert turns:
-- the planner's walkthroughs the offline generator exports (`walkthroughs/<split>.jsonl`): they go
-  straight to the hidden object, which no policy can copy without seeing where it is;
-- `envs.alfworld.expert.SearchExpert` played on the real engine (`record_expert_games`): an
+Two sources of expert turns, both given by the environment's `envs.EnvFamily`:
+- `expert_records`: for ALFWorld, the planner's walkthroughs the offline generator exports
+  (`walkthroughs/<split>.jsonl`, read by `envs.alfworld.data`): they go straight to the hidden
+  object, which no policy can copy without seeing where it is;
+- `play_expert`: for ALFWorld, `envs.alfworld.expert.SearchExpert` played on the real engine
+  (`record_expert_games`): an
   expert that does not know where the object is and searches for it, in two modes. Without skills
   it searches in a knowledge-free order and its turns get the plain student prompt; following
   the skills it searches first where the skill text says objects of that type are kept, and its
@@ -29,8 +31,6 @@ actions, i.e. when the teacher branch has something to distil.
 from __future__ import annotations
 
 import functools
-import json
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from envs.base import EnvFamily
 from sdar_jax.batch import TurnSample
 from sdar_jax.models import ModelConfig, Params
 from sdar_jax.rollout.agent_loop import AgentLoop, EpisodeView
@@ -51,16 +52,6 @@ def expert_response(task: str, action: str) -> str:
   (short on purpose: the response bucket, and so the cost of every SFT step, follows its length)."""
   del task  # the prompt states it; repeating it would double the target length
   return f"<think>I follow my plan.</think>\n<action>{action}</action>"
-
-
-def read_walkthroughs(path: str) -> list[dict[str, Any]]:
-  if not os.path.exists(path):
-    raise FileNotFoundError(
-      f"No expert walkthroughs at {path!r}: generate games with `python -m envs.alfworld.generator "
-      f"--out DIR` (it writes DIR/walkthroughs/<split>.jsonl) or set warm_start.steps=0."
-    )
-  with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
 
 
 def _record_turns(
@@ -191,33 +182,47 @@ def record_expert_games(
   tasks: Sequence[int],
   retriever,
   *,
+  family: EnvFamily,
   epsilon: float = 0.0,
   seed: int = 0,
   search_order: str = "shuffled",
   progress: bool = True,
 ) -> list[dict[str, Any]]:
-  """Plays every game of `tasks` once with each expert mode (knowledge-free, then skill-following)
-  on `pool` (ALFWorld envs; their `max_steps` is the turn limit) and returns the episode records
-  (`envs.alfworld.expert.play_episodes`). The skill-following expert reads the skill text the
-  teacher's block holds at the game's first turn (`retriever.skill_text` for its task type, game
-  file and first observation): the block of every turn with the "rules" strategy; "bm25" and
-  "random" may pick other items on later turns."""
+  """Plays every game of `tasks` once with each of `family`'s expert modes (ALFWorld:
+  knowledge-free, then skill-following) on `pool` (its envs' `max_steps` is the turn limit) and
+  returns the episode records (`family.play_expert`). The skill-following expert reads the skill
+  text the teacher's block holds at the game's first turn (`retriever.skill_text` for its task
+  type, game file and the adapter's skill query of the first turn): the block of every turn with
+  the "rules" strategy; "bm25" and "random" may pick other items on later turns."""
   from tqdm import tqdm
 
-  from envs.alfworld.expert import MODES, play_episodes
+  if family.play_expert is None:
+    raise ValueError(
+      f"warm_start.source='expert': env {family.name!r} has no expert (EnvFamily.play_expert). "
+      "Fix: use warm_start.source='walkthroughs' if it has expert records, or warm_start.steps=0."
+    )
+  adapter = family.adapter()
 
   def skill_text(info: dict[str, Any]) -> str:
-    query = f"{info.get('task', '')} {info.get('observation', '')}"  # the adapter's first query
+    first_turn = EpisodeView(
+      task=info.get("task", ""),
+      task_type=info.get("task_type", "unknown"),
+      gamefile=info.get("gamefile", ""),
+      observation=info.get("observation", ""),
+      admissible=[],
+      history=[],
+    )
+    query = adapter.skill_query(first_turn)
     return retriever.skill_text(
       task_type=info.get("task_type"), gamefile=info.get("gamefile"), query=query
     )
 
-  jobs = [(mode, t) for mode in MODES for t in tasks]
+  jobs = [(mode, t) for mode in family.expert_modes for t in tasks]
   records: list[dict[str, Any]] = []
   n = len(pool)
   for start in tqdm(range(0, len(jobs), n), desc="expert games", leave=False, disable=not progress):
     chunk = jobs[start : start + n]
-    records += play_episodes(
+    records += family.play_expert(
       pool,
       [t for _, t in chunk],
       [m for m, _ in chunk],
@@ -266,6 +271,7 @@ def expert_warm_start_data(
   num_games: int,
   end_token_id: int,
   *,
+  family: EnvFamily,
   seed: int = 0,
   progress: bool = True,
 ) -> tuple[list[TurnSample], list[TurnSample], dict[str, float]]:
@@ -275,7 +281,8 @@ def expert_warm_start_data(
   played, each once per mode; 0 = all `num_games`), `expert_epsilon` (share of random turns),
   `expert_search_order` ("shuffled" | "room"), `expert_holdout` (share of the games kept out of the
   SFT for the teacher-student gap). `loop` builds the plain and the skill prompts
-  (`warm_start_loop`). Returns (SFT samples, held-out gap samples, expert metrics).
+  (`warm_start_loop`); `family` is the environment's `envs.EnvFamily` (it plays the expert).
+  Returns (SFT samples, held-out gap samples, expert metrics).
   """
   games = settings.get("expert_games", 0) or num_games
   tasks = sorted(np.random.default_rng(seed).permutation(num_games)[: min(games, num_games)])
@@ -283,6 +290,7 @@ def expert_warm_start_data(
     pool,
     [int(t) for t in tasks],
     loop.retriever,
+    family=family,
     epsilon=settings.get("expert_epsilon", 0.0),
     seed=seed,
     search_order=settings.get("expert_search_order", "shuffled"),

@@ -11,19 +11,7 @@ import numpy as np
 import torch
 import transformers
 
-from sdar_jax.models import ModelConfig
-
-# The small Qwen3-architecture config most JAX-side tests use (GQA 4 q heads over 2 kv heads).
-SMALL_QWEN3 = ModelConfig.tiny(
-  "qwen3",
-  vocab_size=256,
-  hidden_size=64,
-  intermediate_size=128,
-  num_layers=2,
-  num_heads=4,
-  num_kv_heads=2,
-  head_dim=16,
-)
+from tests.helpers import SMALL_QWEN3  # noqa: F401  (re-exported for the parity tests)
 
 SMALL = dict(
   vocab_size=384,

@@ -2,6 +2,7 @@
 entropy, presets. Every check is against an independent float64 NumPy implementation
 written here or against numbers worked by hand."""
 
+import dataclasses
 import math
 
 import jax
@@ -11,6 +12,7 @@ import pytest
 
 from sdar_jax import algos
 from sdar_jax.algos import (
+  AlgoConfig,
   agg_loss,
   apply_invalid_penalty,
   entropy_from_logits,
@@ -199,7 +201,7 @@ def test_rlsd_token_advantages_by_hand_and_random():
     jnp.array([[math.log(1.1)], [1.0]]),
     jnp.zeros((2, 1)),
     jnp.ones((2, 1)),
-    lam=0.5,
+    teacher_weight=0.5,
   )
   np.testing.assert_allclose(got, [[2.1], [-0.9]], rtol=1e-6)
 
@@ -228,7 +230,7 @@ def test_token_advantages_registry():
   np.testing.assert_allclose(token_advantages("grpo", seq_adv, mask), seq_adv[:, None] * mask)
   # lam = 0 -> RLSD is exactly GRPO
   np.testing.assert_allclose(
-    token_advantages("rlsd", seq_adv, mask, teacher_logp=lt, old_logp=lold, lam=0.0),
+    token_advantages("rlsd", seq_adv, mask, teacher_logp=lt, old_logp=lold, teacher_weight=0.0),
     seq_adv[:, None] * mask,
   )
   with pytest.raises(ValueError, match="teacher_logp"):
@@ -407,8 +409,8 @@ EXPECTED_PRESETS = {
 def test_presets_values_and_shared_keys():
   assert set(algos.ALGO_PRESETS) == set(EXPECTED_PRESETS)
   for name, want in EXPECTED_PRESETS.items():
-    p = get_preset(name)
-    assert tuple(p) == algos.PRESET_KEYS and p["name"] == name
+    p = dataclasses.asdict(get_preset(name))
+    assert tuple(p) == tuple(f.name for f in dataclasses.fields(AlgoConfig)) and p["name"] == name
     for key, value in want.items():
       assert p[key] == value, (name, key)
     common = dict(
@@ -431,11 +433,31 @@ def test_presets_values_and_shared_keys():
     assert p["advantage"] in algos.ADVANTAGE_ESTIMATORS
 
 
-def test_get_preset_returns_a_copy_and_names_valid_ones():
-  get_preset("sdar")["lam"] = 99.0
-  assert get_preset("sdar")["lam"] == 0.01
+def test_presets_are_immutable_and_unknown_names_list_valid_ones():
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    get_preset("sdar").lam = 99.0
+  assert dataclasses.replace(get_preset("sdar"), lam=99.0).lam == 99.0
+  assert get_preset("sdar").lam == 0.01
   with pytest.raises(ValueError, match="skill_grpo"):
     get_preset("sdar_v2")
+
+
+def test_algo_config_checks_itself_and_reports_every_problem():
+  with pytest.raises(ValueError) as e:
+    AlgoConfig(beta=-1.0, gate="nope", clip_c=1.0)
+  lines = str(e.value).splitlines()
+  assert len(lines) == 3
+  assert any(line.startswith("algo.beta=-1.0: must be a number >= 0. Fix:") for line in lines)
+  assert f"algo.gate='nope': unknown name. Fix: use one of {algos.GATES.names()}" in lines
+  assert any(line.startswith("algo.clip_c=1.0: the dual-clip bound must be > 1") for line in lines)
+  # the teacher is scored exactly when a term reads it, unless asked for its metrics alone
+  assert (AlgoConfig().teacher, AlgoConfig(advantage="rlsd").teacher) == (False, True)
+  assert AlgoConfig(teacher=True).teacher
+  refused = r"algo.teacher=False: .*'skill_sd'.* need teacher log-probs"
+  with pytest.raises(ValueError, match=refused):
+    AlgoConfig(distill="skill_sd", lam=0.001, teacher=False)
+  sdar = get_preset("sdar")  # hashable and equal by value: a jit static
+  assert hash(sdar) == hash(AlgoConfig.from_config(dataclasses.asdict(sdar)))
 
 
 # ----------------------------------------------------------------------------- no token loops

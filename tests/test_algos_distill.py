@@ -256,33 +256,33 @@ def test_skill_sd_is_zero_when_teacher_equals_student():
 def preset_loss(preset, logp, old, ref, teacher, seq_adv, ent, step=1):
   """The actor loss a preset describes, composed from the library's registered pieces."""
   p = get_preset(preset)
-  lam_k = rlsd_lambda(step, p["rlsd_lam0"], p["rlsd_warmdown_steps"])
+  lam_k = rlsd_lambda(step, p.rlsd_lam0, p.rlsd_warmdown_steps)
   adv = token_advantages(
-    p["advantage"],
+    p.advantage,
     seq_adv,
     MASK,
     teacher_logp=teacher,
     old_logp=old,
-    lam=lam_k,
-    clip_eps=p["rlsd_clip_eps"],
+    teacher_weight=lam_k,
+    clip_eps=p.rlsd_clip_eps,
   )
-  pg, _ = policy_loss(logp, old, adv, MASK, p["clip_low"], p["clip_high"], p["clip_c"], p["agg"])
+  pg, _ = policy_loss(logp, old, adv, MASK, p.clip_low, p.clip_high, p.clip_c, p.agg)
   distill, _ = distill_loss(
-    p["distill"],
+    p.distill,
     student_logp=logp,
     teacher_logp=teacher,
     old_logp=old,
     mask=MASK,
-    beta=p["beta"],
-    gate=p["gate"],
+    beta=p.beta,
+    gate=p.gate,
     entropy=ent,
     vocab_size=VOCAB,
-    form=p["form"],
-    agg=p["agg"],
+    form=p.form,
+    agg=p.agg,
   )
-  kl, _ = kl_loss(logp, ref, MASK, p["kl_kind"], p["agg"])
-  h, _ = entropy_loss(ent, MASK, p["agg"])
-  return p["pg_coef"] * pg + p["lam"] * distill - p["entropy_coef"] * h + p["kl_coef"] * kl
+  kl, _ = kl_loss(logp, ref, MASK, p.kl_kind, p.agg)
+  h, _ = entropy_loss(ent, MASK, p.agg)
+  return p.pg_coef * pg + p.lam * distill - p.entropy_coef * h + p.kl_coef * kl
 
 
 def preset_grad(preset, teacher_shift=0.0, **kw):
@@ -294,7 +294,7 @@ def preset_grad(preset, teacher_shift=0.0, **kw):
 
 
 def test_grpo_opsd_gradient_is_grpo_plus_half_lambda_per_token():
-  lam = get_preset("grpo_opsd")["lam"]
+  lam = get_preset("grpo_opsd").lam
   want = preset_grad("grpo") - lam * 0.5 * MASK / MASK.sum()
   np.testing.assert_allclose(preset_grad("grpo_opsd"), want, rtol=1e-6, atol=1e-9)
   # beta = 0 is exactly the constant gate, and the teacher has no effect on the gradient

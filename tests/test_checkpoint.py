@@ -19,10 +19,9 @@ from sdar_jax.checkpoint import (
   abstract_train_state,
   export_hf,
   model_config_mismatches,
-  train_state_shardings,
 )
 from sdar_jax.models import ModelConfig, forward, init_params
-from sdar_jax.train_state import create_train_state, make_optimizer
+from sdar_jax.train_state import create_train_state, make_optimizer, train_state_shardings
 from tests import hf_fixtures
 
 TINY = hf_fixtures.SMALL_QWEN3
@@ -51,7 +50,8 @@ def _trained_state_unsharded(seed: jax.Array):
 def _trained_state(mesh, seed: int):
   """`_trained_state_unsharded(seed)` placed on `mesh` with the training shardings."""
   return jax.device_put(
-    _trained_state_unsharded(jnp.int32(seed)), train_state_shardings(TINY, _optimizer(), mesh)
+    _trained_state_unsharded(jnp.int32(seed)),
+    train_state_shardings(TINY, _optimizer(), mesh),
   )
 
 

@@ -18,6 +18,7 @@ from sdar_jax.algos import (
   ADVANTAGE_ESTIMATORS,
   AGG_MODES,
   ALGO_PRESETS,
+  AlgoConfig,
   GATES,
   KL_PENALTIES,
   SDAR_FORMS,
@@ -27,8 +28,6 @@ from sdar_jax.chat_templates import ChatTemplate
 from sdar_jax.config_validation import (
   IMPLEMENTED_ENVS,
   ConfigError,
-  batch_divisor_of,
-  mesh_shape,
   model_config_from,
   validate,
 )
@@ -159,21 +158,33 @@ def test_default_is_the_offline_demo():
 @pytest.mark.parametrize("name", sorted(ALGO_PRESETS))
 def test_every_algo_preset_is_selectable(name):
   config = _local(name)
-  preset = get_preset(name)
-  assert {k: config.algo[k] for k in preset} == {**preset, "kl_coef": 0.01, "invalid_penalty": 0.1}
+  preset = dataclasses.asdict(get_preset(name))
+  assert config.algo.to_dict() == {**preset, "kl_coef": 0.01, "invalid_penalty": 0.1}
   validate(config, num_devices=8)
 
 
 @pytest.mark.parametrize("name", sorted(ALGO_PRESETS))
 def test_algo_section_feeds_the_train_step(name):
-  """The update reads config.algo as is: every preset field reaches its LossConfig."""
-  from sdar_jax.train_step import LossConfig
-
+  """The update reads config.algo as is: every field of the section reaches its AlgoConfig."""
   config = _local(name)
   config.algo.teacher_source = "step"
-  loss = LossConfig.from_config(config.algo)
-  for key, value in dataclasses.asdict(loss).items():
-    assert config.algo[key] == value, key
+  algo = AlgoConfig.from_config(config.algo)
+  assert dataclasses.asdict(algo) == config.algo.to_dict()
+
+
+def test_algo_section_is_generated_from_the_dataclass():
+  """One schema: the section's keys are AlgoConfig's fields, its defaults the preset's values."""
+  section = common.algo("rlsd")
+  assert sorted(section) == sorted(f.name for f in dataclasses.fields(AlgoConfig))
+  assert section.to_dict() == dataclasses.asdict(get_preset("rlsd"))
+  assert (section.advantage, section.teacher, section.teacher_source) == ("rlsd", True, "rollout")
+
+
+def test_algo_section_key_typos_name_the_closest_field():
+  algo = dict(common.algo("sdar"), lamda=0.1)
+  want = r"algo.lamda: not an algorithm setting \(did you mean 'lam'\?\)"
+  with pytest.raises(ValueError, match=want):
+    AlgoConfig.from_config(algo)
 
 
 @pytest.mark.parametrize(
@@ -313,10 +324,6 @@ def test_all_problems_are_reported_at_once():
 
 
 def test_mesh_resolution():
-  assert mesh_shape({"data": -1, "fsdp": 2, "tensor": 1}, 8) == {"data": 4, "fsdp": 2, "tensor": 1}
-  assert (
-    batch_divisor_of({"data": 4, "fsdp": 2, "tensor": 2}) == 8
-  )  # tensor does not split the batch
   config = common.override(_local(), {"mesh.data": 1, "mesh.fsdp": -1, "mesh.tensor": 2})
   validate(config, num_devices=8)  # batch shards 1 x 4 = 4 divide 8 episodes and micro 8
 

@@ -110,3 +110,21 @@ def test_pool_reports_an_env_that_fails_to_reset():
     results = pool.reset()
     assert not results[0].failed
     assert results[1].failed and "reset" in results[1].info["env_error"]
+
+
+def test_env_family_is_looked_up_by_name_importing_its_module():
+  """The trainer's only way to an environment: `env_family(name)` imports ``envs.<name>``."""
+  family = envs.env_family("alfworld")
+  assert family.name == "alfworld" and family.skills == "alfworld"
+  assert isinstance(family.adapter(), envs.EnvAdapter)
+  assert family.play_expert is not None and family.expert_modes == ("plain", "skills")
+
+
+def test_env_family_unknown_or_registered_twice_names_the_fix():
+  with pytest.raises(KeyError, match="register_family"):
+    envs.env_family("no_such_env")
+  family = envs.env_family("alfworld")
+  twin = envs.EnvFamily(name="alfworld", split=family.split, adapter=family.adapter, skills="x")
+  with pytest.raises(ValueError, match="already registered"):
+    envs.register_family(twin)
+  assert envs.env_family("alfworld") is family

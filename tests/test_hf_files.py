@@ -11,19 +11,9 @@ import jax
 import pytest
 
 from sdar_jax.checkpoint import export_hf
-from sdar_jax.models import ModelConfig, init_params, load_pretrained, save_pretrained
+from sdar_jax.models import init_params, load_pretrained, save_pretrained
 from sdar_jax.models.hf_io import QWEN_GENERATION_CONFIG, SafetensorsFile, verify_checkpoint
-
-SMALL_QWEN3 = ModelConfig.tiny(
-  "qwen3",
-  vocab_size=256,
-  hidden_size=64,
-  intermediate_size=128,
-  num_layers=2,
-  num_heads=4,
-  num_kv_heads=2,
-  head_dim=16,
-)
+from tests.helpers import SMALL_QWEN3
 
 # The tokenizer files of a Hugging Face model directory, as Qwen publishes them.
 TOKENIZER_FILES = (

@@ -5,6 +5,7 @@ entropy gates see the model's vocabulary, and the non-thinking Qwen3-Instruct-25
 no `<think>` block. Truth comes from optax's own AdamW, a full-logits forward in float64, the
 real sampler and hand-worked numbers."""
 
+import dataclasses
 import math
 
 import jax
@@ -14,14 +15,13 @@ import numpy as np
 import optax
 import pytest
 
-from sdar_jax.algos import get_preset
+from sdar_jax.algos import AlgoConfig, get_preset
 from sdar_jax.batch import TurnBatch, TurnSample
 from sdar_jax.models import ModelConfig, forward, init_params
 from sdar_jax.rollout import pack_batch
 from sdar_jax.sampling import Sampler, SamplingParams
 from sdar_jax.train_state import create_train_state, make_optimizer
 from sdar_jax.train_step import (
-  LossConfig,
   TrainStep,
   loss_and_grads,
   train_step_from_config,
@@ -97,7 +97,7 @@ def fresh_state(params, optimizer):
 
 
 # ---------------------------------------------------------------------- learning-rate warm-up
-GRPO = dict(get_preset("grpo"), kl_coef=0.0, entropy_coef=0.0)
+GRPO = dict(dataclasses.asdict(get_preset("grpo")), kl_coef=0.0, entropy_coef=0.0)
 
 
 def test_lr_warmup_counts_iterations_not_optimizer_updates(params):
@@ -124,7 +124,7 @@ def test_lr_warmup_counts_iterations_not_optimizer_updates(params):
   jax.tree.map(np.testing.assert_array_equal, snapshots[1], jax.tree.map(np.asarray, params))
 
   # Truth: optax's AdamW with the per-update rates above, on the same gradients.
-  lc = LossConfig.from_config(GRPO)
+  lc = AlgoConfig.from_config(GRPO)
   grad_fn = jax.jit(lambda p, b: loss_and_grads(CONFIG, lc, p, b)[0])
   rates = jnp.asarray(want_lr)
   adamw = optax.chain(
@@ -175,13 +175,13 @@ def test_warmup_without_an_iteration_is_refused():
 def test_teacher_source_defaults_to_rollout_like_the_configs():
   from configs import common
 
-  assert LossConfig().teacher_source == "rollout"
-  assert LossConfig.from_config(get_preset("sdar")).teacher_source == "rollout"
+  assert AlgoConfig().teacher_source == "rollout"
+  assert AlgoConfig.from_config(get_preset("sdar")).teacher_source == "rollout"
   assert common.algo("sdar").teacher_source == "rollout"
 
 
 def test_rollout_source_without_teacher_logp_names_the_fix(params):
-  lc = LossConfig.from_config(get_preset("sdar"))
+  lc = AlgoConfig.from_config(get_preset("sdar"))
   with pytest.raises(ValueError, match="score_teacher"):
     loss_and_grads(CONFIG, lc, params, make_batch(0))
 
@@ -263,7 +263,9 @@ def test_recompute_old_logp_is_a_config_option():
   assert config.algo.recompute_old_logp is False
   common.override(config, {"algo.recompute_old_logp": True})
   validate(config, num_devices=8)
-  assert LossConfig.from_config(config.algo) == LossConfig.from_config(
+  algo = AlgoConfig.from_config(config.algo)
+  assert algo.recompute_old_logp is True  # the one field it changes
+  assert dataclasses.replace(algo, recompute_old_logp=False) == AlgoConfig.from_config(
     {k: v for k, v in config.algo.items() if k != "recompute_old_logp"}
   )
 
@@ -303,8 +305,8 @@ def test_teacher_old_gap_is_token_weighted_over_the_iteration_with_its_rms():
 def test_step_normalises_the_gate_entropy_by_the_model_vocabulary(params, gate):
   """The step's gate mean equals the gate evaluated on the float64 full-forward entropies with
   V = the model's number of logits; hand-derived: g_entropy = σ(β(2h/ln V − 1))."""
-  lc = LossConfig.from_config(
-    dict(get_preset("sdar"), gate=gate, teacher_source="step", kl_coef=0.0)
+  lc = AlgoConfig.from_config(
+    dict(dataclasses.asdict(get_preset("sdar")), gate=gate, teacher_source="step", kl_coef=0.0)
   )
   batch = make_batch(3)
   _, metrics = jax.jit(lambda p: loss_and_grads(CONFIG, lc, p, batch))(params)

@@ -5,18 +5,17 @@ import numpy as np
 
 from sdar_jax import sharding
 from sdar_jax.checkpoint import CheckpointManager, abstract_train_state
-from sdar_jax.models import init_params
 from sdar_jax.train_state import make_optimizer
-from sdar_jax.train_step import make_train_step
-from tests.test_train_step import CONFIG, SDAR, fresh_state, make_batch, to_np
+from sdar_jax.train_step import TrainStep
+from tests.helpers import SDAR_LOSS, fresh_state, make_turn_batch, to_np
 
 
-def test_save_restore_continue_is_bit_identical(tmp_path):
-  params = init_params(CONFIG, jax.random.key(0), std=0.1)
+def test_save_restore_continue_is_bit_identical(tmp_path, tiny_config, tiny_params):
+  params = tiny_params
   mesh = sharding.make_mesh((2, 2, 2))
   optimizer = make_optimizer(lr=1e-3, warmup_steps=2)
-  step = make_train_step(CONFIG, SDAR, optimizer, mesh=mesh, micro_batch_size=4)
-  batches = [step.shard_batch(make_batch(params, seed=20 + i)) for i in range(3)]
+  step = TrainStep(tiny_config, SDAR_LOSS, optimizer, mesh=mesh, micro_batch_size=4)
+  batches = [step.shard_batch(make_turn_batch(params, seed=20 + i)) for i in range(3)]
 
   state = step.shard_state(fresh_state(params, optimizer))
   for batch in batches:
@@ -26,14 +25,14 @@ def test_save_restore_continue_is_bit_identical(tmp_path):
   state = step.shard_state(fresh_state(params, optimizer))
   state, _ = step(state, batches[0])
   with CheckpointManager(tmp_path / "ckpt", keep=2) as ckpt:
-    ckpt.save(1, state, CONFIG)
+    ckpt.save(1, state, tiny_config)
   del state  # the "killed" run: only the checkpoint survives
   traces = step.num_traces
 
   with CheckpointManager(tmp_path / "ckpt", keep=2) as ckpt:
     assert ckpt.latest_step() == 1
     state, _ = ckpt.restore(
-      target=abstract_train_state(CONFIG, optimizer, mesh), model_config=CONFIG
+      target=abstract_train_state(tiny_config, optimizer, mesh), model_config=tiny_config
     )
   assert int(state.step) == 1
   for batch in batches[1:]:

@@ -2,19 +2,21 @@
 invariant that ties the sampler to the update (importance ratio exactly 1 at staleness 0)."""
 
 import os
+import subprocess
+import sys
 
 import jax
 import numpy as np
 import pytest
 
+from sdar_jax.batch import TurnSample, batch_bucket, new_tokens_bucket, prompt_bucket
 from sdar_jax.chat_templates import ChatTemplate
 from sdar_jax.models import ModelConfig, init_params
 from sdar_jax.rollout import ReplayQueue, episodes_to_samples, pack_batch, plan_minibatches
-from sdar_jax.rollout.batching import TurnSample
 from sdar_jax.rollout.trajectory import Episode, Turn
-from sdar_jax.sampling import Sampler, SamplingParams, new_tokens_bucket, prompt_bucket
+from sdar_jax.sampling import Sampler, SamplingParams
 from sdar_jax.train_state import make_optimizer
-from sdar_jax.train_step import make_train_step
+from sdar_jax.train_step import TrainStep
 from tests import hf_fixtures
 
 
@@ -53,6 +55,29 @@ def test_single_sample_group_uses_mean_zero_std_one():
   eps = [Episode(0, task_id=0, group_id=7, reward=10.0, turns=[_turn()])]
   (s,) = episodes_to_samples(eps, invalid_penalty=0.1)
   assert s.advantage == pytest.approx(10.0 / (1.0 + 1e-6))
+
+
+def test_rollout_does_not_import_the_update():
+  """The rollout side reaches the update only through sdar_jax.batch (a fresh interpreter)."""
+  code = (
+    "import sys, sdar_jax.rollout; "
+    "print(sorted(m for m in sys.modules if m.startswith('sdar_jax.')))"
+  )
+  out = subprocess.run(
+    [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+  )
+  loaded = out.stdout
+  assert "sdar_jax.batch" in loaded
+  for update_side in ("train_step", "train_state", "trainer", "checkpoint", "warm_start"):
+    assert f"'sdar_jax.{update_side}'" not in loaded, update_side
+
+
+def test_bucket_sizes():
+  # prompts: powers of two from 16 up to 512, then multiples of 512
+  assert [prompt_bucket(n) for n in (1, 16, 17, 512, 513, 1025)] == [16, 16, 32, 512, 1024, 1536]
+  assert [new_tokens_bucket(n) for n in (0, 16, 17, 100)] == [16, 16, 32, 128]
+  # rows: a power of two, rounded up to a multiple of the mesh's batch divisor
+  assert [batch_bucket(n, d) for n, d in ((5, 1), (5, 4), (3, 8), (9, 6))] == [8, 8, 8, 18]
 
 
 def test_pack_batch_aligns_student_and_teacher_responses():
@@ -109,7 +134,10 @@ def test_plan_minibatches_covers_every_sample_once():
 
 def test_replay_queue_drops_stale_samples():
   q = ReplayQueue(max_staleness=1)
-  mk = lambda v: TurnSample([1], [2], [-1.0], 0, 0, 0, policy_version=v, valid=True)
+
+  def mk(version):
+    return TurnSample([1], [2], [-1.0], 0, 0, 0, policy_version=version, valid=True)
+
   q.put([mk(0), mk(1), mk(2)])
   taken = q.take(None, current_version=2)
   assert [s.policy_version for s in taken] == [1, 2]
@@ -119,8 +147,8 @@ def test_replay_queue_drops_stale_samples():
 
 
 def test_sampler_logprobs_equal_update_logprobs():
-  """The invariant of docs/design.md (Invariants): the sampler's behaviour log-probs equal the train step's
-  log-probs of the same tokens, so the PPO ratio is exactly 1 at staleness 0."""
+  """The invariant of docs/design.md (Invariants): the sampler's behaviour log-probs equal the
+  train step's log-probs of the same tokens, so the PPO ratio is exactly 1 at staleness 0."""
   config = hf_fixtures.SMALL_QWEN3
   params = init_params(config, jax.random.key(0), std=0.2)
   sampler = Sampler(config)
@@ -134,19 +162,19 @@ def test_sampler_logprobs_equal_update_logprobs():
   )
   samples = [
     TurnSample(
-      prompt_ids=p,
-      response_ids=t,
-      logprobs=l,
+      prompt_ids=prompt,
+      response_ids=tokens,
+      logprobs=logprobs,
       score=0,
       advantage=0,
       group_id=0,
       policy_version=0,
       valid=True,
     )
-    for p, t, l in zip(prompts, out.tokens, out.logprobs)
+    for prompt, tokens, logprobs in zip(prompts, out.tokens, out.logprobs)
   ]
   batch = pack_batch(samples, batch_size=4, with_teacher=False)
-  step = make_train_step(config, {"temperature": 0.8, "kl_coef": 0.0}, make_optimizer(1e-3))
+  step = TrainStep(config, {"temperature": 0.8, "kl_coef": 0.0}, make_optimizer(1e-3))
   scored = np.asarray(step.score_student(params, batch))
   mask = batch.response_mask.astype(bool)
   assert mask.sum() == sum(len(t) for t in out.tokens)
@@ -156,8 +184,8 @@ def test_sampler_logprobs_equal_update_logprobs():
 def test_agent_loop_survives_a_crashing_env():
   """A crashed env ends only its own episode (marked, never trained on); the others play on."""
   from envs import EnvPool
+  from envs.alfworld import AlfworldAdapter
   from sdar_jax.rollout import AgentLoop
-  from sdar_jax.rollout.agent_loop import AlfworldAdapter
   from sdar_jax.tokenizer import Tokenizer
 
   config = ModelConfig.tiny(
@@ -217,9 +245,9 @@ def _view(history_steps: int = 0, gamefile: str = ""):
 
 
 def _prompt_loop(**kwargs):
+  from envs.alfworld import AlfworldAdapter
   from envs.skills import SkillRetriever
   from sdar_jax.rollout import AgentLoop
-  from sdar_jax.rollout.agent_loop import AlfworldAdapter
   from sdar_jax.tokenizer import Tokenizer
 
   defaults = {

@@ -95,3 +95,35 @@ def test_mesh_shape_errors_name_the_problem():
   assert sharding.make_mesh({"data": -1, "tensor": 2}).shape == {"data": 4, "fsdp": 1, "tensor": 2}
   with pytest.raises(ValueError, match="Unknown mesh axes"):
     sharding.make_mesh({"model": 8})
+  with pytest.raises(ValueError, match="axis sizes must be >= 1"):
+    sharding.make_mesh((-2, -4, 1))  # the product is 8, but no axis may be negative
+  with pytest.raises(ValueError, match="only one axis may be -1"):
+    sharding.make_mesh((-1, -1, 8))
+
+
+def test_mesh_resolution_and_batch_divisor():
+  assert sharding.resolve_mesh_shape({"data": -1, "fsdp": 2, "tensor": 1}, 8) == {
+    "data": 4,
+    "fsdp": 2,
+    "tensor": 1,
+  }
+  assert sharding.resolve_mesh_shape((2, -1, 2), 8) == {"data": 2, "fsdp": 2, "tensor": 2}
+  # the batch splits over data x fsdp, not over tensor: from axis sizes and from a mesh alike
+  assert sharding.batch_divisor({"data": 4, "fsdp": 2, "tensor": 2}) == 8
+  assert sharding.batch_divisor(sharding.make_mesh((2, 2, 2))) == 4
+
+
+def test_train_state_shardings_follow_the_params():
+  """Adam's moments are placed like the parameters they track; step and counters replicated."""
+  from sdar_jax.train_state import make_optimizer, train_state_shardings
+
+  mesh = sharding.make_mesh((1, 2, 4))
+  optimizer = make_optimizer()
+  state = train_state_shardings(CONFIG, optimizer, mesh)
+  params = sharding.param_shardings(CONFIG, mesh)
+  adam = state.opt_state[1][0]  # chain(clip, chain(scale_by_adam, ...)): ScaleByAdamState
+  assert jax.tree.leaves(adam.mu) == jax.tree.leaves(params)
+  assert jax.tree.leaves(adam.nu) == jax.tree.leaves(params)
+  assert adam.count.spec == P()
+  assert state.step.spec == P() and state.skipped_updates.spec == P()
+  assert state.params["embed"].spec == P("tensor", "fsdp")

@@ -2,101 +2,35 @@
 non-finite skip, compilation count. Truth comes from the full-logits `forward` and plain numpy /
 jax.grad formulations written here, never from the step's own helpers."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from sdar_jax import sharding
-from sdar_jax.algos import get_preset
-from sdar_jax.models import ModelConfig, forward, init_params
-from sdar_jax.train_state import create_train_state, make_optimizer
+from sdar_jax.algos import AlgoConfig, get_preset
+from sdar_jax.batch import TurnBatch
+from sdar_jax.models import forward
+from sdar_jax.train_state import make_optimizer
 from sdar_jax.train_step import (
-  LossConfig,
-  TurnBatch,
+  TrainStep,
   loss_and_grads,
-  make_train_step,
   response_logprobs,
   train_step_from_config,
 )
-
-CONFIG = ModelConfig.tiny(
-  "qwen3",
-  vocab_size=256,
-  hidden_size=64,
-  intermediate_size=128,
-  num_layers=2,
-  num_heads=8,
-  num_kv_heads=4,
-  head_dim=16,
-)
-PS, PT, R = 7, 12, 6  # bucket: student prompt, teacher prompt, response slots
-SDAR = dict(get_preset("sdar"), kl_coef=0.0, teacher_source="step")  # teacher scored in the step
+from tests.helpers import RESPONSE_LEN as R
+from tests.helpers import SDAR_LOSS as SDAR
+from tests.helpers import STUDENT_PROMPT_LEN as PS
+from tests.helpers import TINY_CONFIG as CONFIG
+from tests.helpers import fresh_state, full_logp, to_np
+from tests.helpers import make_turn_batch as make_batch
 
 
 @pytest.fixture(scope="module")
-def params():
-  return init_params(CONFIG, jax.random.key(0), std=0.1)
-
-
-def full_logp(params, tokens, mask, response_len, temperature=1.0):
-  """Independent truth: log-probs of the last `response_len` tokens from the full [B,T,V] logits."""
-  logits = np.asarray(forward(CONFIG, params, tokens, mask), np.float64) / temperature
-  logits -= logits.max(-1, keepdims=True)
-  logp_all = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
-  prompt = tokens.shape[1] - response_len
-  out = np.zeros((tokens.shape[0], response_len))
-  ent = np.zeros_like(out)
-  for r in range(response_len):
-    row = logp_all[:, prompt - 1 + r]
-    out[:, r] = row[np.arange(tokens.shape[0]), tokens[:, prompt + r]]
-    ent[:, r] = -(np.exp(row) * row).sum(-1)
-  return out.astype(np.float32), ent.astype(np.float32)
-
-
-def make_batch(params, B=8, seed=0, ps=PS, pt=PT, r=R, min_prompt=2, nan_row=None):
-  """Left-padded prompts of random lengths, right-padded responses of random lengths; the teacher
-  prompt is a random 'skills' block followed by the same student prompt; old_logp exact."""
-  rng = np.random.default_rng(seed)
-  st = np.zeros((B, ps + r), np.int32)
-  sm = np.zeros_like(st)
-  tt = np.zeros((B, pt + r), np.int32)
-  tm = np.zeros_like(tt)
-  rm = np.zeros((B, r), np.float32)
-  for i in range(B):
-    n_p = int(rng.integers(min_prompt, ps + 1))
-    n_s = int(rng.integers(1, pt - n_p + 1))
-    n_r = int(rng.integers(1, r + 1))
-    prompt = rng.integers(1, CONFIG.vocab_size, n_p)
-    resp = rng.integers(1, CONFIG.vocab_size, n_r)
-    st[i, ps - n_p : ps], sm[i, ps - n_p : ps] = prompt, 1
-    tt[i, pt - n_p - n_s : pt - n_p] = rng.integers(1, CONFIG.vocab_size, n_s)  # the skills block
-    tt[i, pt - n_p : pt] = prompt
-    tm[i, pt - n_p - n_s : pt] = 1
-    st[i, ps : ps + n_r], sm[i, ps : ps + n_r] = resp, 1
-    tt[i, pt : pt + n_r], tm[i, pt : pt + n_r] = resp, 1
-    rm[i, :n_r] = 1
-  adv = rng.normal(size=B).astype(np.float32)
-  if nan_row is not None:
-    adv[nan_row] = np.nan
-  old = full_logp(params, st, sm, r)[0] if params is not None else np.zeros((B, r), np.float32)
-  return TurnBatch(
-    student_tokens=st,
-    student_mask=sm,
-    response_mask=rm,
-    old_logp=old,
-    advantages=adv,
-    teacher_tokens=tt,
-    teacher_mask=tm,
-  )
-
-
-def fresh_state(params, optimizer):
-  return create_train_state(jax.tree.map(jnp.copy, params), optimizer)
-
-
-def to_np(tree):
-  return jax.tree.map(np.asarray, tree)
+def params(tiny_params):
+  return tiny_params
 
 
 # ------------------------------------------------------------------------------- index map
@@ -116,7 +50,10 @@ def test_response_logprobs_match_full_forward(params):
 def sdar_step():
   """SDAR (KL term on frozen ref params), AdamW lr 1e-3 with warm-up, micro-batches of 4."""
   step = train_step_from_config(
-    CONFIG, _run_config(dict(get_preset("sdar")), micro=4, optim=dict(lr=1e-3, warmup_steps=2))
+    CONFIG,
+    _run_config(
+      dataclasses.asdict(get_preset("sdar")), micro=4, optim=dict(lr=1e-3, warmup_steps=2)
+    ),
   )
   return step, step.optimizer
 
@@ -175,8 +112,8 @@ def test_varying_lengths_within_a_bucket_do_not_recompile(params, sdar_step):
 def test_step_and_rollout_teacher_sources_agree(params):
   optimizer = make_optimizer(lr=1e-3)
   batch = make_batch(params, seed=9)
-  on_step = make_train_step(CONFIG, dict(SDAR, teacher_source="step"), optimizer)
-  on_rollout = make_train_step(CONFIG, dict(SDAR, teacher_source="rollout"), optimizer)
+  on_step = TrainStep(CONFIG, dict(SDAR, teacher_source="step"), optimizer)
+  on_rollout = TrainStep(CONFIG, dict(SDAR, teacher_source="rollout"), optimizer)
   teacher_logp = on_rollout.score_teacher(params, batch)
   want = full_logp(params, batch.teacher_tokens, batch.teacher_mask, R)[0]
   m = batch.response_mask > 0
@@ -223,7 +160,7 @@ def metric_atol(batch: TurnBatch, ulps: float = 4.0) -> float:
 def test_micro_batch_accumulation_equals_one_batch(params):
   """RLSD advantages + SDAR term + entropy + KL (from batch ref_logp); ragged responses, so the
   micro-batches hold different token counts and only a global denominator makes them add up."""
-  lc = LossConfig.from_config(SDAR, advantage="rlsd", entropy_coef=0.01, kl_coef=0.01)
+  lc = AlgoConfig.from_config(SDAR, advantage="rlsd", entropy_coef=0.01, kl_coef=0.01)
   one_batch, accumulated = (
     jax.jit(lambda p, b, m=micro: loss_and_grads(CONFIG, lc, p, b, micro_batch_size=m, iteration=3))
     for micro in (None, 2)
@@ -248,7 +185,7 @@ def test_sdar_gradient_is_minus_lambda_gate_times_score(params):
   """pg, entropy and KL off: the step's gradient equals jax.grad of -λ·Σ g·lθ·m / Σm with the
   gate g = σ(β(lT − lθ)) evaluated as constants from the full-logits forward."""
   lam, beta = 0.5, 5.0
-  lc = LossConfig(
+  lc = AlgoConfig(
     pg_coef=0.0,
     distill="sdar",
     lam=lam,
@@ -289,7 +226,7 @@ def one_device_update(params):
   # lr/eps, so parameters compare at the gradients' precision.
   optimizer = make_optimizer(lr=1e-3, eps=1e-4)
   batch = make_batch(params, B=16, seed=13)
-  step = make_train_step(CONFIG, SDAR, optimizer, micro_batch_size=8)
+  step = TrainStep(CONFIG, SDAR, optimizer, micro_batch_size=8)
   state, metrics = step(fresh_state(params, optimizer), batch)
   return optimizer, batch, to_np(state.params), to_np(metrics)
 
@@ -298,7 +235,7 @@ def one_device_update(params):
 def test_sharded_step_equals_one_device_step(params, one_device_update, shape):
   optimizer, batch, want_params, want_metrics = one_device_update
   mesh = sharding.make_mesh(shape)
-  step = make_train_step(CONFIG, SDAR, optimizer, mesh=mesh, micro_batch_size=8)
+  step = TrainStep(CONFIG, SDAR, optimizer, mesh=mesh, micro_batch_size=8)
   state = step.shard_state(fresh_state(params, optimizer))
   state, metrics = step(state, step.shard_batch(batch))
   q = state.params["layers"]["q_proj"].sharding.spec
@@ -314,11 +251,11 @@ def test_sharded_step_equals_one_device_step(params, one_device_update, shape):
 # ------------------------------------------------------------------------------ host checks
 def test_config_and_batch_errors(params):
   with pytest.raises(ValueError, match="lamda"):
-    LossConfig.from_config(dict(SDAR, lamda=0.1))
+    AlgoConfig.from_config(dict(SDAR, lamda=0.1))
   with pytest.raises(ValueError, match="teacher_source"):
-    LossConfig(teacher_source="later")
-  sdar = dict(get_preset("sdar"), teacher_source="step")
-  step = make_train_step(CONFIG, sdar, make_optimizer(), micro_batch_size=3)
+    AlgoConfig(teacher_source="later")
+  sdar = dict(dataclasses.asdict(get_preset("sdar")), teacher_source="step")
+  step = TrainStep(CONFIG, sdar, make_optimizer(), micro_batch_size=3)
   batch = make_batch(None, seed=14)
   with pytest.raises(ValueError, match="ref_params"):
     step.check_batch(batch)

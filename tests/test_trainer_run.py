@@ -259,9 +259,9 @@ def test_evaluate_cli_dry_run_names_the_checkpoint_with_timestamps(trained, tmp_
 def broken_data(tmp_path_factory, data_cache):
   """The generated games with every training game's PDDL problem cut off: each env fails at
   reset (a Fast Downward parse error)."""
-  from sdar_jax.trainer import offline_alfworld_dir
+  from envs.alfworld.data import offline_dir
 
-  source = offline_alfworld_dir(_config(1).env)
+  source = offline_dir(_config(1).env)
   data = str(tmp_path_factory.mktemp("broken") / "alfworld")
   shutil.copytree(source, data)
   for path in glob.glob(os.path.join(data, "train", "*", "*", "game.tw-pddl")):

@@ -5,12 +5,13 @@ import jax
 import numpy as np
 import pytest
 
-from envs.alfworld import build_prompt
+from envs.alfworld import ALFWORLD_FAMILY, AlfworldAdapter, build_prompt
+from envs.alfworld.data import read_walkthroughs
 from envs.skills import BLOCK_HEADER, SkillLibrary, SkillRetriever
 from sdar_jax.batch import TurnSample
 from sdar_jax.chat_templates import ChatTemplate
 from sdar_jax.models import ModelConfig, forward, init_params
-from sdar_jax.rollout.agent_loop import AgentLoop, AlfworldAdapter
+from sdar_jax.rollout.agent_loop import AgentLoop
 from sdar_jax.sampling import SamplingParams
 from sdar_jax.tokenizer import Tokenizer
 from sdar_jax.warm_start import (
@@ -19,7 +20,6 @@ from sdar_jax.warm_start import (
   expert_summary,
   expert_warm_start_data,
   gap_samples,
-  read_walkthroughs,
   split_held_out,
   teacher_student_gap_on_expert,
   warm_start,
@@ -247,7 +247,9 @@ def test_expert_games_on_the_real_engine_become_both_kinds_of_samples(tmp_path, 
   games = collect_game_files(str(tmp_path), "train")
   pool = envs.EnvPool("alfworld", 4, {"game_files": games, "max_steps": 30}, num_workers=0)
   settings = {"expert_holdout": 0.5, "expert_epsilon": 0.0}
-  samples, gap, metrics = expert_warm_start_data(settings, skill_loop, pool, 2, end_token_id=7)
+  samples, gap, metrics = expert_warm_start_data(
+    settings, skill_loop, pool, 2, end_token_id=7, family=ALFWORLD_FAMILY
+  )
   pool.close()
   tok = skill_loop.tokenizer
   block = tok.encode(f"{BLOCK_HEADER}{GENERAL_SKILLS}\n\n")

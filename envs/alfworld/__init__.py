@@ -6,31 +6,40 @@
 
 `data_dir` is a real ALFWorld data folder (json_2.1.1/...) or one written by
 `python -m envs.alfworld.generator --out DIR`; `game_files` plays an explicit list of `.tw-pddl` files.
+
+Importing this package registers the env factory and its `EnvFamily`
+(`envs.env_family("alfworld")`): splits from `envs.alfworld.data`, the adapter of
+`envs.alfworld.adapter`, the skills of envs/skills/alfworld, the walkthroughs and the search
+expert (`envs.alfworld.expert`) as warm-start data.
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
+from envs.alfworld import data, expert
+from envs.alfworld.adapter import AlfworldAdapter
 from envs.alfworld.env import MAX_STEPS, WIN_REWARD, AlfworldEnv, collect_game_files
 from envs.alfworld.projection import project_action, project_actions
 from envs.alfworld.prompts import build_prompt
 from envs.alfworld.tasks import SHORT_NAMES, TASK_TYPES, extract_task, success_rates
-from envs.base import register
+from envs.base import EnvFamily, register, register_family
 
 __all__ = [
+  "ALFWORLD_FAMILY",
+  "MAX_STEPS",
+  "SHORT_NAMES",
+  "TASK_TYPES",
+  "WIN_REWARD",
+  "AlfworldAdapter",
   "AlfworldEnv",
-  "collect_game_files",
-  "make_alfworld",
   "build_prompt",
+  "collect_game_files",
+  "extract_task",
+  "make_alfworld",
   "project_action",
   "project_actions",
-  "extract_task",
   "success_rates",
-  "TASK_TYPES",
-  "SHORT_NAMES",
-  "MAX_STEPS",
-  "WIN_REWARD",
 ]
 
 
@@ -57,3 +66,16 @@ def make_alfworld(
       )
     game_files = collect_game_files(data_dir, split, task_types)
   return AlfworldEnv(game_files, seed=seed, max_steps=max_steps, with_expert_plan=with_expert_plan)
+
+
+ALFWORLD_FAMILY = register_family(
+  EnvFamily(
+    name="alfworld",
+    split=data.split,
+    adapter=AlfworldAdapter,
+    skills="alfworld",
+    expert_records=data.walkthrough_records,
+    expert_modes=expert.MODES,
+    play_expert=expert.play_episodes,
+  )
+)

@@ -1,5 +1,6 @@
 """The objective library: pure, jittable GRPO / PPO / KL / entropy / SDAR gates and
-distillation terms / baselines, each selectable by name (see the registries)."""
+distillation terms / baselines, each selectable by name (see the registries), and `AlgoConfig`,
+the one schema of an algorithm, with the paper's methods as presets."""
 
 from sdar_jax.algos.advantages import (
   ADVANTAGE_ESTIMATORS,
@@ -17,6 +18,7 @@ from sdar_jax.algos.aggregation import (
   seq_count,
   token_count,
 )
+from sdar_jax.algos.config import TEACHER_SOURCES, AlgoConfig
 from sdar_jax.algos.distill import (
   DISTILL_LOSSES,
   SDAR_FORMS,
@@ -33,7 +35,7 @@ from sdar_jax.algos.losses import (
   kl_penalty,
   policy_loss,
 )
-from sdar_jax.algos.presets import ALGO_PRESETS, PRESET_KEYS, get_preset
+from sdar_jax.algos.presets import ALGO_PRESETS, get_preset
 from sdar_jax.algos.registry import Registry
 
 __all__ = [
@@ -43,9 +45,10 @@ __all__ = [
   "DISTILL_LOSSES",
   "GATES",
   "KL_PENALTIES",
-  "PRESET_KEYS",
-  "Registry",
   "SDAR_FORMS",
+  "TEACHER_SOURCES",
+  "AlgoConfig",
+  "Registry",
   "agg_loss",
   "apply_invalid_penalty",
   "compute_gate",

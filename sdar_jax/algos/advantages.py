@@ -12,7 +12,7 @@ All functions are jittable: group ids are arbitrary integers, regrouped with
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -125,13 +125,14 @@ def rlsd_token_advantages(
   teacher_logp: ArrayLike,
   old_logp: ArrayLike,
   mask: ArrayLike,
-  lam: ArrayLike,
+  teacher_weight: ArrayLike,
   clip_eps: float = 0.2,
 ) -> Array:
   """RLSD token advantages [B, R] (docs/reference.md §2.4), no gradient.
 
   w_t = clip(exp(sign(A) * (lT_t - lold_t)), 1 - eps, 1 + eps);
-  A_t = A * ((1 - lam) + lam * w_t) * m_t.  A = 0 gives exactly 0.
+  A_t = A * ((1 - λ) + λ * w_t) * m_t with λ = `teacher_weight` (`rlsd_lambda`).  A = 0 gives
+  exactly 0.
   """
   seq_adv = jax.lax.stop_gradient(jnp.asarray(seq_adv, jnp.float32))
   gap = jax.lax.stop_gradient(
@@ -142,7 +143,7 @@ def rlsd_token_advantages(
     raise ValueError(f"seq_adv must be [B] for log-probs [B, R], got {seq_adv.shape}")
   a = seq_adv[..., None]
   weight = jnp.clip(jnp.exp(jnp.sign(a) * gap), 1.0 - clip_eps, 1.0 + clip_eps)
-  adv = a * ((1.0 - lam) + lam * weight) * m
+  adv = a * ((1.0 - teacher_weight) + teacher_weight * weight) * m
   return jnp.where(m != 0, adv, 0.0)  # NaN/inf log-probs in padding must not leak
 
 
@@ -152,18 +153,20 @@ ADVANTAGE_ESTIMATORS: Registry[TokenAdvFn] = Registry("advantage estimator")
 
 @ADVANTAGE_ESTIMATORS.register("grpo")
 def _grpo_token_advantages(
-  seq_adv, mask, *, teacher_logp=None, old_logp=None, lam=0.0, clip_eps=0.2
+  seq_adv, mask, *, teacher_logp=None, old_logp=None, teacher_weight=0.0, clip_eps=0.2
 ) -> Array:
-  del teacher_logp, old_logp, lam, clip_eps
+  del teacher_logp, old_logp, teacher_weight, clip_eps
   m = jnp.asarray(mask, jnp.float32)
   return jnp.asarray(seq_adv, jnp.float32)[..., None] * m
 
 
 @ADVANTAGE_ESTIMATORS.register("rlsd")
-def _rlsd(seq_adv, mask, *, teacher_logp=None, old_logp=None, lam=0.0, clip_eps=0.2) -> Array:
+def _rlsd(
+  seq_adv, mask, *, teacher_logp=None, old_logp=None, teacher_weight=0.0, clip_eps=0.2
+) -> Array:
   if teacher_logp is None or old_logp is None:
     raise ValueError("advantage 'rlsd' needs teacher_logp and old_logp")
-  return rlsd_token_advantages(seq_adv, teacher_logp, old_logp, mask, lam, clip_eps)
+  return rlsd_token_advantages(seq_adv, teacher_logp, old_logp, mask, teacher_weight, clip_eps)
 
 
 def token_advantages(
@@ -173,16 +176,16 @@ def token_advantages(
   *,
   teacher_logp: ArrayLike | None = None,
   old_logp: ArrayLike | None = None,
-  lam: ArrayLike = 0.0,
+  teacher_weight: ArrayLike = 0.0,
   clip_eps: float = 0.2,
 ) -> Array:
   """Per-token advantages [B, R] from per-sample ones [B] with estimator `name`
-  ("grpo": broadcast x mask; "rlsd": teacher re-weighting with weight `lam`)."""
+  ("grpo": broadcast x mask; "rlsd": teacher re-weighting mixed in with `teacher_weight`)."""
   return ADVANTAGE_ESTIMATORS.get(name)(
     seq_adv,
     mask,
     teacher_logp=teacher_logp,
     old_logp=old_logp,
-    lam=lam,
+    teacher_weight=teacher_weight,
     clip_eps=clip_eps,
   )

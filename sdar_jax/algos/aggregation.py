@@ -26,7 +26,7 @@ when a row has no response token at all (impossible in verl, common for our buck
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

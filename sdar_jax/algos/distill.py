@@ -8,7 +8,7 @@ passes the whole batch's token count as `denom`; sum them over micro-batches).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

@@ -6,7 +6,7 @@ and for metrics are described in `aggregation`. Metrics carry verl's names.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

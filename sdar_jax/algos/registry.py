@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Callable, Generic, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
 
 F = TypeVar("F", bound=Callable)
 
@@ -34,6 +35,12 @@ class Registry(Generic[F]):
       return fn
 
     return decorator
+
+  def unregister(self, name: str) -> None:
+    """Removes `name` (for a test or a notebook that registered a temporary function)."""
+    if name not in self._items:
+      raise ValueError(f"unknown {self.kind} {name!r}; valid names: {self.names()}")
+    del self._items[name]
 
   def get(self, name: str) -> F:
     """Returns the function registered as `name`."""

@@ -1,4 +1,4 @@
-"""The batched multi-turn loop: prompts -> `sampling.generate` -> projected actions -> `EnvPool.step`.
+"""The batched multi-turn loop: prompts -> `Sampler.generate` -> actions -> `EnvPool.step`.
 
 Every active episode is prompted each turn with one user message built by its environment's
 adapter (task, last `history` (observation, action) pairs, current observation, admissible
@@ -13,73 +13,18 @@ inside it (docs/reference.md §2.6).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import jax
 from absl import logging
 from tqdm import tqdm
 
+from envs.base import EnvAdapter, EpisodeView
 from sdar_jax.chat_templates import ChatTemplate
 from sdar_jax.rollout.trajectory import Episode, Turn
 from sdar_jax.sampling import Sampler, SamplingParams
 from sdar_jax.tokenizer import Tokenizer
-
-
-@dataclasses.dataclass
-class EpisodeView:
-  """What an adapter sees of a running episode."""
-
-  task: str
-  task_type: str
-  gamefile: str
-  observation: str
-  admissible: list[str]
-  history: list[tuple[str, str]]  # (observation before the action, action sent), oldest first
-
-
-class EnvAdapter(Protocol):
-  """Environment-specific text: the user message and the output -> action projection."""
-
-  def user_text(self, view: EpisodeView, history_length: int) -> str: ...
-
-  def project(self, text: str) -> tuple[str, bool]: ...
-
-  def skill_query(self, view: EpisodeView) -> str: ...
-
-
-class AlfworldAdapter:
-  """ALFWorld prompts and projection (envs/alfworld, docs/reference.md §4.2-4.3)."""
-
-  def user_text(self, view: EpisodeView, history_length: int) -> str:
-    from envs.alfworld import build_prompt
-
-    return build_prompt(
-      view.task,
-      view.history,
-      view.observation,
-      view.admissible,
-      step=len(view.history),
-      history_length=history_length,
-    )
-
-  def project(self, text: str) -> tuple[str, bool]:
-    from envs.alfworld import project_action
-
-    return project_action(text)
-
-  def skill_query(self, view: EpisodeView) -> str:
-    return f"{view.task} {view.observation}"
-
-
-_ADAPTERS = {"alfworld": AlfworldAdapter}
-
-
-def get_adapter(env_name: str) -> EnvAdapter:
-  if env_name not in _ADAPTERS:
-    raise ValueError(f"No agent-loop adapter for env {env_name!r}; available: {sorted(_ADAPTERS)}.")
-  return _ADAPTERS[env_name]()
 
 
 class PromptTooLongError(ValueError):
@@ -91,7 +36,7 @@ class AgentLoop:
 
   Args:
     pool: an `envs.EnvPool` with at least as many envs as episodes per call.
-    adapter: the environment's `EnvAdapter`.
+    adapter: the environment's `EnvAdapter` (``envs.env_family(name).adapter()``).
     sampler: a `sampling.Sampler` for the policy's model config (and mesh).
     tokenizer: the policy's tokenizer; `chat_template` the template its prompts are rendered with
       (`sdar_jax.chat_templates.resolve_chat_template` picks it from the config).
@@ -150,14 +95,16 @@ class AgentLoop:
     self.truncated_prompts = 0  # student prompts cut by truncation="left" so far
 
   # ------------------------------------------------------------------------------- prompts
-  def _template(self, user: str) -> str:
+  def _render_user_message(self, user: str) -> str:
     return self.chat_template.render(
       [{"role": "user", "content": user}],
       add_generation_prompt=True,
       enable_thinking=self.enable_thinking,
     )
 
-  def _fit(self, ids: list[int], where: str) -> list[int]:
+  def _fit_to_max_prompt_len(self, ids: list[int], where: str) -> list[int]:
+    """`ids` if they fit rollout.max_prompt_len, else their last tokens (truncation="left") or
+    a PromptTooLongError naming `where`."""
     if len(ids) <= self.max_prompt_len:
       return ids
     if self.truncation == "left":
@@ -194,9 +141,10 @@ class AgentLoop:
     """`build_prompts` plus the student prompt's length before truncation (None when uncut).
 
     Student: the chat-templated user message (Skill-GRPO: `SkillRetriever.student_block` at the
-    start of the message), then fitted to max_prompt_len. Teacher: the privileged block's ids followed
-    by the fitted student ids, so both branches share the student's context token for token (with
-    Skill-GRPO the student prompt already holds skills and is the teacher prompt as well).
+    start of the message), then fitted to max_prompt_len. Teacher: the privileged block's ids
+    followed by the fitted student ids, so both branches share the student's context token for
+    token (with Skill-GRPO the student prompt already holds skills and is the teacher prompt as
+    well).
     """
     user = self.adapter.user_text(view, self.history_length)
     if self.skills_in_student:
@@ -210,8 +158,8 @@ class AgentLoop:
         )
         + user
       )
-    full = self.tokenizer.encode(self._template(user))
-    student = self._fit(full, where)
+    full = self.tokenizer.encode(self._render_user_message(user))
+    student = self._fit_to_max_prompt_len(full, where)
     teacher = None
     if self.with_teacher:
       teacher = student
@@ -247,7 +195,7 @@ class AgentLoop:
     ]
     views: list[EpisodeView | None] = [None] * n
     for i, result in enumerate(self.pool.reset(list(tasks), list(range(n)))):
-      self._absorb(episodes[i], views, i, result, first=True)
+      self._record_env_result(episodes[i], views, i, result, first=True)
 
     bar = tqdm(total=self.max_turns, desc=desc, leave=False, disable=not self.progress)
     for turn in range(self.max_turns):
@@ -280,7 +228,7 @@ class AgentLoop:
           )
         )
         view.history.append((view.observation, actions[k][0]))
-        self._absorb(episodes[i], views, i, results[k], first=False)
+        self._record_env_result(episodes[i], views, i, results[k], first=False)
       bar.set_postfix(active=len(active), won=sum(e.won for e in episodes))
       bar.update(1)
     bar.close()
@@ -289,7 +237,8 @@ class AgentLoop:
     return episodes
 
   @staticmethod
-  def _absorb(ep: Episode, views: list, i: int, result, first: bool) -> None:
+  def _record_env_result(ep: Episode, views: list, i: int, result, first: bool) -> None:
+    """Folds one env reset (`first`) or step result into episode `ep` and its view `views[i]`."""
     info = result.info
     if result.failed:
       ep.env_error, ep.done = info.get("env_error", "env failed"), True

@@ -1,39 +1,23 @@
 """Episodes -> scored turn-samples (GRPO advantages) -> fixed-shape `TurnBatch` arrays.
 
-One training sample per turn (docs/reference.md §4.7): that turn's prompt (with its history window) and
-that turn's response. Every turn of an episode carries the episode return, minus the invalid-format
-penalty of that turn (docs/reference.md §4.4); advantages are normalised over all turn-samples of a GRPO group (docs/reference.md §2.1).
+One training sample per turn (docs/reference.md §4.7): that turn's prompt (with its history
+window) and that turn's response. Every turn of an episode carries the episode return, minus the
+invalid-format penalty of that turn (docs/reference.md §4.4); advantages are normalised over all
+turn-samples of a GRPO group (docs/reference.md §2.1).
 
-Shapes are bucketed so the compiled update sees a bounded set of shapes: prompt lengths use the
-sampler's prompt buckets, response lengths its new-token buckets, and a mini-batch that is not full
-is padded with rows whose masks are all zero (they add no tokens, no gradient, no metric weight).
+Shapes are bucketed (`sdar_jax.batch`) so the compiled update sees a bounded set of shapes, and a
+mini-batch that is not full is padded with rows whose masks are all zero.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
 
 from sdar_jax import algos
+from sdar_jax.batch import TurnBatch, TurnSample, new_tokens_bucket, prompt_bucket
 from sdar_jax.rollout.trajectory import Episode
-from sdar_jax.sampling import new_tokens_bucket, prompt_bucket
-from sdar_jax.train_step import TurnBatch
-
-
-@dataclasses.dataclass
-class TurnSample:
-  prompt_ids: list[int]
-  response_ids: list[int]
-  logprobs: list[float]
-  score: float  # episode return minus this turn's invalid-format penalty
-  advantage: float
-  group_id: int
-  policy_version: int
-  valid: bool
-  task_type: str = "unknown"
-  teacher_prompt_ids: list[int] | None = None
 
 
 def episodes_to_samples(
@@ -95,13 +79,19 @@ def plan_minibatches(
   ]
 
 
-def _left_right(
-  rows: np.ndarray, mask: np.ndarray, i: int, prompt: Sequence[int], P: int, response: Sequence[int]
+def _place_prompt_and_response(
+  tokens: np.ndarray,
+  mask: np.ndarray,
+  row: int,
+  prompt: Sequence[int],
+  prompt_len: int,
+  response: Sequence[int],
 ) -> None:
-  rows[i, P - len(prompt) : P] = prompt
-  mask[i, P - len(prompt) : P] = 1
-  rows[i, P : P + len(response)] = response
-  mask[i, P : P + len(response)] = 1
+  """Writes `prompt` left-padded to `prompt_len`, then `response`, into row `row`."""
+  tokens[row, prompt_len - len(prompt) : prompt_len] = prompt
+  mask[row, prompt_len - len(prompt) : prompt_len] = 1
+  tokens[row, prompt_len : prompt_len + len(response)] = response
+  mask[row, prompt_len : prompt_len + len(response)] = 1
 
 
 def pack_batch(
@@ -138,9 +128,9 @@ def pack_batch(
     n = len(s.response_ids)
     if len(s.logprobs) != n:
       raise ValueError(f"sample {i}: {n} response tokens but {len(s.logprobs)} log-probs.")
-    _left_right(student, student_mask, i, s.prompt_ids, Ps, s.response_ids)
+    _place_prompt_and_response(student, student_mask, i, s.prompt_ids, Ps, s.response_ids)
     if with_teacher:
-      _left_right(teacher, teacher_mask, i, s.teacher_prompt_ids, Pt, s.response_ids)
+      _place_prompt_and_response(teacher, teacher_mask, i, s.teacher_prompt_ids, Pt, s.response_ids)
     response_mask[i, :n] = 1.0
     old_logp[i, :n] = s.logprobs
     advantages[i] = s.advantage

@@ -11,10 +11,13 @@ from __future__ import annotations
 import collections
 from collections.abc import Sequence
 
-from sdar_jax.rollout.batching import TurnSample
+from sdar_jax.batch import TurnSample
 
 
 class ReplayQueue:
+  """Turn-samples waiting for an update, oldest first: at most `capacity` (the oldest fall out
+  when it is full), none more than `max_staleness` policy versions old when taken."""
+
   def __init__(self, capacity: int = 65536, max_staleness: int = 0):
     if capacity < 1:
       raise ValueError(f"replay capacity={capacity} must be >= 1.")

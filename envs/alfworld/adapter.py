@@ -1,0 +1,30 @@
+"""The ALFWorld adapter of the agent loop: its user message, action projection and skill query
+(docs/reference.md §4.2-4.3)."""
+
+from __future__ import annotations
+
+from envs.alfworld.projection import project_action
+from envs.alfworld.prompts import build_prompt
+from envs.base import EpisodeView
+
+__all__ = ["AlfworldAdapter"]
+
+
+class AlfworldAdapter:
+  """ALFWorld prompts (`build_prompt`), projection (`project_action`) and skill query."""
+
+  def user_text(self, view: EpisodeView, history_length: int) -> str:
+    return build_prompt(
+      view.task,
+      view.history,
+      view.observation,
+      view.admissible,
+      step=len(view.history),
+      history_length=history_length,
+    )
+
+  def project(self, text: str) -> tuple[str, bool]:
+    return project_action(text)
+
+  def skill_query(self, view: EpisodeView) -> str:
+    return f"{view.task} {view.observation}"

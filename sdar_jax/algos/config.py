@@ -1,0 +1,203 @@
+"""`AlgoConfig`: every setting of a training algorithm in one frozen dataclass that checks itself.
+
+It is the single schema of the algorithm: the presets (`sdar_jax.algos.presets`) are
+`dataclasses.replace` of its defaults, a run config's `algo` section is generated from it
+(configs/common.algo), the update reads it as a jit static (it is hashable), and the rollout side
+reads its advantage / prompt fields. The update composes, per token batch:
+
+    loss = pg_coef·PPO(advantage) + lam·distill − entropy_coef·H + kl_coef·KL(kl_kind)
+
+Names (gate, form, distill, advantage, kl_kind, agg) are looked up in the registries of
+`sdar_jax.algos` when the config is built, so a newly registered gate or loss term is selectable
+by name with no other change (docs/extending.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Mapping
+from typing import Any
+
+from sdar_jax.algos.advantages import ADVANTAGE_ESTIMATORS
+from sdar_jax.algos.aggregation import AGG_MODES
+from sdar_jax.algos.distill import DISTILL_LOSSES, SDAR_FORMS
+from sdar_jax.algos.gates import GATES
+from sdar_jax.algos.losses import KL_PENALTIES
+
+TEACHER_SOURCES = ("rollout", "step")
+
+
+def _is_number(value: Any, low: float = float("-inf")) -> bool:
+  """A real int or float (not a bool) that is >= low."""
+  return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= low
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgoConfig:
+  """One algorithm of docs/reference.md §2 (defaults: plain GRPO with the reference's values).
+
+  Invalid values raise ValueError listing every problem, one line each, as
+  "algo.<field>=<value>: <problem>. Fix: <what to do>".
+  """
+
+  name: str = "grpo"
+  """The preset it started from (a label for logs; nothing reads it to decide anything)."""
+  pg_coef: float = 1.0
+  """Weight of the PPO policy-gradient term; 0 leaves the distillation term alone (OPSD)."""
+  distill: str = "none"
+  """Distillation term (`DISTILL_LOSSES`): "none", "sdar" (gated, uses beta / gate / form) or
+  "skill_sd" (c·ρ·k3). Any term needs the teacher's log-probs."""
+  lam: float = 0.0
+  """λ, the weight of the distillation term (SDAR 0.01; Skill-SD's c = 0.001)."""
+  beta: float = 5.0
+  """β, the sharpness of the SDAR gate σ(β·…); 0 makes every sigmoid gate 0.5."""
+  gate: str = "gap"
+  """SDAR gate (`GATES`): "gap" σ(βΔ), "entropy", "soft_or", "constant", and the paper's literal
+  "entropy_paper" / "soft_or_paper" (sdar_jax/algos/gates.py)."""
+  form: str = "reference"
+  """SDAR per-token form (`SDAR_FORMS`): "reference" g·(sg(lT) − lθ), "reverse_kl" −g·sg(Δ)·lθ."""
+  advantage: str = "grpo"
+  """Token-advantage estimator (`ADVANTAGE_ESTIMATORS`): "grpo", or "rlsd" (teacher re-weighted,
+  needs the teacher's log-probs)."""
+  rlsd_lam0: float = 0.5
+  """RLSD's initial teacher weight λ0 in [0, 1]; it decays linearly to 0."""
+  rlsd_warmdown_steps: int = 100
+  """RLSD: training iterations over which λ decays from rlsd_lam0 to 0."""
+  rlsd_clip_eps: float = 0.2
+  """RLSD: the teacher weight exp(sign(A)·(lT − lold)) is clipped to [1 − eps, 1 + eps]."""
+  entropy_coef: float = 0.001
+  """Weight of the entropy bonus (subtracted from the loss)."""
+  kl_coef: float = 0.01
+  """Weight of the KL penalty to the frozen initial policy (0 = no reference policy kept)."""
+  kl_kind: str = "low_var_kl"
+  """KL estimator (`KL_PENALTIES`); "low_var_kl" is k3, clipped to [-10, 10] as verl."""
+  clip_low: float = 0.2
+  """PPO ratio clip below: ratio >= 1 − clip_low; in [0, 1)."""
+  clip_high: float = 0.2
+  """PPO ratio clip above: ratio <= 1 + clip_high."""
+  clip_c: float = 3.0
+  """Dual-clip bound c > 1 for negative advantages."""
+  agg: str = "token-mean"
+  """How per-token losses are aggregated (`AGG_MODES`)."""
+  norm_adv_by_std: bool = True
+  """GRPO advantages (r − mean) / std over the group (False: r − mean); read by the rollout."""
+  invalid_penalty: float = 0.1
+  """Subtracted from a turn's reward when its action is not in the expected format; rollout."""
+  skills_in_student: bool = False
+  """Put the retrieved skills into the student's own prompt (Skill-GRPO); rollout."""
+  teacher: bool | None = None
+  """Score the teacher's log-probs. None (the default) resolves to whether a term reads them
+  (distill != "none" or advantage "rlsd"); True also scores them for the teacher/* metrics
+  alone; False is refused when a term needs them."""
+  teacher_source: str = "rollout"
+  """"rollout": teacher log-probs scored once per iteration at θ_old and kept through every
+  mini-batch (the reference); "step": re-scored inside each update at the current weights."""
+  temperature: float = 1.0
+  """Logits are divided by it when tokens are scored; configs link it to rollout.temperature, so
+  tokens are scored at the temperature they were sampled at."""
+  recompute_old_logp: bool = False
+  """Re-score the sampled tokens with a no-grad forward at θ_old after the rollout and use those
+  as the old log-probs (the reference does); the sampler's own otherwise."""
+
+  def __post_init__(self):
+    problems = self._problems()
+    if problems:
+      raise ValueError("\n".join(problems))
+    if self.teacher is None:
+      object.__setattr__(self, "teacher", self.terms_need_teacher)
+
+  @property
+  def terms_need_teacher(self) -> bool:
+    """Whether a loss term or the advantage estimator reads the teacher's log-probs."""
+    return self.distill != "none" or self.advantage == "rlsd"
+
+  def _problems(self) -> list[str]:
+    """Every invalid value, one "algo.<field>=<value>: <problem>. Fix: <fix>" line each."""
+    out: list[str] = []
+
+    def bad(field: str, problem: str, fix: str) -> None:
+      out.append(f"algo.{field}={getattr(self, field)!r}: {problem}. Fix: {fix}")
+
+    for field, valid in (
+      ("distill", DISTILL_LOSSES.names()),
+      ("gate", GATES.names()),
+      ("form", SDAR_FORMS.names()),
+      ("advantage", ADVANTAGE_ESTIMATORS.names()),
+      ("kl_kind", KL_PENALTIES.names()),
+      ("agg", AGG_MODES.names()),
+      ("teacher_source", sorted(TEACHER_SOURCES)),
+    ):
+      if getattr(self, field) not in valid:
+        bad(field, "unknown name", f"use one of {valid}")
+    for field in ("pg_coef", "lam", "beta", "entropy_coef", "kl_coef", "invalid_penalty"):
+      if not _is_number(getattr(self, field), low=0):
+        bad(field, "must be a number >= 0", "set it to a value >= 0")
+    if not _is_number(self.clip_low, low=0) or self.clip_low >= 1:
+      bad(
+        "clip_low",
+        "must be in [0, 1) (a lower clip of 1 or more makes the ratio bound <= 0)",
+        "use a value in [0, 1), the reference uses 0.2",
+      )
+    if not _is_number(self.clip_high, low=0):
+      bad("clip_high", "must be a number >= 0", "use 0.2 (the reference)")
+    if not _is_number(self.clip_c) or not self.clip_c > 1:
+      bad("clip_c", "the dual-clip bound must be > 1", "use 3.0 (the reference)")
+    if not _is_number(self.temperature) or not self.temperature > 0:
+      bad(
+        "temperature",
+        "log-probs divide the logits by it; it must be > 0",
+        "set rollout.temperature > 0 (algo.temperature follows it)",
+      )
+    if not _is_number(self.rlsd_lam0, low=0) or self.rlsd_lam0 > 1:
+      bad(
+        "rlsd_lam0",
+        "RLSD mixes (1-λ)·A + λ·w·A, λ must be in [0, 1]",
+        "use a value in [0, 1], the reference uses 0.5",
+      )
+    if not _is_number(self.rlsd_clip_eps, low=0):
+      bad("rlsd_clip_eps", "must be a number >= 0", "use 0.2 (the reference)")
+    warmdown = self.rlsd_warmdown_steps
+    if self.advantage == "rlsd" and (not isinstance(warmdown, int) or warmdown < 1):
+      bad(
+        "rlsd_warmdown_steps",
+        "the RLSD schedule λ0·(1-k/K) needs K >= 1",
+        "use a positive number of steps, the reference uses 100",
+      )
+    for field in ("norm_adv_by_std", "skills_in_student", "recompute_old_logp", "teacher"):
+      value = getattr(self, field)
+      if not isinstance(value, bool) and not (field == "teacher" and value is None):
+        bad(field, "must be True or False", "set it to True or False")
+    if self.teacher is False and self.terms_need_teacher:
+      bad(
+        "teacher",
+        f"algo.distill={self.distill!r} / algo.advantage={self.advantage!r} need teacher log-probs",
+        "set --config.algo.teacher=True",
+      )
+    if self.distill == "none" and _is_number(self.lam) and self.lam > 0:
+      bad(
+        "lam",
+        "a distillation weight with algo.distill='none' has no effect",
+        "set algo.distill to 'sdar' or 'skill_sd', or lam=0",
+      )
+    return out
+
+  @classmethod
+  def from_config(cls, algo: AlgoConfig | Mapping[str, Any], **overrides: Any) -> AlgoConfig:
+    """From an `algo` config section (a ConfigDict or dict; missing keys take the defaults) or an
+    AlgoConfig, with `overrides`. An unknown key is an error naming it and the closest field."""
+    if isinstance(algo, AlgoConfig):
+      values = dataclasses.asdict(algo)
+    else:
+      values = dict(algo.to_dict() if hasattr(algo, "to_dict") else algo)
+    values.update(overrides)
+    fields = [f.name for f in dataclasses.fields(cls)]
+    unknown = [key for key in values if key not in fields]
+    if unknown:
+      lines = []
+      for key in unknown:
+        close = difflib.get_close_matches(key, fields, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        lines.append(f"algo.{key}: not an algorithm setting{hint}. Fix: use one of {fields}")
+      raise ValueError("\n".join(lines))
+    return cls(**values)

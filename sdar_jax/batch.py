@@ -1,0 +1,104 @@
+"""The data that flows from the rollout to the update, and the padded lengths it comes in.
+
+`TurnSample` is one turn of one episode on the host (ragged token lists); `TurnBatch` is a
+fixed-shape batch of them as arrays, what the compiled update takes. Lengths round up to buckets
+(`batch_bucket`, `prompt_bucket`, `new_tokens_bucket`) so the sampler and the update compile once
+per bucket, not once per length. The rollout side (rollout/, sampling.py) and the update side
+(train_step.py) both import this module; it imports neither.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import flax.struct
+import jax
+
+Array = jax.Array
+
+MIN_PROMPT_BUCKET = 16
+PROMPT_POW2_LIMIT = 512  # prompt buckets: powers of two up to here, then multiples of it
+MIN_NEW_TOKENS_BUCKET = 16
+
+
+# ----------------------------------------------------------------------------------- buckets
+def next_power_of_two(n: int) -> int:
+  """The smallest power of two >= n (1 for n <= 1)."""
+  return 1 << max(0, int(n) - 1).bit_length()
+
+
+def batch_bucket(n: int, divisor: int = 1) -> int:
+  """Rows the compiled function runs for `n` real rows: a power of two, a multiple of `divisor`."""
+  rows = next_power_of_two(max(n, divisor))
+  return -(-rows // divisor) * divisor
+
+
+def prompt_bucket(n: int) -> int:
+  """Padded prompt length: a power of two >= 16 up to 512, then a multiple of 512."""
+  if n <= PROMPT_POW2_LIMIT:
+    return max(MIN_PROMPT_BUCKET, next_power_of_two(n))
+  return -(-n // PROMPT_POW2_LIMIT) * PROMPT_POW2_LIMIT
+
+
+def new_tokens_bucket(n: int) -> int:
+  """Response slots (the sampler's output buffer and cache room) for `n` new tokens: a power of
+  two >= 16."""
+  return max(MIN_NEW_TOKENS_BUCKET, next_power_of_two(n))
+
+
+# ----------------------------------------------------------------------------------- samples
+@dataclasses.dataclass
+class TurnSample:
+  """One training sample: one turn of one episode, its prompt (with the history window) and the
+  response the policy sampled for it (docs/reference.md §4.7)."""
+
+  prompt_ids: list[int]  # the student's chat-templated prompt
+  response_ids: list[int]  # the sampled response, up to and including the stop token
+  logprobs: list[float]  # behaviour log-prob of each response token, from the sampler
+  score: float  # episode return minus this turn's invalid-format penalty
+  advantage: float  # GRPO advantage of `score` within its group
+  group_id: int  # the GRPO group (episodes of one task)
+  policy_version: int  # the iteration whose parameters sampled the response
+  valid: bool  # the response parsed as a valid action
+  task_type: str = "unknown"
+  teacher_prompt_ids: list[int] | None = None  # skills block + the same prompt (teacher branch)
+
+
+@flax.struct.dataclass
+class TurnBatch:
+  """A fixed-shape batch of turn-samples: every array is [B, ...] for B turn-samples and R
+  response slots.
+
+      student_tokens [B, Ps+R]  student prompt LEFT-padded to Ps, then the response RIGHT-padded
+                                to R
+      teacher_tokens [B, Pt+R]  skills block + the same chat-templated prompt, left-padded to Pt,
+                                then the SAME response tokens
+      *_mask                    1 = real token (left pads and right pads are 0)
+      response_mask  [B, R]     response tokens up to and including the first stop token
+      old_logp       [B, R]     behaviour log-probs from the sampler
+      advantages     [B]        sequence-level GRPO advantages
+      ref_logp       [B, R]     optional: reference-policy log-probs (KL term without ref params)
+      teacher_logp   [B, R]     optional: teacher log-probs scored at θ_old ("rollout" source)
+
+  Response token r sits at position P+r of its row (P = Ps for the student, Pt for the teacher),
+  so the two branches line up slot by slot. Rows whose masks are all zero pad a short batch: they
+  add no tokens, no gradient and no metric weight.
+  """
+
+  student_tokens: Array
+  student_mask: Array
+  response_mask: Array
+  old_logp: Array
+  advantages: Array
+  teacher_tokens: Array | None = None
+  teacher_mask: Array | None = None
+  ref_logp: Array | None = None
+  teacher_logp: Array | None = None
+
+  @property
+  def batch_size(self) -> int:
+    return self.advantages.shape[0]
+
+  @property
+  def response_len(self) -> int:
+    return self.response_mask.shape[1]

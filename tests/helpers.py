@@ -1,0 +1,120 @@
+"""Plain helpers shared by several test modules: the tiny model config most update-step tests use,
+a random `TurnBatch` builder whose old log-probs come from the full-logits `forward`, and small
+pytree utilities. Objects built from these (parameters, a batch) are fixtures in conftest.py."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sdar_jax.algos import get_preset
+from sdar_jax.batch import TurnBatch
+from sdar_jax.models import ModelConfig, forward
+from sdar_jax.train_state import TrainState, create_train_state
+
+# A tiny Qwen3-architecture model: GQA with 8 query heads over 4 kv heads, two layers.
+TINY_CONFIG = ModelConfig.tiny(
+  "qwen3",
+  vocab_size=256,
+  hidden_size=64,
+  intermediate_size=128,
+  num_layers=2,
+  num_heads=8,
+  num_kv_heads=4,
+  head_dim=16,
+)
+# The small Qwen3-architecture config of the checkpoint / Hugging Face file tests (GQA 4 q heads
+# over 2 kv heads).
+SMALL_QWEN3 = ModelConfig.tiny(
+  "qwen3",
+  vocab_size=256,
+  hidden_size=64,
+  intermediate_size=128,
+  num_layers=2,
+  num_heads=4,
+  num_kv_heads=2,
+  head_dim=16,
+)
+# One bucket of a turn batch: student prompt, teacher prompt and response slots.
+STUDENT_PROMPT_LEN, TEACHER_PROMPT_LEN, RESPONSE_LEN = 7, 12, 6
+# The SDAR preset as a loss config, teacher scored inside the update step, no KL term.
+SDAR_LOSS = dict(dataclasses.asdict(get_preset("sdar")), kl_coef=0.0, teacher_source="step")
+
+
+def full_logp(
+  params, tokens: np.ndarray, mask: np.ndarray, response_len: int, temperature: float = 1.0
+) -> tuple[np.ndarray, np.ndarray]:
+  """Independent truth: log-probs and entropies of the last `response_len` tokens, computed in
+  float64 numpy from the full [B, T, V] logits of `forward` on `TINY_CONFIG`."""
+  logits = np.asarray(forward(TINY_CONFIG, params, tokens, mask), np.float64) / temperature
+  logits -= logits.max(-1, keepdims=True)
+  logp_all = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  prompt = tokens.shape[1] - response_len
+  out = np.zeros((tokens.shape[0], response_len))
+  ent = np.zeros_like(out)
+  for r in range(response_len):
+    row = logp_all[:, prompt - 1 + r]
+    out[:, r] = row[np.arange(tokens.shape[0]), tokens[:, prompt + r]]
+    ent[:, r] = -(np.exp(row) * row).sum(-1)
+  return out.astype(np.float32), ent.astype(np.float32)
+
+
+def make_turn_batch(
+  params,
+  B: int = 8,
+  seed: int = 0,
+  ps: int = STUDENT_PROMPT_LEN,
+  pt: int = TEACHER_PROMPT_LEN,
+  r: int = RESPONSE_LEN,
+  min_prompt: int = 2,
+  nan_row: int | None = None,
+) -> TurnBatch:
+  """Left-padded prompts of random lengths, right-padded responses of random lengths; the teacher
+  prompt is a random 'skills' block followed by the same student prompt; old_logp exact (zeros
+  when `params` is None). `nan_row` puts a NaN advantage in that row."""
+  rng = np.random.default_rng(seed)
+  vocab = TINY_CONFIG.vocab_size
+  st = np.zeros((B, ps + r), np.int32)
+  sm = np.zeros_like(st)
+  tt = np.zeros((B, pt + r), np.int32)
+  tm = np.zeros_like(tt)
+  rm = np.zeros((B, r), np.float32)
+  for i in range(B):
+    n_p = int(rng.integers(min_prompt, ps + 1))
+    n_s = int(rng.integers(1, pt - n_p + 1))
+    n_r = int(rng.integers(1, r + 1))
+    prompt = rng.integers(1, vocab, n_p)
+    resp = rng.integers(1, vocab, n_r)
+    st[i, ps - n_p : ps], sm[i, ps - n_p : ps] = prompt, 1
+    tt[i, pt - n_p - n_s : pt - n_p] = rng.integers(1, vocab, n_s)  # the skills block
+    tt[i, pt - n_p : pt] = prompt
+    tm[i, pt - n_p - n_s : pt] = 1
+    st[i, ps : ps + n_r], sm[i, ps : ps + n_r] = resp, 1
+    tt[i, pt : pt + n_r], tm[i, pt : pt + n_r] = resp, 1
+    rm[i, :n_r] = 1
+  adv = rng.normal(size=B).astype(np.float32)
+  if nan_row is not None:
+    adv[nan_row] = np.nan
+  old = full_logp(params, st, sm, r)[0] if params is not None else np.zeros((B, r), np.float32)
+  return TurnBatch(
+    student_tokens=st,
+    student_mask=sm,
+    response_mask=rm,
+    old_logp=old,
+    advantages=adv,
+    teacher_tokens=tt,
+    teacher_mask=tm,
+  )
+
+
+def fresh_state(params, optimizer) -> TrainState:
+  """A step-0 train state over a copy of `params` (the update may donate its inputs)."""
+  return create_train_state(jax.tree.map(jnp.copy, params), optimizer)
+
+
+def to_np(tree):
+  """The same pytree with every leaf as a host numpy array."""
+  return jax.tree.map(np.asarray, tree)
