@@ -127,3 +127,30 @@ def test_train_state_shardings_follow_the_params():
   assert adam.count.spec == P()
   assert state.step.spec == P() and state.skipped_updates.spec == P()
   assert state.params["embed"].spec == P("tensor", "fsdp")
+
+
+def test_a_custom_rules_table_places_params_state_and_loaded_weights(tmp_path):
+  """The `rules=` parameter (a logical-axis table other than DEFAULT_RULES) is honoured by the
+  update's state shardings and by load_pretrained, not only by the default path."""
+  from sdar_jax.models import load_pretrained, save_pretrained
+  from sdar_jax.train_state import make_optimizer
+  from sdar_jax.algos import get_preset
+  from sdar_jax.train_step import TrainStep
+
+  # Pure data parallelism: nothing sharded but the batch.
+  custom = tuple(
+    (name, ("data", "fsdp", "tensor") if name == "batch" else None)
+    for name, _ in sharding.DEFAULT_RULES
+  )
+  mesh = sharding.make_mesh((1, 2, 4))
+  step = TrainStep(CONFIG, get_preset("grpo"), make_optimizer(), mesh=mesh, rules=custom)
+  state = step.state_shardings()
+  for leaf in jax.tree.leaves(state.params):
+    assert leaf.spec == P() or all(axis is None for axis in leaf.spec), leaf.spec
+  assert sharding.batch_divisor(mesh, custom) == 8
+
+  save_pretrained(CONFIG, init_params(CONFIG, jax.random.key(0)), tmp_path / "m")
+  _, default_placed = load_pretrained(tmp_path / "m", mesh=mesh)
+  _, custom_placed = load_pretrained(tmp_path / "m", mesh=mesh, rules=custom)
+  assert default_placed["embed"].sharding.spec == P("tensor", "fsdp")
+  assert all(axis is None for axis in custom_placed["embed"].sharding.spec)
