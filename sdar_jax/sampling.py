@@ -35,6 +35,9 @@ log-prob (training uses top_p=1, top_k off, where the two coincide).
 Random numbers: row i of the padded batch draws step t with one uniform from
 `fold_in(fold_in(rng, i), t)` (inverse-CDF sampling, `_categorical`), so a row's samples do not
 depend on the batch bucket or the device mesh (they do depend on the row's index in the batch).
+
+Length: one compiled loop (prefill, prefix sharing, decode, sampling rules, the in-loop stop
+automaton) and its host-side tables; the model step itself is models/qwen.py's decode_step.
 """
 
 from __future__ import annotations

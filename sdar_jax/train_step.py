@@ -7,7 +7,8 @@ One call = one mini-batch = one optimizer update, compiled once per bucket shape
     state, metrics = step(state, batch)                # batch: a TurnBatch, donated state
 
 The batch layout is `sdar_jax.batch.TurnBatch`'s (B turn-samples, R response slots; RLSD makes
-its sequence-level advantages token-level here). The index map between the two branches is a static offset: response token r sits at position
+its sequence-level advantages token-level here). The index map between the two branches is a
+static offset: response token r sits at position
 P+r and is predicted by the logits at P+r-1, with P = Ps for the student and Pt for the teacher.
 So only the R hidden states [P-1, P-1+R) go through the lm_head: the [B, T, V] logits of the
 prompt positions are never materialised, and student and teacher log-probs line up slot by slot.
@@ -36,6 +37,9 @@ token-means instead; ours is the natural global token-mean, a documented deviati
 
 A non-finite loss or gradient norm skips the update: params and optimizer state stay bit-identical,
 `state.step` does not advance, `state.skipped_updates` and metric train/skipped_update count it.
+
+Length: the update is one program (branches, loss composition, micro-batch accumulation, the
+non-finite skip, shardings and donation) and reads best in one file.
 """
 
 from __future__ import annotations

@@ -27,6 +27,9 @@ in `train.max_failed_iterations` consecutive iterations.
 the checkpoint's parameters alone (no optimizer state, no KL reference, no training envs), the
 validation episodes of that step, and its own config.json / metrics.jsonl / metrics.png in `out_dir`
 (sdar_jax.evaluate picks `<workdir>/eval/step_<N>/`).
+
+Length: one object's lifecycle (build, warm start, resume, iterate, evaluate, checkpoint,
+export); splitting evaluation-only runs out of it is the next step.
 """
 
 from __future__ import annotations

@@ -7,6 +7,9 @@ checks every tensor name and shape before anything is converted, and writes dire
 The safetensors container is read and written here directly (an 8-byte header length, a JSON
 header, raw little-endian bytes): tensors are memory-mapped, and bfloat16 goes through
 `ml_dtypes` without a framework round trip.
+
+Length: the container reader/writer, the name map in both directions, the damage checks
+(header, byte ranges, shards) and the export belong together; split, each would need the others.
 """
 
 from __future__ import annotations
