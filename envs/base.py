@@ -25,21 +25,7 @@ import dataclasses
 import importlib
 from typing import Any, Callable, Protocol, runtime_checkable
 
-__all__ = [
-  "EnvAdapter",
-  "EnvFamily",
-  "EnvPool",
-  "EnvSplit",
-  "EpisodeView",
-  "StepResult",
-  "TextEnv",
-  "env_family",
-  "failed_result",
-  "make",
-  "register",
-  "register_family",
-  "registered_names",
-]
+# The public names are exported (and listed in `__all__`) by the package, envs/__init__.py.
 
 
 @runtime_checkable

@@ -16,29 +16,20 @@ treat the tags as missing (no-op, invalid).
 
 from __future__ import annotations
 
-import re
-from typing import Sequence
+from collections.abc import Sequence
 
-__all__ = ["project_action", "project_actions", "NO_TAG_TAIL_CHARS"]
+from envs.common import project_each, project_tagged_action
+
+__all__ = ["NO_TAG_TAIL_CHARS", "project_action", "project_actions"]
 
 NO_TAG_TAIL_CHARS = 30
-_CJK = re.compile(r"[\u4e00-\u9fff]")
-_OPEN, _CLOSE = "<action>", "</action>"
 
 
 def project_action(text: str) -> tuple[str, bool]:
   """Returns (command for the env, format valid)."""
-  lowered = text.lower()
-  start = lowered.find(_OPEN)
-  end = lowered.find(_CLOSE, start + len(_OPEN)) if start != -1 else -1
-  if start == -1 or end == -1:
-    return lowered[-NO_TAG_TAIL_CHARS:], False
-  action = lowered[start + len(_OPEN) : end].strip()
-  valid = "<think>" in text and "</think>" in text and not _CJK.search(text)
-  return action, valid
+  return project_tagged_action(text, NO_TAG_TAIL_CHARS)
 
 
 def project_actions(texts: Sequence[str]) -> tuple[list[str], list[bool]]:
   """Batched `project_action`: (commands, validity flags)."""
-  pairs = [project_action(t) for t in texts]
-  return [a for a, _ in pairs], [v for _, v in pairs]
+  return project_each(project_action, texts)

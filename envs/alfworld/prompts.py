@@ -11,7 +11,9 @@ Admissible actions omit "help"; each is single-quoted, joined by a newline and a
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
+
+from envs.common import format_history, steps_taken
 
 __all__ = ["HISTORY_LENGTH", "build_prompt", "format_admissible", "format_history"]
 
@@ -52,15 +54,6 @@ def format_admissible(commands: Sequence[str]) -> str:
   return "\n ".join(f"'{c}'" for c in commands if c != "help")
 
 
-def format_history(history: Sequence[tuple[str, str]], step_count: int) -> str:
-  """Records for the given (observation, action) pairs, numbered so the last one is step `step_count`."""
-  first = step_count - len(history) + 1
-  return "\n".join(
-    f"[Observation {first + j}: '{obs}', Action {first + j}: '{action}']"
-    for j, (obs, action) in enumerate(history)
-  )
-
-
 def build_prompt(
   task: str,
   history: Sequence[tuple[str, str]],
@@ -80,9 +73,7 @@ def build_prompt(
     step: steps already taken (default: len(history)).
     history_length: how many past records to show (2 in the reference).
   """
-  step_count = len(history) if step is None else step
-  if step_count < len(history):
-    raise ValueError(f"step={step} is smaller than the {len(history)} history records given")
+  step_count = steps_taken(history, step)
   if step_count == 0 or history_length <= 0:
     return _FIRST_TURN.format(
       preamble=_PREAMBLE,

@@ -7,6 +7,8 @@ import os
 import re
 from typing import Iterable
 
+from envs import common
+
 __all__ = [
   "TASK_TYPES",
   "SHORT_NAMES",
@@ -78,16 +80,4 @@ def success_rates(episodes: Iterable[tuple[str, bool]]) -> dict[str, float]:
   "success_rate" is over all episodes (the table's "Avg", not a mean of the columns); one
   "<short>_success_rate" per task type that occurred (pick, look, clean, heat, cool, pick2).
   """
-  totals: dict[str, list[int]] = {}
-  everything = [0, 0]
-  for task_type, won in episodes:
-    key = f"{SHORT_NAMES.get(task_type, task_type)}_success_rate"
-    counts = totals.setdefault(key, [0, 0])
-    counts[0] += int(bool(won))
-    counts[1] += 1
-    everything[0] += int(bool(won))
-    everything[1] += 1
-  rates = {key: wins / n for key, (wins, n) in sorted(totals.items())}
-  if everything[1]:
-    rates["success_rate"] = everything[0] / everything[1]
-  return rates
+  return common.success_rates((SHORT_NAMES.get(t, t), won) for t, won in episodes)

@@ -22,6 +22,8 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from envs import common
+
 __all__ = [
   "DATA_SOURCES",
   "TRAIN_SOURCES",
@@ -172,15 +174,4 @@ def find_split_file(data_dir: str, split: str) -> str:
 def success_rates(episodes: Iterable[tuple[str, bool]]) -> dict[str, float]:
   """Success rates from (data_source, won) per episode: "success_rate" over all episodes and one
   "<data_source>_success_rate" per source that occurred (verl-agent's validation keys)."""
-  totals: dict[str, list[int]] = {}
-  everything = [0, 0]
-  for source, won in episodes:
-    counts = totals.setdefault(f"{source}_success_rate", [0, 0])
-    counts[0] += int(bool(won))
-    counts[1] += 1
-    everything[0] += int(bool(won))
-    everything[1] += 1
-  rates = {key: wins / n for key, (wins, n) in sorted(totals.items())}
-  if everything[1]:
-    rates["success_rate"] = everything[0] / everything[1]
-  return rates
+  return common.success_rates(episodes)

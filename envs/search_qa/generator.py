@@ -314,35 +314,43 @@ def _build_world(spec: WorldSpec, rng: random.Random) -> World:
     name = f"{namer.word(2, 3)} {rng.choice(_COMPANY_SUFFIXES)}"
     companies.append(Entity(f"company:{i}", "company", name, facts, links))
 
-  films = []
-  for i in range(spec.films):
-    director = rng.choice(directors)
-    year = str(min(2020, int(director.facts["year"]) + rng.randint(25, 60)))
-    name = f"The {namer.word(2, 3)} {rng.choice(_FILM_NOUNS)}"
-    films.append(
-      Entity(
-        f"film:{i}",
-        "film",
-        name,
-        {"year": year, "genre": rng.choice(_FILM_GENRES)},
-        {"director": director.key},
-      )
-    )
+  def works(
+    kind: str,
+    count: int,
+    creators: list[Entity],
+    creator_link: str,
+    min_age: int,
+    genres: tuple[str, ...],
+    title: Callable[[], str],
+  ) -> list[Entity]:
+    """`count` works, each by a random creator aged `min_age`..60 at the time (year <= 2020)."""
+    made = []
+    for i in range(count):
+      creator = rng.choice(creators)
+      year = str(min(2020, int(creator.facts["year"]) + rng.randint(min_age, 60)))
+      name = title()
+      facts = {"year": year, "genre": rng.choice(genres)}
+      made.append(Entity(f"{kind}:{i}", kind, name, facts, {creator_link: creator.key}))
+    return made
 
-  books = []
-  for i in range(spec.books):
-    author = rng.choice(novelists)
-    year = str(min(2020, int(author.facts["year"]) + rng.randint(20, 60)))
-    name = f"{rng.choice(_BOOK_NOUNS)} of {namer.word(2, 3)}"
-    books.append(
-      Entity(
-        f"book:{i}",
-        "book",
-        name,
-        {"year": year, "genre": rng.choice(_BOOK_GENRES)},
-        {"author": author.key},
-      )
-    )
+  films = works(
+    "film",
+    spec.films,
+    directors,
+    "director",
+    25,
+    _FILM_GENRES,
+    lambda: f"The {namer.word(2, 3)} {rng.choice(_FILM_NOUNS)}",
+  )
+  books = works(
+    "book",
+    spec.books,
+    novelists,
+    "author",
+    20,
+    _BOOK_GENRES,
+    lambda: f"{rng.choice(_BOOK_NOUNS)} of {namer.word(2, 3)}",
+  )
 
   return World(countries + cities + universities + people + companies + films + books)
 

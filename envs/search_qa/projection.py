@@ -20,6 +20,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from envs.common import project_each
+
 __all__ = ["INVALID_ACTION_PENALTY", "project_action", "project_actions"]
 
 INVALID_ACTION_PENALTY = 0.01
@@ -57,5 +59,4 @@ def project_action(text: str) -> tuple[str, bool]:
 
 def project_actions(texts: Sequence[str]) -> tuple[list[str], list[bool]]:
   """Batched `project_action`: (actions, validity flags)."""
-  pairs = [project_action(t) for t in texts]
-  return [a for a, _ in pairs], [v for _, v in pairs]
+  return project_each(project_action, texts)

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from envs.common import steps_taken
+
 __all__ = [
   "HISTORY_LENGTH",
   "TEMPLATE",
@@ -107,9 +109,7 @@ def build_prompt_from_records(
     step: steps already taken (default: len(records)).
     history_length: how many past records to show (4 in the reference).
   """
-  step_count = len(records) if step is None else step
-  if step_count < len(records):
-    raise ValueError(f"step={step} is smaller than the {len(records)} history records given")
+  step_count = steps_taken(records, step)
   if step_count == 0 or history_length <= 0:
     return TEMPLATE_NO_HISTORY.format(task_description=question)
   window = list(records)[-history_length:]

@@ -35,7 +35,6 @@ import hashlib
 import json
 import os
 import shutil
-import sys
 import threading
 import time
 import urllib.error
@@ -44,6 +43,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
+
+from envs.common import import_bm25s
 
 __all__ = [
   "PASSAGE_FORMATS",
@@ -116,20 +117,6 @@ def error_text(message: str, passage_format: str = "verl_agent") -> str:
 
 
 # ------------------------------------------------------------------------------------------ BM25
-def _import_bm25s() -> Any:
-  """Imports bm25s without letting it import JAX (it does when JAX is installed): envs/ stays JAX-free."""
-  if "bm25s" in sys.modules or "jax" in sys.modules:
-    import bm25s
-
-    return bm25s
-  sys.modules["jax"] = None  # type: ignore[assignment]  # makes `import jax` raise ImportError
-  try:
-    import bm25s
-  finally:
-    del sys.modules["jax"]
-  return bm25s
-
-
 def default_cache_dir() -> str:
   """Where corpus indexes are cached: $SDAR_CACHE_DIR/search_qa_bm25, else ~/.cache/sdar_jax/..."""
   root = os.environ.get("SDAR_CACHE_DIR") or os.path.join(
@@ -191,7 +178,7 @@ class BM25Retriever:
   def __init__(self, passages: Sequence[Mapping[str, Any]], k1: float = BM25_K1, b: float = BM25_B):
     if not passages:
       raise ValueError("BM25Retriever needs at least one passage")
-    bm25s = _import_bm25s()
+    bm25s = import_bm25s()
     self._passages = [
       Passage(str(p.get("id", i)), str(p["contents"])) for i, p in enumerate(passages)
     ]
@@ -215,7 +202,7 @@ class BM25Retriever:
     if path.endswith(".gz"):
       raise ValueError(f"{path} is compressed; decompress it first (gunzip -k {path})")
     stat = os.stat(path)
-    bm25s = _import_bm25s()
+    bm25s = import_bm25s()
     key_fields = {
       "path": path,
       "size": stat.st_size,
@@ -280,7 +267,7 @@ class BM25Retriever:
     """The top `topk` passages with a positive score for each query (fewer when fewer match)."""
     if topk < 1:
       raise ValueError(f"topk must be >= 1, got {topk}")
-    bm25s = _import_bm25s()
+    bm25s = import_bm25s()
     vocab = self._bm25.vocab_dict
     tokens = bm25s.tokenize(list(queries), stopwords="en", return_ids=False, show_progress=False)
     kept = [[t for t in query if t and t in vocab] for query in tokens]

@@ -54,17 +54,7 @@ class DataSourceSkillRetriever(SkillRetriever):
   def __init__(self, library: SkillLibrary | str = "search", **kwargs: Any):
     super().__init__(library, **kwargs)
 
-  def skill_text(
-    self,
-    task_type: str | None = None,
-    gamefile: str | None = None,
-    query: str = "",
-    sample_id: Any = None,
-  ) -> str:
-    if self.strategy != "rules":
-      return super().skill_text(
-        task_type=task_type, gamefile=gamefile, query=query, sample_id=sample_id
-      )
-    general = [self.library.general.raw] if self.library.general else []
+  def _rules(self, task_type: str | None, gamefile: str | None, query: str) -> str:
+    """The data_source rule (`task_type` is the data source; both rules_versions agree)."""
     skill = skill_for_data_source(task_type, query)
-    return "\n\n".join(general + ([self.library.file(skill).raw] if skill else []))
+    return self._with_general([skill] if skill else [])

@@ -26,9 +26,9 @@ strategies select for the student as they do for the teacher.
 from __future__ import annotations
 
 import random
-import sys
 from typing import Any
 
+from envs.common import import_bm25s
 from envs.skills.library import GENERAL, SkillItem, SkillLibrary
 
 __all__ = ["SkillRetriever", "STRATEGIES", "RULES_VERSIONS", "BLOCK_HEADER"]
@@ -36,23 +36,6 @@ __all__ = ["SkillRetriever", "STRATEGIES", "RULES_VERSIONS", "BLOCK_HEADER"]
 STRATEGIES = ("rules", "bm25", "random", "none")
 RULES_VERSIONS = ("pre_fix", "post_fix")
 BLOCK_HEADER = "[Privileged Skill Information]\n"
-
-
-def _import_bm25s() -> Any:
-  """Imports bm25s without letting it import JAX (it does when JAX is installed): envs/ stays JAX-free.
-
-  If JAX is already loaded (the trainer process) bm25s may use it; we always ask for numpy selection.
-  """
-  if "bm25s" in sys.modules or "jax" in sys.modules:
-    import bm25s
-
-    return bm25s
-  sys.modules["jax"] = None  # type: ignore[assignment]  # makes `import jax` raise ImportError
-  try:
-    import bm25s
-  finally:
-    del sys.modules["jax"]
-  return bm25s
 
 
 class SkillRetriever:
@@ -91,17 +74,23 @@ class SkillRetriever:
 
   # -- strategies ----------------------------------------------------------------------------
 
-  def _rules(self, task_type: str | None, gamefile: str | None, query: str) -> str:
+  def _with_general(self, skills: list[str]) -> str:
+    """The general skills (if the library has them), then the named task files, blank-line joined."""
     general = [self.library.general.raw] if self.library.general else []
+    return "\n\n".join(general + [self.library.file(s).raw for s in skills])
+
+  def _rules(self, task_type: str | None, gamefile: str | None, query: str) -> str:
+    """The "rules" strategy's text (subclasses replace this to apply another rule)."""
     if self.rules_version == "pre_fix":
-      return "\n\n".join(general)
+      return self._with_general([])
     skill = None
     if gamefile:
       skill = self.library.match_task(gamefile)
     if skill is None and task_type:
       skill = self.library.match_task(task_type)
-    skills = [skill] if skill else (self.library.match_keywords(query) if query else [])
-    return "\n\n".join(general + [self.library.file(s).raw for s in skills])
+    return self._with_general(
+      [skill] if skill else (self.library.match_keywords(query) if query else [])
+    )
 
   def _render(self, items: list[SkillItem]) -> str:
     """Items grouped under their file's header, files in library order, renumbered within each file."""
@@ -113,7 +102,7 @@ class SkillRetriever:
     return "\n\n".join(blocks)
 
   def _bm25_items(self, query: str) -> list[SkillItem]:
-    bm25s = _import_bm25s()
+    bm25s = import_bm25s()
     if self._bm25 is None:
       corpus = bm25s.tokenize(
         [item.text for item in self._items], stopwords="en", show_progress=False
@@ -157,9 +146,7 @@ class SkillRetriever:
   def keyword_skill_text(self, text: str) -> str:
     """The keyword rule over `text`: general + every task file whose keywords occur in it (lower-
     cased substring test, keyword order); general only when none does."""
-    general = [self.library.general.raw] if self.library.general else []
-    skills = self.library.match_keywords(text)
-    return "\n\n".join(general + [self.library.file(s).raw for s in skills])
+    return self._with_general(self.library.match_keywords(text))
 
   def student_block(
     self,

@@ -25,6 +25,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from envs.common import format_history, steps_taken
+
 __all__ = [
   "HISTORY_LENGTH",
   "MAX_PROMPT_CHARS",
@@ -112,15 +114,6 @@ def format_available_actions(actions: Sequence[str]) -> str:
   return "\n".join(f"'{action}'," for action in actions)
 
 
-def format_history(history: Sequence[tuple[str, str]], step_count: int) -> str:
-  """Records for (formatted observation, action) pairs, the last one numbered `step_count`."""
-  first = step_count - len(history) + 1
-  return "\n".join(
-    f"[Observation {first + j}: '{obs}', Action {first + j}: '{action}']"
-    for j, (obs, action) in enumerate(history)
-  )
-
-
 def build_prompt(
   task: str,
   history: Sequence[tuple[str, str]],
@@ -140,9 +133,7 @@ def build_prompt(
     step: steps already taken (default: len(history)).
     history_length: how many past records to show (2 in the reference).
   """
-  step_count = len(history) if step is None else step
-  if step_count < len(history):
-    raise ValueError(f"step={step} is smaller than the {len(history)} history records given")
+  step_count = steps_taken(history, step)
   current = format_observation(observation, task)
   actions = format_available_actions(admissible)
   first_turn = TEMPLATE_NO_HISTORY.format(

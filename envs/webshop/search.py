@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from envs.skills.retrieval import _import_bm25s
+from envs.common import import_bm25s
 from envs.webshop.porter import stem
 
 __all__ = [
@@ -84,7 +84,7 @@ class SearchEngine:
 
   @staticmethod
   def _load_or_build(texts: list[str], cache_dir: str | None) -> Any:
-    bm25s = _import_bm25s()
+    bm25s = import_bm25s()
     folder = None
     if cache_dir:
       digest = hashlib.sha1()

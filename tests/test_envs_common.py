@@ -1,0 +1,82 @@
+"""envs.common: the text helpers the environments share (hand-worked expected strings and numbers)."""
+
+import pytest
+
+from envs.alfworld.projection import project_action as alfworld_project
+from envs.common import (
+  format_history,
+  project_each,
+  project_tagged_action,
+  steps_taken,
+  success_rates,
+)
+from envs.skills.data_source_rules import DataSourceSkillRetriever
+from envs.webshop.projection import project_action as webshop_project
+
+
+def test_tagged_action_is_lowercased_and_stripped_between_the_tags():
+  text = "<think>the fridge</think> <Action> Go To Fridge 1 </ACTION> trailing"
+  assert project_tagged_action(text, 30) == ("go to fridge 1", True)
+
+
+@pytest.mark.parametrize(
+  "text",
+  [
+    "no think tags <action>open drawer 1</action>",  # <think> missing
+    "<think>中</think><action>open drawer 1</action>",  # CJK character
+  ],
+)
+def test_tagged_action_well_placed_but_invalid_format(text):
+  assert project_tagged_action(text, 30) == ("open drawer 1", False)
+
+
+def test_without_both_tags_the_env_gets_the_lowercased_tail():
+  assert project_tagged_action("<think>x</think> ABCDEFGHIJ", 4) == ("ghij", False)
+  # "</action>" only before "<action>": treated as missing tags, not an empty valid action.
+  assert project_tagged_action("</action> <action>ABCDEF", 3) == ("def", False)
+
+
+def test_alfworld_and_webshop_differ_only_in_the_tail_length():
+  untagged = "0123456789abcdefghijklmnopqrstuvwxyzABCD"  # 40 characters
+  assert alfworld_project(untagged) == ("abcdefghijklmnopqrstuvwxyzabcd", False)
+  assert webshop_project(untagged) == ("klmnopqrstuvwxyzabcd", False)
+  tagged = "<think>t</think><action>Click[Buy Now]</action>"
+  assert alfworld_project(tagged) == webshop_project(tagged) == ("click[buy now]", True)
+
+
+def test_project_each_keeps_the_batch_order():
+  actions, valid = project_each(lambda t: (t.upper(), t == "b"), ["a", "b", "c"])
+  assert actions == ["A", "B", "C"] and valid == [False, True, False]
+
+
+def test_history_records_are_numbered_up_to_the_step_count():
+  history = [("you see a mug", "take mug 1"), ("you hold a mug", "go to sink 1")]
+  assert format_history(history, 5) == (
+    "[Observation 4: 'you see a mug', Action 4: 'take mug 1']\n"
+    "[Observation 5: 'you hold a mug', Action 5: 'go to sink 1']"
+  )
+  assert format_history([], 3) == ""
+
+
+def test_steps_taken_defaults_to_the_history_length_and_rejects_a_smaller_step():
+  assert steps_taken([("o", "a")] * 3, None) == 3
+  assert steps_taken([("o", "a")] * 3, 7) == 7  # only the last records were passed
+  with pytest.raises(ValueError, match="step=2 is smaller than the 3 history records"):
+    steps_taken([("o", "a")] * 3, 2)
+
+
+def test_success_rates_per_group_sorted_then_overall():
+  rates = success_rates([("b", True), ("a", True), ("a", False), ("b", True), ("a", False)])
+  assert list(rates) == ["a_success_rate", "b_success_rate", "success_rate"]
+  assert rates["a_success_rate"] == pytest.approx(1 / 3)
+  assert rates["b_success_rate"] == 1.0
+  assert rates["success_rate"] == pytest.approx(3 / 5)
+  assert success_rates([]) == {}
+
+
+def test_data_source_retriever_replaces_only_the_rules_strategy():
+  assert DataSourceSkillRetriever(strategy="none").privileged_block(task_type="popqa") == ""
+  rules = DataSourceSkillRetriever(strategy="rules")
+  general_only = rules.skill_text(task_type="unknown_source")
+  with_lookup = rules.skill_text(task_type="popqa")
+  assert with_lookup.startswith(general_only + "\n\n") and len(with_lookup) > len(general_only)
