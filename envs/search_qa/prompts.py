@@ -10,7 +10,7 @@ verl-agent's search prompt, word for word (docs/reference.md §8.2):
   after an invalid action).
 There is no separate "current observation": the newest search result is the last history record.
 
-`search_r1_prefix(question)` is Search-R1's own single-prompt template (§8.1), the text its parquet
+`search_r1_prefix(question)` is Search-R1's own single-prompt template, the text its parquet
 files carry in the `prompt` column; the env does not use it.
 """
 
