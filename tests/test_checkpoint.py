@@ -204,6 +204,7 @@ def test_async_save_then_restore(tmp_path):
   assert meta["run_config"]["algo"]["temperature"] == run_config.rollout.temperature
 
 
+@pytest.mark.slow
 def test_export_hf_loads_in_transformers(saved, tmp_path):
   torch = pytest.importorskip("torch")
   transformers = pytest.importorskip("transformers")

@@ -18,6 +18,9 @@ from envs.alfworld.engine import GameFileError
 from envs.alfworld.problem import pddl_problem
 from envs.alfworld.tasks import TASK_TYPES, extract_task, success_rates, task_type_from_path
 
+# Every test here generates games or plays them on the real PDDL engine.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):

@@ -87,6 +87,7 @@ def linear_gap_gate():
   GATES.unregister("linear_gap")
 
 
+@pytest.mark.slow
 def test_a_registered_gate_drives_the_sdar_term(params, batch, linear_gap_gate):
   algo = toy_algo(distill="sdar", gate=linear_gap_gate)
   grads, metrics = jax.jit(lambda p: loss_and_grads(CONFIG, algo, p, batch))(params)
@@ -106,6 +107,7 @@ def test_a_registered_gate_drives_the_sdar_term(params, batch, linear_gap_gate):
   np.testing.assert_allclose(metrics["sdar/gate_mean"], np.sum(gate * m) / m.sum(), rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_registered_gate_is_selectable_from_a_run_config(params, batch, linear_gap_gate):
   config = common.override(alfworld.get_config("local=True"), {"algo.gate": linear_gap_gate})
   validate(config, num_devices=8)
@@ -141,6 +143,7 @@ def squared_gap_term():
   DISTILL_LOSSES.unregister("squared_gap")
 
 
+@pytest.mark.slow
 def test_a_registered_loss_term_is_added_with_weight_lam(params, batch, squared_gap_term):
   algo = toy_algo(distill=squared_gap_term)
   assert algo.teacher  # a distillation term reads the teacher: it is scored without being asked

@@ -35,6 +35,7 @@ def _real_positions_max_abs(a, b, mask):
   return float(np.max(np.abs(a[sel] - b[sel])))
 
 
+@pytest.mark.slow
 def test_logits_match_transformers_fp32(hf_case):
   family, tied, model, path = hf_case
   config, params = load_pretrained(path, dtype="float32")
@@ -49,6 +50,7 @@ def test_logits_match_transformers_fp32(hf_case):
   assert _real_positions_max_abs(ours, ref, mask) < 1e-4
 
 
+@pytest.mark.slow
 def test_left_padding_does_not_change_real_tokens(hf_case):
   _, _, _, path = hf_case
   config, params = load_pretrained(path)
@@ -59,6 +61,7 @@ def test_left_padding_does_not_change_real_tokens(hf_case):
     np.testing.assert_allclose(batched[i, -n:], alone[0], atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow
 def test_prefill_then_decode_steps_match_transformers(hf_case):
   """The one decode path: prefill ragged, left-padded prompts into the model's KVCache, then feed
   one token per row per decode_step; every step's logits equal transformers' on the whole
@@ -90,6 +93,7 @@ def test_prefill_then_decode_steps_match_transformers(hf_case):
     prefill(config, params, prompt, mask, cache_size=3)
 
 
+@pytest.mark.slow
 def test_save_then_transformers_load_gives_same_logits(hf_case, tmp_path):
   _, _, model, path = hf_case
   config, params = load_pretrained(path)
@@ -105,6 +109,7 @@ def test_save_then_transformers_load_gives_same_logits(hf_case, tmp_path):
   assert _real_positions_max_abs(a, b, mask) == 0.0
 
 
+@pytest.mark.slow
 def test_bf16_forward_within_documented_bound(hf_case):
   family, tied, model, path = hf_case
   config32, params32 = load_pretrained(path, dtype="float32")

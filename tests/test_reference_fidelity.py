@@ -100,6 +100,7 @@ def fresh_state(params, optimizer):
 GRPO = dict(dataclasses.asdict(get_preset("grpo")), kl_coef=0.0, entropy_coef=0.0)
 
 
+@pytest.mark.slow
 def test_lr_warmup_counts_iterations_not_optimizer_updates(params):
   """Two mini-batch updates per iteration, warm-up over 2 iterations: the reference's scheduler
   steps once per iteration, so iteration k (1-based) uses lr·min(k − 1, 2)/2 for both updates."""

@@ -2,6 +2,7 @@
 
 import jax
 import numpy as np
+import pytest
 
 from sdar_jax import sharding
 from sdar_jax.checkpoint import CheckpointManager, abstract_train_state
@@ -10,6 +11,7 @@ from sdar_jax.train_step import TrainStep
 from tests.helpers import SDAR_LOSS, fresh_state, make_turn_batch, to_np
 
 
+@pytest.mark.slow
 def test_save_restore_continue_is_bit_identical(tmp_path, tiny_config, tiny_params):
   params = tiny_params
   mesh = sharding.make_mesh((2, 2, 2))

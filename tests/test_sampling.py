@@ -90,6 +90,7 @@ def _hf_greedy(hf, prompts, new, eos=None):
 
 
 # ----------------------------------------------------------------------------------- greedy
+@pytest.mark.slow
 def test_greedy_equals_transformers_generate(model):
   hf, config, params = model
   prompts = _prompts(config.vocab_size, LENGTHS)
@@ -111,6 +112,7 @@ def test_greedy_equals_transformers_generate(model):
   assert len(stopped.tokens[0]) <= 5
 
 
+@pytest.mark.slow
 def test_logprobs_equal_log_softmax_of_forward(model):
   _, config, params = model
   prompts = _prompts(config.vocab_size, LENGTHS, seed=1)
@@ -127,6 +129,7 @@ def test_logprobs_equal_log_softmax_of_forward(model):
       np.testing.assert_allclose(result.logprobs[i], want, atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow
 def test_batch_equals_one_by_one(model):
   _, config, params = model
   prompts = _prompts(config.vocab_size, LENGTHS, seed=2)
@@ -139,6 +142,7 @@ def test_batch_equals_one_by_one(model):
 
 
 # --------------------------------------------------------------------------- prefix sharing
+@pytest.mark.slow
 def test_group_prefix_sharing_prefills_once_and_changes_nothing(qwen3):
   config, params = qwen3
   distinct = _prompts(config.vocab_size, [6, 3, 9], seed=3)
@@ -323,6 +327,7 @@ def test_stop_string_table_equals_brute_force():
 
 
 # ----------------------------------------------------------------------------------- mesh
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", [(8, 1, 1), (4, 1, 2)])
 def test_mesh_equals_one_device(qwen3, shape):
   config, params = qwen3

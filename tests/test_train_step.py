@@ -231,6 +231,7 @@ def one_device_update(params):
   return optimizer, batch, to_np(state.params), to_np(metrics)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", [(8, 1, 1), (2, 2, 2), (1, 2, 4)])
 def test_sharded_step_equals_one_device_step(params, one_device_update, shape):
   optimizer, batch, want_params, want_metrics = one_device_update
