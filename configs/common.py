@@ -77,7 +77,10 @@ def algo(name: str) -> mlc.ConfigDict:
   """The `config.algo` section: every field of `sdar_jax.algos.AlgoConfig` (each documented there)
   with the values of preset `name` (sdar_jax.algos.ALGO_PRESETS). `finalize` links its
   temperature to rollout.temperature (tokens are scored at the temperature they were sampled at)."""
-  return mlc.ConfigDict(dataclasses.asdict(get_preset(name)))
+  fields = dataclasses.asdict(get_preset(name))
+  if fields["teacher"] is None:  # unset (follows the terms) but still a bool on the command line
+    fields["teacher"] = config_dict.placeholder(bool)
+  return mlc.ConfigDict(fields)
 
 
 def base(model: str = "qwen2.5-3b", algo_name: str = "sdar") -> mlc.ConfigDict:

@@ -467,7 +467,7 @@ def plan(
   def rows(n: int, *tail: int, dtype=jnp.int32):
     return _sds((n, *tail), dtype, sharding.batch_sharding(mesh, 1 + len(tail)))
 
-  teacher_rows = algo.teacher
+  teacher_rows = algo.scores_teacher
   batch = TurnBatch(
     student_tokens=rows(B, Ps + R),
     student_mask=rows(B, Ps + R),
@@ -489,7 +489,7 @@ def plan(
   reports = []
 
   if "update" in parts:
-    teacher_in_update = algo.teacher and algo.teacher_source == "step"
+    teacher_in_update = algo.scores_teacher and algo.teacher_source == "step"
     flops = sum(
       update_flops(
         model_config,
@@ -513,7 +513,7 @@ def plan(
     )
     log(format_report(reports[-1], peak))
 
-  if "teacher" in parts and not (algo.teacher and algo.teacher_source == "rollout"):
+  if "teacher" in parts and not (algo.scores_teacher and algo.teacher_source == "rollout"):
     log("teacher: no separate scoring pass (this algo scores no teacher, or inside the update)")
   elif "teacher" in parts:
     flops = forward_flops(model_config, B, Pt + R, R)

@@ -229,7 +229,7 @@ def loss_and_grads(
 
   `iteration` is the 1-based training iteration (the reference's global step) for the RLSD
   λ schedule; `constrain` places a [num_micro, mb, ...] array (sharding constraint)."""
-  if algo.teacher and algo.teacher_source == "rollout" and batch.teacher_logp is None:
+  if algo.scores_teacher and algo.teacher_source == "rollout" and batch.teacher_logp is None:
     raise ValueError(
       "algo.teacher_source='rollout' reads batch.teacher_logp, which is None: score it with "
       "TrainStep.score_teacher(params, batch) first, or use teacher_source='step'."
@@ -249,7 +249,7 @@ def loss_and_grads(
 
   def one(mb: TurnBatch):  # one micro-batch
     teacher_logp = None
-    if algo.teacher:
+    if algo.scores_teacher:
       teacher_logp = (
         mb.teacher_logp
         if algo.teacher_source == "rollout"
@@ -405,8 +405,8 @@ class TrainStep:
         f"student_tokens shape {batch.student_tokens.shape} must be [B={B}, Ps+R] "
         f"with a prompt of at least one token before R={R} response slots."
       )
-    teacher_in_step = algo.teacher and algo.teacher_source == "step"
-    if for_update and algo.teacher and algo.teacher_source == "rollout":
+    teacher_in_step = algo.scores_teacher and algo.teacher_source == "step"
+    if for_update and algo.scores_teacher and algo.teacher_source == "rollout":
       if batch.teacher_logp is None:
         raise ValueError(
           "algo.teacher_source='rollout' needs batch.teacher_logp: score it once "

@@ -35,6 +35,7 @@ export); splitting evaluation-only runs out of it is the next step.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import json
 import logging
@@ -173,6 +174,7 @@ class LoopState:
   iteration: int = 0  # completed training iterations
   task_rng: dict[str, Any] | None = None  # numpy bit-generator state of the task sampler
   replay: dict[str, int] | None = None
+  all_failed_iterations: int = 0  # consecutive iterations in which every env failed
 
 
 # ------------------------------------------------------------------------------------ metrics
@@ -244,7 +246,7 @@ class Trainer:
     try:
       self._build()
     except BaseException:
-      self.lock.release()
+      self.close()  # whatever _build made (env worker processes, checkpoint manager), then the lock
       raise
 
   def _build(self) -> None:
@@ -266,7 +268,7 @@ class Trainer:
     self.with_teacher = False
     if not self.eval_only:
       self.step_fn = train_step_from_config(self.model_config, config, self.mesh)
-      self.with_teacher = self.step_fn.algo_config.teacher
+      self.with_teacher = self.step_fn.algo_config.scores_teacher
     self.pad_id = self.tokenizer.pad_token_id or _PAD_FALLBACK
     self.sampler = Sampler(
       self.model_config, self.mesh, self.tokenizer, max_prompt_len=config.rollout.max_prompt_len
@@ -375,7 +377,6 @@ class Trainer:
       )
     self.loop_state = LoopState(iteration=self.params_from[1] if self.params_from else 0)
     self._failure_kinds: dict[str, str] = {}  # first error of each kind, with its env and game
-    self._all_failed_iterations = 0  # consecutive iterations in which every env failed
     self.task_rng = np.random.default_rng(config.train.seed)
     self.rng = jax.random.key(config.train.seed + 1)  # rollout keys: see _key
 
@@ -566,14 +567,15 @@ class Trainer:
   def _check_all_failed(self, episodes: list[Episode]) -> None:
     """Counts iterations in which every env failed; stops the run after too many in a row."""
     if episodes and all(ep.env_error is not None for ep in episodes):
-      self._all_failed_iterations += 1
+      self.loop_state.all_failed_iterations += 1
     else:
-      self._all_failed_iterations = 0
+      self.loop_state.all_failed_iterations = 0
     limit = self.config.train.get("max_failed_iterations", 3)
-    if self._all_failed_iterations >= limit:
+    if self.loop_state.all_failed_iterations >= limit:
       first = "\n  - ".join(self._failure_kinds.values())
       raise EnvFailureError(
-        f"every environment failed in {self._all_failed_iterations} consecutive iterations "
+        f"every environment failed in {self.loop_state.all_failed_iterations} consecutive "
+        "iterations "
         f"(train.max_failed_iterations={limit}); nothing was trained. First error of each kind:"
         f"\n  - {first}\nFix the environment or its data (env.data_dir, the generated games), or "
         "raise --config.train.max_failed_iterations."
@@ -603,7 +605,7 @@ class Trainer:
         "iteration %d: no trainable turn-samples (every env failed, %d in a row); skipping the "
         "update",
         it + 1,
-        self._all_failed_iterations,
+        self.loop_state.all_failed_iterations,
       )
       return metrics
     t1 = time.perf_counter()
@@ -678,6 +680,7 @@ class Trainer:
         self.state.params,
         os.path.join(self.workdir, "hf_export"),
         tokenizer_dir=self.tokenizer.path,
+        source_dir=self.config.model.get("path"),  # its generation_config.json, when it has one
       )
       if out:
         log.info("final policy exported to %s", out)
@@ -722,16 +725,14 @@ class Trainer:
       plot_history(self.logger.path)
 
   def close(self) -> None:
-    try:
-      if self.ckpt is not None:
-        self.ckpt.close()
-      self.logger.close()
-      if self.pool is not None:
-        self.pool.close()
-      if self.eval_pool is not None:
-        self.eval_pool.close()
-    finally:
-      self.lock.release()
+    """Closes what was built (also after a failed build), each even if another fails to close,
+    and releases the workdir lock last."""
+    with contextlib.ExitStack() as stack:
+      stack.callback(self.lock.release)
+      for name in ("eval_pool", "pool", "logger", "ckpt"):
+        resource = getattr(self, name, None)
+        if resource is not None:
+          stack.callback(resource.close)
 
 
 def teacher_old_gap_metrics(batches) -> dict[str, float]:

@@ -88,6 +88,16 @@ class WorkdirLock:
       return self
     os.makedirs(self.workdir, exist_ok=True)
     fd = self._lock_file()
+    try:
+      self._take_over(fd)
+    except BaseException:  # never keep a locked fd that release() cannot reach
+      os.close(fd)  # closing drops the flock
+      raise
+    self._fd = fd
+    return self
+
+  def _take_over(self, fd: int) -> None:
+    """Refuses a live holder's record, else writes ours into the locked file `fd`."""
     # We hold the flock. A record left by another process is either stale (its process died and the
     # kernel dropped its flock) or, where flock is not enforced, possibly live: refuse then if the
     # recorded pid still runs on this host.
@@ -101,7 +111,6 @@ class WorkdirLock:
       and _pid_alive(holder["pid"])
       and not _flock_enforced(self.path, fd)
     ):
-      os.close(fd)
       raise self._refuse(holder)
     record = {
       "host": host,
@@ -114,8 +123,6 @@ class WorkdirLock:
     os.ftruncate(fd, 0)
     os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
     os.fsync(fd)
-    self._fd = fd
-    return self
 
   def _lock_file(self) -> int:
     """An fd of the lock file under our flock. The file a releasing holder unlinks may be the one we

@@ -412,7 +412,8 @@ def test_presets_values_and_shared_keys():
     p = dataclasses.asdict(get_preset(name))
     assert tuple(p) == tuple(f.name for f in dataclasses.fields(AlgoConfig)) and p["name"] == name
     for key, value in want.items():
-      assert p[key] == value, (name, key)
+      got = get_preset(name).scores_teacher if key == "teacher" else p[key]
+      assert got == value, (name, key)
     common = dict(
       entropy_coef=0.001,
       kl_coef=0.01,
@@ -451,8 +452,12 @@ def test_algo_config_checks_itself_and_reports_every_problem():
   assert f"algo.gate='nope': unknown name. Fix: use one of {algos.GATES.names()}" in lines
   assert any(line.startswith("algo.clip_c=1.0: the dual-clip bound must be > 1") for line in lines)
   # the teacher is scored exactly when a term reads it, unless asked for its metrics alone
-  assert (AlgoConfig().teacher, AlgoConfig(advantage="rlsd").teacher) == (False, True)
-  assert AlgoConfig(teacher=True).teacher
+  assert (AlgoConfig().scores_teacher, AlgoConfig(advantage="rlsd").scores_teacher) == (False, True)
+  assert AlgoConfig(teacher=True).scores_teacher
+  # The field stays unresolved, so a variant that adds or drops a term follows it.
+  variant = dataclasses.replace(get_preset("grpo"), distill="sdar", lam=0.01)
+  assert variant.teacher is None and variant.scores_teacher
+  assert not dataclasses.replace(get_preset("sdar"), distill="none", lam=0.0).scores_teacher
   refused = r"algo.teacher=False: .*'skill_sd'.* need teacher log-probs"
   with pytest.raises(ValueError, match=refused):
     AlgoConfig(distill="skill_sd", lam=0.001, teacher=False)

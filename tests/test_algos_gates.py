@@ -153,5 +153,5 @@ def test_gate_presets_select_the_sound_designs_and_the_paper_variants():
   }
   for preset, name in want.items():
     p = get_preset(preset)
-    assert p.gate == name and p.distill == "sdar" and p.teacher
+    assert p.gate == name and p.distill == "sdar" and p.scores_teacher
     assert dataclasses.replace(p, name="sdar", gate="gap") == get_preset("sdar")

@@ -177,7 +177,8 @@ def test_algo_section_is_generated_from_the_dataclass():
   section = common.algo("rlsd")
   assert sorted(section) == sorted(f.name for f in dataclasses.fields(AlgoConfig))
   assert section.to_dict() == dataclasses.asdict(get_preset("rlsd"))
-  assert (section.advantage, section.teacher, section.teacher_source) == ("rlsd", True, "rollout")
+  assert (section.advantage, section.teacher, section.teacher_source) == ("rlsd", None, "rollout")
+  assert AlgoConfig.from_config(section).scores_teacher  # RLSD's advantages read the teacher
 
 
 def test_algo_section_key_typos_name_the_closest_field():

@@ -104,8 +104,12 @@ class AlgoConfig:
     problems = self._problems()
     if problems:
       raise ValueError("\n".join(problems))
-    if self.teacher is None:
-      object.__setattr__(self, "teacher", self.terms_need_teacher)
+
+  @property
+  def scores_teacher(self) -> bool:
+    """Whether the teacher's log-probs are scored: `teacher` when set, else whether a term reads
+    them (kept unresolved in the field, so a variant that adds or drops a term follows it)."""
+    return self.terms_need_teacher if self.teacher is None else self.teacher
 
   @property
   def terms_need_teacher(self) -> bool:

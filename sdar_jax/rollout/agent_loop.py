@@ -13,11 +13,11 @@ inside it (docs/reference.md §2.6).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 import jax
-from absl import logging
 from tqdm import tqdm
 
 from envs.base import EnvAdapter, EpisodeView
@@ -25,6 +25,8 @@ from sdar_jax.chat_templates import ChatTemplate
 from sdar_jax.rollout.trajectory import Episode, Turn
 from sdar_jax.sampling import Sampler, SamplingParams
 from sdar_jax.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
 
 
 class PromptTooLongError(ValueError):
@@ -109,7 +111,7 @@ class AgentLoop:
       return ids
     if self.truncation == "left":
       if not self.truncated_prompts:
-        logging.warning(
+        log.warning(
           "%s: a prompt of %d tokens was cut to its last %d (rollout.max_prompt_len, "
           "rollout.prompt_truncation=left): the model no longer sees the start of its context "
           "and the teacher gets the same cut prompt. Raise --config.rollout.max_prompt_len (or "
