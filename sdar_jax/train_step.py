@@ -70,7 +70,7 @@ Metrics = dict[str, Array]
 
 
 # --------------------------------------------------------------------------------- log-probs
-def _head(
+def _token_logprob_and_entropy(
   config: ModelConfig,
   temperature: float,
   with_entropy: bool,
@@ -78,6 +78,8 @@ def _head(
   hidden: Array,
   targets: Array,
 ) -> tuple[Array, Array | None]:
+  """log p(target) of each hidden state's next-token distribution at `temperature` (and its
+  entropy): the lm_head applied to response positions only."""
   logits = logits_from_hidden(config, params, hidden)
   if temperature != 1.0:
     logits = logits / temperature
@@ -105,7 +107,7 @@ def response_logprobs(
     )
   hidden, _ = apply(config, params, tokens, positions_from_mask(mask), mask)
   hidden = hidden[:, prompt_len - 1 : prompt_len - 1 + response_len]
-  head = functools.partial(_head, config, temperature, with_entropy)
+  head = functools.partial(_token_logprob_and_entropy, config, temperature, with_entropy)
   if config.remat:  # keep only the [B, R, D] hidden states, recompute the [B, R, V] logits
     head = jax.checkpoint(head)
   return head(params, hidden, tokens[:, prompt_len:])
@@ -247,22 +249,24 @@ def loss_and_grads(
   frozen = jax.lax.stop_gradient(params)
   grad_fn = jax.value_and_grad(functools.partial(micro_loss, config, algo), has_aux=True)
 
-  def one(mb: TurnBatch):  # one micro-batch
+  def one(micro: TurnBatch):  # one micro-batch
     teacher_logp = None
     if algo.scores_teacher:
       teacher_logp = (
-        mb.teacher_logp
+        micro.teacher_logp
         if algo.teacher_source == "rollout"
-        else _teacher_logp(config, algo, frozen, mb)
+        else _teacher_logp(config, algo, frozen, micro)
       )
     ref_logp = None
     if algo.kl_coef:
       ref_logp = (
-        mb.ref_logp
+        micro.ref_logp
         if ref_params is None
-        else _student_logp(config, algo, jax.lax.stop_gradient(ref_params), mb, False)[0]
+        else _student_logp(config, algo, jax.lax.stop_gradient(ref_params), micro, False)[0]
       )
-    (_, metrics), grads = grad_fn(params, mb, teacher_logp, ref_logp, denom, num_seqs, rlsd_weight)
+    (_, metrics), grads = grad_fn(
+      params, micro, teacher_logp, ref_logp, denom, num_seqs, rlsd_weight
+    )
     return jax.tree.map(lambda g: g.astype(jnp.float32), grads), metrics
 
   if num_micro == 1:
@@ -272,8 +276,8 @@ def loss_and_grads(
     first = jax.tree.map(lambda x: x[0], micro_batches)
     zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(one, first))
 
-    def body(carry, mb):
-      return jax.tree.map(jnp.add, carry, one(mb)), None
+    def body(carry, micro):
+      return jax.tree.map(jnp.add, carry, one(micro)), None
 
     (grads, metrics), _ = jax.lax.scan(body, zeros, micro_batches)
   if algo.advantage == "rlsd":
