@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/sampling.py [--repeats 7] [--devices 2] [--no-tunix]
 
-All peers load one shared random Qwen3 checkpoint (HF safetensors in a temp dir; the peers.md
+All peers load one shared random Qwen3 checkpoint (HF safetensors in a temp dir; the benchmark
 workload: vocab 4096, hidden 256, intermediate 768, 4 layers, 8 heads, 4 kv heads, head_dim 32,
 untied, fp32; weights N(0, 0.02), norm scales 1 + 0.1 N(0, 1)) and decode the same 16 prompts x
 64 random tokens greedily for exactly 64 new tokens (no stop token).
@@ -58,7 +58,7 @@ from _common import PEER_HF_CONFIG, interleaved, peer_model  # noqa: E402
 
 
 def write_checkpoint(path: str, seed: int = 0):
-  """The peers.md model (bench/_common.py) saved to `path`; returns the torch model."""
+  """The benchmark workload model (bench/_common.py, docs/design.md) saved to `path`; returns the torch model."""
   model = peer_model(seed, attn_implementation="sdpa")
   model.save_pretrained(path)
   return model
