@@ -1,5 +1,6 @@
 """Sharded forward on 8 fake CPU devices equals the single-device forward."""
 
+import dataclasses
 import warnings
 
 import jax
@@ -10,17 +11,9 @@ from jax.sharding import PartitionSpec as P
 from sdar_jax import sharding
 from sdar_jax.models import ModelConfig, forward, init_params
 from tests import hf_fixtures
+from tests.helpers import TINY_CONFIG
 
-CONFIG = ModelConfig.tiny(
-  "qwen3",
-  vocab_size=512,
-  hidden_size=64,
-  intermediate_size=128,
-  num_layers=2,
-  num_heads=8,
-  num_kv_heads=4,
-  head_dim=16,
-)
+CONFIG = dataclasses.replace(TINY_CONFIG, vocab_size=512)
 
 
 @pytest.fixture(scope="module")
@@ -132,9 +125,9 @@ def test_train_state_shardings_follow_the_params():
 def test_a_custom_rules_table_places_params_state_and_loaded_weights(tmp_path):
   """The `rules=` parameter (a logical-axis table other than DEFAULT_RULES) is honoured by the
   update's state shardings and by load_pretrained, not only by the default path."""
+  from sdar_jax.algos import get_preset
   from sdar_jax.models import load_pretrained, save_pretrained
   from sdar_jax.train_state import make_optimizer
-  from sdar_jax.algos import get_preset
   from sdar_jax.train_step import TrainStep
 
   # Pure data parallelism: nothing sharded but the batch.
