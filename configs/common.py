@@ -173,6 +173,7 @@ def _skills(rules_version: str = "post_fix") -> mlc.ConfigDict:
       rules_version=rules_version,
       top_k=5,  # bm25 / random
       seed=0,
+      places="all",  # "all" | "task": "Places by type:" lists cut to the task's objects
       dir=config_dict.placeholder(str),  # default: the skills shipped in envs/skills/<env>
     )
   )
@@ -203,42 +204,61 @@ def _env(
 def alfworld(
   history: int = 2, max_turns: int = 50, group_size: int = 8, tasks_per_step: int = 16
 ) -> mlc.ConfigDict:
-  """ALFWorld text games (docs/reference.md §6.1). offline.num_train / num_eval are games per task type."""
-  return _env("alfworld", history, max_turns, group_size, tasks_per_step, split="train")
+  """ALFWorld text games (docs/reference.md §6.1). offline.num_train / num_eval are games per task
+  type; task_types is "all" or a comma-separated subset of envs.alfworld.TASK_TYPES."""
+  return _env(
+    "alfworld", history, max_turns, group_size, tasks_per_step, split="train", task_types="all"
+  )
 
 
 def webshop(
   history: int = 2, max_turns: int = 15, group_size: int = 8, tasks_per_step: int = 16
 ) -> mlc.ConfigDict:
-  """WebShop (docs/reference.md §6.2): the small catalogue, synthetic goals; eval on goals < 500."""
+  """WebShop (docs/reference.md §6.2): the small catalogue, synthetic goals; eval on goals < 500.
+
+  data_dir None plays a generated catalogue of `num_products` products (seed offline.seed;
+  offline.num_train / num_eval are not used: the split is the original's, test = goals 0-499).
+  envs/webshop/family.py reads these keys."""
   return _env(
     "webshop",
     history,
     max_turns,
     group_size,
     tasks_per_step,
-    use_small=True,
-    human_goals=False,
-    max_page_chars=13000,
+    use_small=True,  # items_shuffle_1000.json / items_ins_v2_1000.json (verl-agent's default)
+    human_goals=False,  # synthetic goals (verl-agent's default)
+    num_products=1000,  # generated catalogue size (data_dir None)
+    data_seed=233,  # prices, price bounds and the goal shuffle (the original's shuffle seed)
+    noun_extractor="auto",  # reward title nouns: spaCy en_core_web_sm if installed, else rules
+    index_dir=config_dict.placeholder(str),  # bm25s index cache of a real catalogue
+    expert_episodes=100,  # oracle episodes for warm_start.source="walkthroughs"
   )
 
 
 def search_qa(
   history: int = 4, max_turns: int = 4, group_size: int = 8, tasks_per_step: int = 128
 ) -> mlc.ConfigDict:
-  """Search-R1 QA (docs/reference.md §6.3): train on NQ + HotpotQA, BM25 top-3 passages per search."""
+  """Search-R1 QA (docs/reference.md §6.3): train on NQ + HotpotQA, BM25 top-3 passages per search.
+
+  data_dir None plays the generated world of seed offline.seed (offline.num_train / num_eval are
+  not used). envs/search_qa/family.py reads these keys."""
   return _env(
     "search_qa",
     history,
     max_turns,
     group_size,
     tasks_per_step,
-    train_sources="nq,hotpotqa",
-    eval_sources="nq,triviaqa,popqa,hotpotqa,2wikimultihopqa,musique,bamboogle",
-    retriever="bm25",
+    train_sources="nq,hotpotqa",  # data sources of the "train" split
+    eval_sources="nq,triviaqa,popqa,hotpotqa,2wikimultihopqa,musique,bamboogle",  # other splits
+    retriever="bm25",  # "bm25" (corpus) | "server" (a Search-R1 retrieval server at search_url)
     retrieval_top_k=3,
-    corpus=config_dict.placeholder(str),
-  )  # None = the offline corpus
+    corpus=config_dict.placeholder(str),  # wiki-18 style .jsonl; None = data_dir's or generated
+    search_url=config_dict.placeholder(str),  # e.g. http://127.0.0.1:8000/retrieve
+    server_protocol="search_r1",  # "search_r1" {"queries": [...]} | "verl_agent" {"query": q}
+    passage_format="verl_agent",  # "verl_agent" JSON | "search_r1" Doc i(Title: ...)
+    index_dir=config_dict.placeholder(str),  # BM25 index cache (default ~/.cache/sdar_jax)
+    expert_episodes=100,  # scripted expert episodes for warm_start.source="walkthroughs"
+  )
 
 
 # ------------------------------------------------------------------------------------ overrides

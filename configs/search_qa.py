@@ -6,7 +6,13 @@ one greedy validation at the end (512 questions per batch, 7 data sets).
 
   python -m sdar_jax.train --config=configs/search_qa.py:model=qwen2.5-7b,algo=sdar \
       --config.model.path=/data/Qwen2.5-7B-Instruct --config.env.data_dir=/data/search_r1
-  python -m sdar_jax.train --config=configs/search_qa.py:local=True
+  python -m sdar_jax.train --config=configs/search_qa.py:model=qwen2.5-7b,algo=sdar \
+      --config.model.path=/data/Qwen2.5-7B-Instruct --config.env.data_dir=/data/search_r1 \
+      --config.env.retriever=server --config.env.search_url=http://127.0.0.1:8000/retrieve
+  python -m sdar_jax.train --config=configs/search_qa.py:local=True    # generated world, tiny model
+
+data_dir: Search-R1's train/test.parquet with a wiki-18 style corpus.jsonl, or a tfds dataset
+(python -m envs.datasets search_qa); unset, the generated world (docs/environments.md).
 
 Arguments: model (configs/models.py names), algo (sdar_jax.algos.ALGO_PRESETS), local.
 """

@@ -6,7 +6,10 @@ Reward 10 only for a purchase with WebShop score 1.0; the score itself is the ta
 
   python -m sdar_jax.train --config=configs/webshop.py:model=qwen2.5-7b,algo=sdar \
       --config.model.path=/data/Qwen2.5-7B-Instruct --config.env.data_dir=/data/webshop
-  python -m sdar_jax.train --config=configs/webshop.py:local=True
+  python -m sdar_jax.train --config=configs/webshop.py:local=True    # generated catalogue, tiny model
+
+data_dir: the original's items_shuffle_1000.json / items_ins_v2_1000.json folder, or a tfds dataset
+(python -m envs.datasets webshop); unset, the generated catalogue (docs/environments.md).
 
 Arguments: model (configs/models.py names), algo (sdar_jax.algos.ALGO_PRESETS), local.
 """

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
+from collections.abc import Sequence
 from typing import Any, Callable, Protocol, runtime_checkable
 
 # The public names are exported (and listed in `__all__`) by the package, envs/__init__.py.
@@ -160,10 +162,6 @@ class EnvSplit:
   env_kwargs: dict[str, Any]
   task_names: list[str]
 
-  @property
-  def num_tasks(self) -> int:
-    return len(self.task_names)
-
 
 @dataclasses.dataclass(frozen=True)
 class EnvFamily:
@@ -182,6 +180,12 @@ class EnvFamily:
       expert's modes and ``play_expert(pool, tasks, modes, skill_text=, epsilon=, seed=,
       search_order=)`` that plays them on a pool and returns records as above (plus "mode",
       "won", "failed").
+    episode_metrics: optional extra metrics of a batch of episodes: the last info of each finished
+      (not failed) episode -> {name: value}, logged as ``<prefix>/<name>`` beside the success rates
+      (WebShop: "score" and "acc"; Search-QA: "em").
+    skill_retriever: optional class (or factory with `envs.skills.SkillRetriever`'s arguments) of
+      the teacher's skill retriever; None: `SkillRetriever` (Search-QA: the authors' data_source
+      rule, `envs.skills.data_source_rules.DataSourceSkillRetriever`).
   """
 
   name: str
@@ -191,6 +195,8 @@ class EnvFamily:
   expert_records: Callable[[Any, str], list[dict[str, Any]]] | None = None
   expert_modes: tuple[str, ...] = ()
   play_expert: Callable[..., list[dict[str, Any]]] | None = None
+  episode_metrics: Callable[[list[dict[str, Any]]], dict[str, float]] | None = None
+  skill_retriever: Callable[..., Any] | None = None
 
 
 _FAMILIES: dict[str, EnvFamily] = {}
@@ -218,6 +224,39 @@ def env_family(name: str) -> EnvFamily:
         "...)) in its module (docs/extending.md, 'Adding an environment')."
       )
   return _FAMILIES[name]
+
+
+def families_among(names: Sequence[str]) -> tuple[str, ...]:
+  """Those of `names` that register an `EnvFamily` (the environments the trainer can run)."""
+  runnable = []
+  for name in names:
+    try:
+      env_family(name)
+    except KeyError:
+      continue
+    runnable.append(name)
+  return tuple(runnable)
+
+
+def env_section_problems(section: Any, configured: Sequence[str]) -> list[str]:
+  """What the registry tells of a run config's ``env`` section, one "<key>=<value>: <problem>.
+  Fix: <fix>" line each: a name without a config (`configured`: the environments that have one),
+  a name without an `EnvFamily`, a data_dir that does not exist."""
+  name, data_dir, problems = section.get("name"), section.get("data_dir"), []
+  runnable = families_among(configured)
+  if name not in configured:
+    problems.append(f"env.name={name!r}: unknown name. Fix: use one of {sorted(configured)}")
+  elif name not in runnable:
+    problems.append(
+      f"env.name={name!r}: this environment is not implemented yet (its config keys exist, the "
+      f"host loop cannot run it). Fix: use one of {list(runnable)}"
+    )
+  if data_dir and not os.path.isdir(os.path.expanduser(data_dir)):
+    problems.append(
+      f"env.data_dir={data_dir!r}: no such directory. Fix: point it at the prepared data, or "
+      "unset it for the offline generated data"
+    )
+  return problems
 
 
 def __getattr__(attr: str) -> Any:

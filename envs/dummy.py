@@ -1,8 +1,10 @@
 """A tiny deterministic text game for pool tests and benchmarks, with switchable faults.
 
-Task t asks the agent to say the word ``WORDS[t % len(WORDS)]``; saying it wins (reward 1).
-Admissible commands are all the words. Faults for tests: raise, sleep, or kill the whole process
-at a given step, or raise at reset; `slow_s` adds a fixed delay to every step (to look like a real engine).
+Task t asks the agent to say the word ``words[t % len(words)]`` (``words`` defaults to `WORDS`);
+saying it wins (reward 1). Admissible commands are all the words. With ``max_steps=1`` it is a
+one-turn contextual bandit: the observation names the winning action. Faults for tests: raise,
+sleep, or kill the whole process at a given step, or raise at reset; `slow_s` adds a fixed delay to
+every step (to look like a real engine).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import os
 import random
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from envs.base import register
@@ -21,7 +24,8 @@ WORDS = ("apple", "banana", "cherry", "damson", "elder", "fig", "grape", "hazel"
 
 @register("dummy")
 class DummyEnv:
-  """Say-the-word game. `fail_on_step`/`hang_on_step` count steps from 1 within an episode."""
+  """Say-the-word game over `words`. `fail_on_step`/`hang_on_step` count steps from 1 within an
+  episode."""
 
   def __init__(
     self,
@@ -33,7 +37,14 @@ class DummyEnv:
     fail_on_reset: bool = False,
     hang_s: float = 3600.0,
     slow_s: float = 0.0,
+    words: Sequence[str] = WORDS,
   ):
+    if not words or any(not isinstance(w, str) or not w.strip() or w != w.strip() for w in words):
+      raise ValueError(
+        f"words={words!r}: need at least one word, each a non-empty string without surrounding "
+        "spaces. Fix: pass e.g. words=('mug', 'lamp')"
+      )
+    self.words = tuple(words)
     self._rng = random.Random(seed)
     self.max_steps = max_steps
     self.fail_on_step = fail_on_step
@@ -47,23 +58,24 @@ class DummyEnv:
 
   @property
   def num_tasks(self) -> int:
-    return len(WORDS)
+    return len(self.words)
 
   def _info(self, won: bool) -> dict[str, Any]:
     return {
       "won": won,
-      "admissible_commands": list(WORDS),
+      "admissible_commands": list(self.words),
       "task_type": "say_word",
-      "task": f"say {WORDS[self._task]}",
+      "task": f"say {self.words[self._task]}",
       "steps": self._steps,
     }
 
   def reset(self, task: int | None = None) -> tuple[str, dict[str, Any]]:
     if self.fail_on_reset:
       raise RuntimeError("dummy env configured to fail on reset")
-    self._task = self._rng.randrange(len(WORDS)) if task is None else task % len(WORDS)
+    n = len(self.words)
+    self._task = self._rng.randrange(n) if task is None else task % n
     self._steps = 0
-    return f"Your task is to: say {WORDS[self._task]}.", self._info(False)
+    return f"Your task is to: say {self.words[self._task]}.", self._info(False)
 
   def step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
     self._steps += 1
@@ -75,7 +87,7 @@ class DummyEnv:
       os._exit(3)  # simulates an engine crash that takes its process down
     if self.slow_s:
       time.sleep(self.slow_s)
-    won = action.strip() == WORDS[self._task]
+    won = action.strip() == self.words[self._task]
     done = won or self._steps >= self.max_steps
     obs = "You said the right word." if won else f"Nothing happens. Step {self._steps}."
     return obs, 1.0 if won else 0.0, done, self._info(won)

@@ -53,6 +53,7 @@ __all__ = [
 # ModelConfig fields a checkpoint may differ in: they change numerics or memory, not what the
 # weights mean.
 NON_ARCH_FIELDS = ("max_position_embeddings", "dtype", "param_dtype", "remat", "name")
+NON_ARCH_FIELDS += ("attention", "attention_block")  # how attention is computed, not what
 # Every other field changes the function the parameters compute (or their shapes): a checkpoint
 # written for other values of any of them is a different model.
 ARCH_FIELDS = tuple(

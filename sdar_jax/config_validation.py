@@ -1,14 +1,13 @@
 """Checks a run config before anything is built, and resolves its model.
 
 `validate(config)` raises one `ConfigError` listing every problem ("<key>=<value>: <problem>. Fix:
-<what to do>" per line). It builds the components' configs, which check their own values
-(`AlgoConfig`, `ModelConfig`, the optimizer, the chat template, `SamplingParams`, the mesh); checks
-what spans sections (model folder vs model.preset / random_init and its weight and tokenizer files,
-model length and vocabulary vs rollout and tokenizer, scoring vs sampling temperature, batches vs
-mesh, what the host loop implements); and checks the scalar settings the host loop reads straight
-from the config. It reads config.json, safetensors headers and chat templates; it writes nothing.
-Unknown keys never get here: configs are locked (configs/common.finalize), and `sdar_jax.train`
-names a mistyped `--config.*` key and its closest valid one.
+<what to do>" per line). The checks here span sections (model folder vs preset / random_init and
+its files, model length and vocabulary vs rollout and tokenizer, the linked temperatures, batches
+vs mesh); each component checks its own section (the configs it builds, its `setting_problems`)
+and this module collects their lines. It reads config.json, safetensors headers and chat
+templates; it writes nothing. Unknown keys never get here: configs are locked
+(configs/common.finalize), and `sdar_jax.train` names a mistyped `--config.*` key and its closest
+valid one.
 """
 
 from __future__ import annotations
@@ -19,7 +18,8 @@ from typing import Any
 
 import jax
 
-from envs.skills.retrieval import RULES_VERSIONS, STRATEGIES
+from envs.base import env_section_problems, families_among
+from envs.skills.retrieval import skills_section_problems
 from sdar_jax.algos import AlgoConfig
 from sdar_jax.chat_templates import resolve_chat_template
 from sdar_jax.models import ModelConfig
@@ -27,94 +27,26 @@ from sdar_jax.sampling import SamplingParams
 from sdar_jax.sharding import batch_divisor, resolve_mesh_shape
 from sdar_jax.train_state import make_optimizer
 
-ENVS = ("alfworld", "webshop", "search_qa")
-
-
-def trainable_envs() -> tuple[str, ...]:
-  """The environments of ENVS the host loop can run: those that register an `envs.EnvFamily`
-  (the others have configs and environments, not yet a family)."""
-  import envs
-
-  runnable = []
-  for name in ENVS:
-    try:
-      envs.env_family(name)
-    except KeyError:
-      continue
-    runnable.append(name)
-  return tuple(runnable)
-
-
-IMPLEMENTED_ENVS = trainable_envs()
-SECTIONS = (
-  "model",
-  "algo",
-  "mesh",
-  "optim",
-  "train",
-  "rollout",
-  "eval",
-  "checkpoint",
-  "logging",
-  "env",
-)
+ENVS = ("alfworld", "webshop", "search_qa")  # the environments that have configs
+IMPLEMENTED_ENVS = families_among(ENVS)  # those the host loop can run (an `envs.EnvFamily`)
+SECTIONS = ("model", "algo", "mesh", "optim", "train", "rollout", "eval", "checkpoint", "logging")
+SECTIONS += ("env",)  # set by the environment's config; the others by configs.common.base
 OPTIONAL_SECTIONS = ("paper", "warm_start")
 QWEN_TOKENIZER_SIZE = 151669  # the bundled tokenizer's ids: a model it drives needs as many rows
-
-# Scalar settings the host loop reads straight from the config: (section, smallest value, keys).
-_AT_LEAST = (
-  ("train", 0, ("total_steps", "eval_every")),
-  ("train", 1, ("mini_batch_size", "micro_batch_size", "max_failed_iterations")),
-  ("rollout", 1, ("max_new_tokens", "max_prompt_len")),
-  ("env", 0, ("history",)),
-  ("env", 1, ("tasks_per_step", "group_size", "max_turns", "num_workers")),
-  ("env.skills", 1, ("top_k",)),
-  ("eval", 0, ("num_tasks",)),
-  ("checkpoint", 0, ("every",)),
-  ("checkpoint", 1, ("keep",)),
-  ("logging", 1, ("every",)),
-  ("warm_start", 0, ("steps",)),
-  ("warm_start", 1, ("batch_size",)),
-)
-_FIXES = {
-  "train.eval_every": "use 0 to never evaluate during training",
-  "checkpoint.every": "use 0 to save only at the end",
-  "warm_start.steps": "use 0 to start RL from the given weights",
-}
-_NAMES = {
-  "env.name": ENVS,
-  "env.skills.strategy": STRATEGIES,
-  "env.skills.rules_version": RULES_VERSIONS,
-  "eval.skills": ("without", "with", "both"),
-  "rollout.prompt_truncation": ("error", "left"),
-}
-_DIRECTORIES = {
-  "env.data_dir": "point it at the prepared data, or unset it for the offline generated data",
-  "env.skills.dir": "unset it to use the shipped skills",
-  "model.tokenizer_dir": "point it at a folder holding tokenizer.json, or unset it",
-}
 
 
 class ConfigError(ValueError):
   """A run config that cannot work; the message lists every problem found."""
 
 
-def _value(config: Any, dotted: str, default: Any = None) -> Any:
-  node = config
-  for key in dotted.split("."):
-    if key not in node:
-      return default
-    node = node[key]
-  return node
-
-
 # ------------------------------------------------------------------------------------ model
 def model_config_from(config: Any) -> ModelConfig:
   """The ModelConfig a run uses: the checkpoint's config.json when `model.path` is set (it must
   describe the model named by `model.preset`), the tiny demo architecture for preset "tiny",
-  else the named preset. dtype / param_dtype / remat always come from the config."""
+  else the named preset. dtype / param_dtype / remat / attention always come from the config."""
   model = config.model
   numerics = {"dtype": model.dtype, "param_dtype": model.param_dtype, "remat": bool(model.remat)}
+  numerics["attention"] = model.get("attention", "auto")
   if model.preset == "tiny":
     named = ModelConfig.tiny(**dict(model.tiny), **numerics, name="tiny")
   elif model.preset in ModelConfig.preset_names():
@@ -148,9 +80,6 @@ def model_config_from(config: Any) -> ModelConfig:
 class _Problems(list):
   """The problem lines found so far."""
 
-  def add(self, key: str, value: Any, problem: str, fix: str) -> None:
-    self.append(f"{key}={value!r}: {problem}. Fix: {fix}")
-
   def build(self, make: Callable[..., Any], *args: Any, prefix: str = "", **kwargs: Any) -> Any:
     """make(*args, **kwargs), or None with each line of its ValueError added (after `prefix`)."""
     try:
@@ -168,6 +97,11 @@ def _check_model(config, p: _Problems) -> ModelConfig | None:
       f"random weights. Fix: set --config.model.path to a local copy of {m.get('hf_id') or 'the model'} "
       "(config.json + *.safetensors), or --config.model.random_init=True to train from random "
       "weights on purpose"
+    )
+  if m.tokenizer_dir and not os.path.isdir(os.path.expanduser(m.tokenizer_dir)):
+    p.append(
+      f"model.tokenizer_dir={m.tokenizer_dir!r}: no such directory. Fix: point it at a folder "
+      "holding tokenizer.json, or unset it"
     )
   folder = m.tokenizer_dir or m.path  # where the run reads its tokenizer and chat template
   is_dir = bool(folder) and os.path.isdir(folder)
@@ -252,33 +186,6 @@ def _check_batches(config, num_devices: int, p: _Problems) -> None:
     )
 
 
-def _check_host_loop(config, p: _Problems) -> None:
-  for section, low, names in _AT_LEAST:
-    for key in (f"{section}.{name}" for name in names):
-      value = _value(config, key, default=low)
-      if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low:
-        p.add(key, value, f"must be a number >= {low}", _FIXES.get(key, f"use a value >= {low}"))
-  for key, names in _NAMES.items():
-    if _value(config, key) not in names:
-      p.add(key, _value(config, key), "unknown name", f"use one of {sorted(names)}")
-  for key, fix in _DIRECTORIES.items():
-    path = _value(config, key)
-    if path and not os.path.isdir(os.path.expanduser(path)):
-      p.add(key, path, "no such directory", fix)
-  if config.env.name in ENVS and config.env.name not in IMPLEMENTED_ENVS:
-    p.append(
-      f"env.name={config.env.name!r}: this environment is not implemented yet (its config keys "
-      f"exist, the host loop cannot run it). Fix: use one of {list(IMPLEMENTED_ENVS)}"
-    )
-  if config.train.max_staleness != 0:
-    p.append(
-      f"train.max_staleness={config.train.max_staleness}: asynchronous training is not "
-      "implemented yet (only synchronous on-policy updates). Fix: use 0"
-    )
-  if "warm_start" in config and not _value(config, "warm_start.lr", 1.0) > 0:
-    p.add("warm_start.lr", config.warm_start.lr, "must be > 0", "set a positive learning rate")
-
-
 # ------------------------------------------------------------------------------------ entry
 def validate(config: Any, num_devices: int | None = None) -> ModelConfig:
   """Raises ConfigError listing every problem of `config`; returns the resolved ModelConfig.
@@ -299,7 +206,13 @@ def validate(config: Any, num_devices: int | None = None) -> ModelConfig:
   p.build(SamplingParams, temperature=r.val_temperature, prefix="rollout.val_")
   _check_temperatures(config, p)
   _check_batches(config, jax.device_count() if num_devices is None else num_devices, p)
-  _check_host_loop(config, p)
+  from sdar_jax import run_setup, warm_start  # (they import this module)
+
+  p.extend(run_setup.setting_problems(config))
+  p.extend(env_section_problems(config.env, ENVS))
+  p.extend(skills_section_problems(config.env.skills))
+  if "warm_start" in config:
+    p.extend(warm_start.setting_problems(config.warm_start))
   if p:
     raise ConfigError(f"{len(p)} problem(s) in the config:\n  - " + "\n  - ".join(p))
   assert model_config is not None

@@ -30,14 +30,22 @@ validates and prints what would be evaluated, writing nothing.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from sdar_jax import train
 
+if TYPE_CHECKING:
+  from sdar_jax.trainer import Trainer
+
 log = logging.getLogger("sdar_jax.evaluate")  # not __name__: it is "__main__" under python -m
+
+EVAL_RECORD = "evaluation.json"  # written by an evaluation into its output directory
 
 # Applied to the config (and so to the evaluation's config.json): nothing trains, nothing exports.
 EVAL_ONLY = (
@@ -73,7 +81,6 @@ def plan_evaluation(
   """Resolves the checkpoint (`step`, default the latest of the workdir's checkpoints) and the
   results directory; reads the checkpoint directory's listing only."""
   from sdar_jax.checkpoint import CheckpointManager
-  from sdar_jax.trainer import EVAL_RECORD
 
   if config.eval.num_tasks < 1:
     raise EvaluationError(
@@ -122,6 +129,68 @@ def plan_evaluation(
   return EvalPlan(output=out, params_from=params_from)
 
 
+# ------------------------------------------------------------------------------------ running
+def run_evaluation(
+  config, out_dir: str, params_from: tuple[str, int] | None = None
+) -> dict[str, float]:
+  """Evaluates checkpoint `params_from` = (checkpoint directory, step) (None: the config's weights)
+  into `out_dir` with an eval-only Trainer and returns the metrics row (see `evaluate_once`)."""
+  from sdar_jax.trainer import Trainer
+
+  trainer = Trainer(config, out_dir, eval_only=True, params_from=params_from)
+  try:
+    return trainer.run()
+  finally:
+    trainer.close()
+
+
+def evaluate_once(trainer: Trainer) -> dict[str, float]:
+  """What an eval-only Trainer runs: one evaluation of its parameters (validation episodes of every
+  eval mode), a metrics row at the evaluated step, metrics.png and evaluation.json (what was
+  evaluated) in its directory."""
+  t0 = time.perf_counter()
+  metrics = trainer.evaluate()
+  metrics["val/seconds"] = time.perf_counter() - t0
+  row = trainer.logger.log(trainer.loop_state.iteration, metrics)
+  trainer.plot_metrics()
+  source = evaluated_source(trainer.config, trainer.params_from)
+  _write_eval_record(trainer.workdir, source, finished=_now(), metrics=row)
+  log.info("evaluation results in %s", trainer.workdir)
+  return row
+
+
+def evaluated_source(config, params_from: tuple[str, int] | None) -> dict[str, Any]:
+  """What an evaluation plays, as its evaluation.json records it."""
+  if params_from is not None:
+    return {"checkpoint_dir": params_from[0], "step": params_from[1]}
+  return {"model_path": config.model.get("path"), "step": 0}
+
+
+def start_eval_record(out_dir: str, source: dict[str, Any]) -> None:
+  """Marks `out_dir` as an evaluation's (before anything else is written there) and removes the
+  results of a previous evaluation in it: evaluating again replaces them."""
+  config_json = os.path.join(out_dir, "config.json")
+  if os.path.exists(config_json) and not os.path.exists(os.path.join(out_dir, EVAL_RECORD)):
+    raise FileExistsError(
+      f"{out_dir} holds a training run (its config.json); an evaluation never writes into "
+      "a run's files. Fix: evaluate into another directory (e.g. <workdir>/eval/step_<N>)."
+    )
+  for name in ("metrics.jsonl", "metrics.png"):
+    if os.path.exists(os.path.join(out_dir, name)):
+      os.remove(os.path.join(out_dir, name))
+  _write_eval_record(out_dir, source, started=_now())
+
+
+def _write_eval_record(out_dir: str, source: dict[str, Any], **fields: Any) -> None:
+  with open(os.path.join(out_dir, EVAL_RECORD), "w") as f:
+    json.dump({"evaluated": source, **fields}, f, indent=2)
+
+
+def _now() -> str:
+  return time.strftime("%Y-%m-%d %H:%M:%S %z")
+
+
+# ------------------------------------------------------------------------------------ CLI
 def _define_flags() -> None:
   from absl import flags
 
@@ -172,9 +241,7 @@ def main(argv: Sequence[str]) -> None:
   if FLAGS.dry_run:
     print(f"dry run: {plan.describe()}; nothing evaluated.")
     return
-  from sdar_jax import trainer
-
-  row = trainer.run_evaluation(config, plan.output, plan.params_from)
+  row = run_evaluation(config, plan.output, plan.params_from)
   shown = "  ".join(f"{k}={v:.4g}" for k, v in row.items() if k.endswith("success_rate"))
   print(f"evaluation done: {shown}; results in {plan.output}")
 

@@ -25,7 +25,7 @@ PLOT_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
   ("success rate", ("episode/success_rate", "val/success_rate")),
   ("episode reward", ("episode/reward_mean",)),
   ("valid-format actions", ("episode/valid_action_ratio",)),
-  ("SDAR gate", ("sdar/gate_mean", "sdar/gate_active_ratio")),
+  ("SDAR gate", ("sdar/gate_mean", "sdar/gate_active_ratio", "sdar/positive_gap_share")),
   ("teacher - student gap", ("sdar/teacher_gap_mean", "rollout/teacher_old_gap_mean")),
   ("losses", ("train/loss", "actor/pg_loss", "sdar/loss")),
   ("entropy", ("actor/entropy",)),
@@ -94,6 +94,14 @@ class MetricsLogger:
       log.info("[step %d] %s", step, self.summary(row))
     return row
 
+  def log_histogram(self, name: str, step: int, **fields: Any) -> None:
+    """A histogram to TensorBoard (nothing without it): `fields` are tensorboardX's
+    `add_histogram_raw` arguments (min, max, num, sum, sum_squares, bucket_limits, bucket_counts);
+    `sdar_jax.diagnostics.Histogram.tensorboard_fields` makes them from fixed-bin counts."""
+    if self._tb is not None:
+      self._tb.add_histogram_raw(name, global_step=step, **fields)
+      self._tb.flush()
+
   def summary(self, metrics: Mapping[str, Any]) -> str:
     """The console keys present in `metrics`, as "name=value" pairs."""
     return "  ".join(
@@ -132,15 +140,33 @@ class MetricsLogger:
 
 
 def read_history(path: str) -> list[dict[str, float]]:
-  """The rows of a metrics.jsonl file (a later row for the same step replaces an earlier one)."""
+  """The rows of a metrics.jsonl file by step (a later row for the same step updates an earlier
+  one); lines that do not parse (a write cut by a kill) are skipped, a missing file gives []."""
   rows: dict[int, dict[str, float]] = {}
+  if not os.path.exists(path):
+    return []
   with open(path) as f:
     for line in f:
-      line = line.strip()
-      if line:
+      try:
         row = json.loads(line)
-        rows.setdefault(int(row["step"]), {}).update(row)
+        step = int(row["step"])
+      except (ValueError, KeyError, TypeError):
+        continue
+      rows.setdefault(step, {}).update(row)
   return [rows[k] for k in sorted(rows)]
+
+
+def validation_summary(path: str, key: str = "val/success_rate") -> str | None:
+  """"validation success_rate 0.104 (step 0) -> 0.271 (step 20)": the first and the last
+  evaluation of a metrics.jsonl, or None before two evaluations."""
+  evals = [(int(row["step"]), row[key]) for row in read_history(path) if key in row]
+  if len(evals) < 2:
+    return None
+  (first_step, first), (last_step, last) = evals[0], evals[-1]
+  return (
+    f"validation {key.split('/', 1)[1]} {first:.3f} (step {first_step}) -> {last:.3f} "
+    f"(step {last_step}), change {last - first:+.3f}"
+  )
 
 
 def plot_history(
@@ -178,3 +204,65 @@ def plot_history(
   fig.savefig(out_path, dpi=110)
   plt.close(fig)
   return out_path
+
+
+# ------------------------------------------------------------------------- one iteration's rows
+def rollout_metrics(
+  episodes: Sequence[Any], prefix: str = "episode", episode_metrics=None
+) -> dict[str, float]:
+  """Success, reward, length and format rates of `episodes` (`sdar_jax.rollout.Episode`s),
+  success per task type, and the env family's own metrics (`EnvFamily.episode_metrics` of the
+  finished episodes' last infos). Failed episodes (env_error) are counted, not averaged."""
+  from envs.common import success_rates
+
+  done = [ep for ep in episodes if ep.env_error is None]
+  m: dict[str, float] = {f"{prefix}/env_failures": float(len(episodes) - len(done))}
+  # Student prompts cut by rollout.prompt_truncation=left (failed episodes' turns included).
+  m[f"{prefix}/truncated_prompts"] = float(sum(ep.truncated_prompts for ep in episodes))
+  if not done:
+    return m
+  rates = success_rates((ep.task_type, ep.won) for ep in done)
+  m[f"{prefix}/success_rate"] = rates.pop("success_rate")
+  m[f"{prefix}/reward_mean"] = float(np.mean([ep.reward for ep in done]))
+  m[f"{prefix}/length_mean"] = float(np.mean([ep.length for ep in done]))
+  turns = [t for ep in done for t in ep.turns]
+  m[f"{prefix}/valid_action_ratio"] = float(np.mean([t.valid for t in turns])) if turns else 0.0
+  m[f"{prefix}/response_tokens_mean"] = (
+    float(np.mean([len(t.response_ids) for t in turns])) if turns else 0.0
+  )
+  m.update({f"{prefix}/{name}": rate for name, rate in rates.items()})  # <task type>_success_rate
+  if episode_metrics is not None:
+    for name, value in episode_metrics([ep.info for ep in done]).items():
+      m[f"{prefix}/{name}"] = float(value)
+  return m
+
+
+def mean_over_updates(per_update: list[tuple[Mapping[str, Any], float]]) -> dict[str, float]:
+  """One iteration's update metrics from (metrics, response tokens) per mini-batch update: the
+  token-weighted mean of each, the sum for train/skipped_update."""
+  total = sum(w for _, w in per_update) or 1.0
+  out = {}
+  for k in sorted({k for m, _ in per_update for k in m}):
+    vals = [(float(np.asarray(m[k])), w) for m, w in per_update if k in m]
+    if k == "train/skipped_update":
+      out[k] = sum(v for v, _ in vals)
+    else:
+      out[k] = sum(v * w for v, w in vals) / total
+  return out
+
+
+def teacher_old_gap_metrics(batches) -> dict[str, float]:
+  """Teacher minus old (behaviour) log-prob over every response token of the iteration's
+  mini-batches, token-weighted (Σ gap / Σ tokens, not a mean of per-mini-batch means), and its
+  root mean square (the reference's "std" of this gap is this RMS)."""
+  total = sq = tokens = 0.0
+  for b in batches:
+    mask = np.asarray(b.response_mask, np.float64) > 0
+    gap = np.asarray(b.teacher_logp, np.float64) - np.asarray(b.old_logp, np.float64)
+    gap = np.where(mask, gap, 0.0)
+    total, sq, tokens = total + gap.sum(), sq + (gap * gap).sum(), tokens + mask.sum()
+  tokens = max(tokens, 1.0)
+  return {
+    "rollout/teacher_old_gap_mean": float(total / tokens),
+    "rollout/teacher_old_gap_rms": float(np.sqrt(sq / tokens)),
+  }

@@ -83,15 +83,15 @@ def format_duration(seconds: float) -> str:
 
 
 class Progress:
-  """Elapsed time and ETA of a loop of `total` iterations that (re)starts at `start`.
+  """Elapsed time and ETA of a loop of `total` iterations (a resumed one counts from where it
+  restarted: `eta(done)` and `line(done, ...)` take the completed count).
 
   The ETA is the remaining iteration count times the mean duration of this process's iterations,
   leaving out the first one once there are others (it also pays the compilations).
   """
 
-  def __init__(self, total: int, start: int = 0, clock: Callable[[], float] = time.monotonic):
+  def __init__(self, total: int, clock: Callable[[], float] = time.monotonic):
     self.total = int(total)
-    self.start = int(start)
     self._clock = clock
     self._t0 = clock()
     self._last = self._t0

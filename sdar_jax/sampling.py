@@ -14,8 +14,8 @@ several tokens; only generated text is matched, not the prompt).
 
 Shapes are bucketed so a run compiles a bounded number of times: the batch and the number of
 distinct prompts round up to a power of two (and to a multiple of the mesh's batch divisor),
-the prompt length to a power of two (at least 16; beyond 512, a multiple of 512), and
-`max_new_tokens` to a power of two (at least 16; the loop still stops at the exact count).
+the prompt length to `batch.prompt_bucket` (a power of two of at least 16 up to 512, then a
+multiple of 128 up to 1024, then of 512), and `max_new_tokens` to a power of two (at least 16; the loop still stops at the exact count).
 Greedy vs sampling, top_k (its value), top_p on/off and stop strings on/off are compile-time
 choices; temperature, top_p's value, max_new_tokens and the stop sets are runtime values.
 `Sampler.num_compilations` counts traces.
@@ -296,8 +296,13 @@ class Sampler:
     self.num_compilations = 0
     self._divisor = 1 if mesh is None else sharding.batch_divisor(mesh)
     self._device_cache: dict[Any, Any] = {}
-    self._run_jit = jax.jit(
-      self._run, static_argnames=("new_bucket", "greedy", "top_k", "use_top_p", "use_stop_strings")
+    self._run_jit = sharding.with_kernel_mesh(
+      jax.jit(
+        self._run,
+        static_argnames=("new_bucket", "greedy", "top_k", "use_top_p", "use_stop_strings"),
+      ),
+      mesh,
+      config,
     )
 
   @property

@@ -206,3 +206,36 @@ def batch_divisor(mesh: Mesh | Mapping[str, int], rules: Rules | None = None) ->
 def replicated(mesh: Mesh) -> NamedSharding:
   """The sharding of an array every device holds whole."""
   return NamedSharding(mesh, P())
+
+
+class _WithMesh:
+  """A jitted function whose calls and `lower` run with `mesh` in context (`jax.set_mesh`)."""
+
+  def __init__(self, fn: Any, mesh: Mesh):
+    self._fn = fn
+    self._mesh = mesh
+
+  def __call__(self, *args, **kwargs):
+    with jax.set_mesh(self._mesh):
+      return self._fn(*args, **kwargs)
+
+  def lower(self, *args, **kwargs):
+    with jax.set_mesh(self._mesh):
+      return self._fn.lower(*args, **kwargs)
+
+  def __getattr__(self, name: str):
+    return getattr(self._fn, name)
+
+
+def with_kernel_mesh(fn: Any, mesh: Mesh | None, config: ModelConfig) -> Any:
+  """`fn` (a jitted function of `config`'s model), traced with `mesh` in context when the model's
+  attention may run a Pallas kernel ("splash", or "auto" on TPU): XLA cannot partition a Pallas
+  call, so the kernel runs under `shard_map` over the mesh it finds there. Unchanged otherwise
+  (and without a mesh or with one device)."""
+  from sdar_jax.models.qwen import attention_implementation
+
+  if mesh is None or mesh.size == 1:
+    return fn
+  if attention_implementation(config, length=1) != "splash":
+    return fn
+  return _WithMesh(fn, mesh)

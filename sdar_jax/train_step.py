@@ -53,7 +53,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from sdar_jax import algos, sharding
+from sdar_jax import algos, diagnostics, sharding
 from sdar_jax.algos import AlgoConfig
 from sdar_jax.batch import TurnBatch
 from sdar_jax.models import ModelConfig, Params, apply, logits_from_hidden
@@ -143,10 +143,13 @@ def micro_loss(
   denom: Array,
   num_seqs: Array,
   rlsd_weight: Array,
+  histograms: bool = False,
 ) -> tuple[Array, Metrics]:
   """The loss of one micro-batch as its additive share of the mini-batch loss (`denom` and
   `num_seqs` are the mini-batch's), with additive metric shares. Differentiated w.r.t. params.
-  `rlsd_weight` is RLSD's teacher weight λ_k of this iteration (`algos.rlsd_lambda`)."""
+  `rlsd_weight` is RLSD's teacher weight λ_k of this iteration (`algos.rlsd_lambda`).
+  `histograms`: also the fixed-bin counts of the gap and the gate over the response tokens
+  (int32 vectors under "diag/" keys, `sdar_jax.diagnostics`; additive like the other shares)."""
   mask = micro_batch.response_mask.astype(jnp.float32)
   logp, entropy = _student_logp(config, algo, params, micro_batch, with_entropy=True)
   if algo.entropy_coef == 0:
@@ -196,6 +199,19 @@ def micro_loss(
     metrics["teacher/gap_vs_old_mean"] = algos.masked_mean(
       teacher_logp - micro_batch.old_logp, mask, denom
     )
+    # Δ = lT − lθ of the current student, the gap the SDAR gate reads: the share of tokens the
+    # teacher endorses (gives a higher log-prob than the student does).
+    gap = jax.lax.stop_gradient(teacher_logp - logp)
+    metrics["sdar/positive_gap_share"] = algos.masked_mean(
+      (gap > 0).astype(jnp.float32), mask, denom
+    )
+    if histograms:
+      gate = None
+      if algo.distill == "sdar":
+        gate = algos.compute_gate(
+          algo.gate, beta=algo.beta, gap=gap, entropy=entropy, vocab_size=config.vocab_size
+        )
+      metrics.update(diagnostics.update_histograms(gap, gate, mask))
   metrics["train/loss"] = loss
   return loss, jax.lax.stop_gradient(metrics)
 
@@ -226,11 +242,13 @@ def loss_and_grads(
   ref_params: Params | None = None,
   iteration: Array | int = 1,
   constrain: Callable[[Array], Array] = lambda x: x,
+  histograms: bool = False,
 ) -> tuple[Params, Metrics]:
   """Gradients (float32, summed over micro-batches) and metrics of one mini-batch; traceable.
 
   `iteration` is the 1-based training iteration (the reference's global step) for the RLSD
-  λ schedule; `constrain` places a [num_micro, mb, ...] array (sharding constraint)."""
+  λ schedule; `constrain` places a [num_micro, mb, ...] array (sharding constraint);
+  `histograms` adds the gap / gate histogram counts (`micro_loss`)."""
   if algo.scores_teacher and algo.teacher_source == "rollout" and batch.teacher_logp is None:
     raise ValueError(
       "algo.teacher_source='rollout' reads batch.teacher_logp, which is None: score it with "
@@ -247,7 +265,9 @@ def loss_and_grads(
     else jnp.zeros((), jnp.float32)
   )
   frozen = jax.lax.stop_gradient(params)
-  grad_fn = jax.value_and_grad(functools.partial(micro_loss, config, algo), has_aux=True)
+  grad_fn = jax.value_and_grad(
+    functools.partial(micro_loss, config, algo, histograms=histograms), has_aux=True
+  )
 
   def one(micro: TurnBatch):  # one micro-batch
     teacher_logp = None
@@ -322,7 +342,9 @@ def apply_update(
 class TrainStep:
   """The jitted update (and the jitted scoring passes) for one model, objective, optimizer and
   mesh: `step(state, batch, ref_params=None, iteration=None) -> (state, metrics)`. `num_traces`
-  counts traces of the update (= compilations: one per bucket shape)."""
+  counts traces of the update (= compilations: one per bucket shape). `histograms=True` adds the
+  gap / gate histogram counts to the metrics (int32 vectors under "diag/" keys, read by
+  `sdar_jax.diagnostics.record_update_histograms`; the trainer's update has them)."""
 
   def __init__(
     self,
@@ -334,6 +356,7 @@ class TrainStep:
     micro_batch_size: int | None = None,
     lr_schedule: Callable[[Array], Array] | None = None,
     rules: sharding.Rules | None = None,
+    histograms: bool = False,
   ):
     self.model_config = model_config
     self.algo_config = AlgoConfig.from_config(algo_config)
@@ -342,6 +365,7 @@ class TrainStep:
     self.micro_batch_size = micro_batch_size
     self.lr_schedule = lr_schedule
     self.rules = rules
+    self.histograms = histograms
     self.num_traces = 0
     self._update_fns: dict[bool, Callable] = {}
     self._score_fns: dict[str, Callable] = {}
@@ -468,6 +492,7 @@ class TrainStep:
         ref_params=ref_params,
         iteration=iteration,
         constrain=self._constrain_micro,
+        histograms=self.histograms,
       )
       # the warm-up counts training iterations (several mini-batch updates share one rate)
       lr = None if self.lr_schedule is None else self.lr_schedule(iteration - 1)
@@ -492,6 +517,7 @@ class TrainStep:
         in_shardings=(state_sh, self._batch_sharding(), ref_sh, rep),
         out_shardings=(state_sh, rep),
       )
+      fn = sharding.with_kernel_mesh(fn, self.mesh, config)
     self._update_fns[with_ref] = fn
     return fn
 
@@ -548,6 +574,7 @@ class TrainStep:
         in_shardings=(self.param_shardings(), self._batch_sharding()),
         out_shardings=self._batch_sharding(),
       )
+      fn = sharding.with_kernel_mesh(fn, self.mesh, config)
     self._score_fns[branch] = fn
     return fn
 
@@ -594,10 +621,11 @@ def lr_schedule_from_optim(optim: Mapping[str, Any]) -> Callable[[Array], Array]
 
 
 def train_step_from_config(
-  model_config: ModelConfig, config, mesh: Mesh | None = None
+  model_config: ModelConfig, config, mesh: Mesh | None = None, histograms: bool = True
 ) -> TrainStep:
   """From a run config: `config.algo` (every `AlgoConfig` field), `config.optim` (lr,
-  warmup_steps, b1, b2, eps, weight_decay, clip_norm), `config.train.micro_batch_size`."""
+  warmup_steps, b1, b2, eps, weight_decay, clip_norm), `config.train.micro_batch_size`. The update
+  the trainer runs: with the diagnostics' histogram counts (`histograms`, see `TrainStep`)."""
   optim = dict(config.optim)
   optimizer = make_optimizer(**optim)
   micro = config.train.get("micro_batch_size") if hasattr(config.train, "get") else None
@@ -608,4 +636,5 @@ def train_step_from_config(
     mesh=mesh,
     micro_batch_size=micro,
     lr_schedule=lr_schedule_from_optim(optim),
+    histograms=histograms,
   )

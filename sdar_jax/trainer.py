@@ -26,15 +26,13 @@ in `train.max_failed_iterations` consecutive iterations.
 `Trainer(config, out_dir, eval_only=True, params_from=(checkpoint_dir, step))` is an evaluation:
 the checkpoint's parameters alone (no optimizer state, no KL reference, no training envs), the
 validation episodes of that step, and its own config.json / metrics.jsonl / metrics.png in `out_dir`
-(sdar_jax.evaluate picks `<workdir>/eval/step_<N>/`).
-
-Length: one object's lifecycle (build, warm start, resume, iterate, evaluate, checkpoint,
-export); splitting evaluation-only runs out of it is the next step.
+(sdar_jax.evaluate runs it and picks `<workdir>/eval/step_<N>/`). What a run builds from its config
+(tokenizer, policy, env pools, agent loops) is in sdar_jax.run_setup, the expert warm start in
+sdar_jax.warm_start, the metric reductions in sdar_jax.metrics.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 import json
@@ -48,99 +46,47 @@ import jax.numpy as jnp
 import numpy as np
 
 import envs
-from sdar_jax import sharding
-from sdar_jax.chat_templates import ChatTemplate, resolve_chat_template
+from sdar_jax import diagnostics, run_setup, sharding
 from sdar_jax.checkpoint import CheckpointManager, abstract_train_state, export_hf
-from sdar_jax.config_validation import model_config_from
-from sdar_jax.metrics import MetricsLogger, plot_history
-from sdar_jax.models import ModelConfig, init_params, load_pretrained
-from sdar_jax.progress import Progress, ensure_log_handler
-from sdar_jax.rollout import (
-  AgentLoop,
-  ReplayQueue,
-  episodes_to_samples,
-  pack_batch,
-  plan_minibatches,
-  validation_tasks,
+from sdar_jax.evaluate import (  # noqa: F401  (EVAL_RECORD, run_evaluation re-exported)
+  EVAL_RECORD,
+  evaluate_once,
+  evaluated_source,
+  run_evaluation,
+  start_eval_record,
 )
+from sdar_jax.metrics import (
+  MetricsLogger,
+  mean_over_updates,
+  plot_history,
+  rollout_metrics,
+  teacher_old_gap_metrics,
+  validation_summary,
+)
+from sdar_jax.progress import Progress, ensure_log_handler
+from sdar_jax.rollout import ReplayQueue, episodes_to_samples, pack_batch, plan_minibatches
 from sdar_jax.rollout.trajectory import Episode
-from sdar_jax.sampling import Sampler, SamplingParams
-from sdar_jax.tokenizer import Tokenizer
+from sdar_jax.run_setup import (  # noqa: F401  (build_chat_template, build_retriever re-exported)
+  build_agent_loops,
+  build_chat_template,
+  build_policy,
+  build_retriever,
+  build_tokenizer,
+  restore_policy,
+)
+from sdar_jax.sampling import Sampler
 from sdar_jax.train_state import create_train_state
 from sdar_jax.train_step import TrainStep, train_step_from_config
+from sdar_jax.warm_start import warm_start_run
 from sdar_jax.workdir_lock import WorkdirLock
 
 log = logging.getLogger(__name__)
 
 _PAD_FALLBACK = 0
-EVAL_RECORD = "evaluation.json"  # written by an evaluation into its output directory
-# eval.skills -> [(metric prefix, skills in the student prompt)]; Skill-GRPO's table rows read
-# "val" without skills and "val_with_skill" with them (docs/reference.md §2.6).
-_EVAL_MODES = {
-  "without": (("val", False),),
-  "with": (("val", True),),
-  "both": (("val", False), ("val_with_skill", True)),
-}
-
-
-# ------------------------------------------------------------------------------------ building
-def _tokenizer_folder(model_cfg) -> str | None:
-  """Where a run reads its tokenizer and chat template: model.tokenizer_dir, else model.path;
-  None: the bundled Qwen tokenizer files."""
-  return model_cfg.get("tokenizer_dir") or model_cfg.get("path")
-
-
-def build_tokenizer(model_cfg) -> Tokenizer:
-  directory = _tokenizer_folder(model_cfg)
-  return Tokenizer.from_dir(directory) if directory else Tokenizer.bundled_qwen()
-
-
-def build_chat_template(model_cfg, model_family: str) -> ChatTemplate:
-  """model.chat_template resolved against the tokenizer's folder: "auto" takes the template that
-  folder ships, else the built-in one of `model_family` (sdar_jax.chat_templates)."""
-  return resolve_chat_template(model_cfg.chat_template, _tokenizer_folder(model_cfg), model_family)
-
-
-def build_policy(config, mesh) -> tuple[ModelConfig, Any]:
-  """(model config, params placed on the mesh): the checkpoint at model.path, else random init."""
-  model_config = model_config_from(config)
-  path = config.model.get("path")
-  if path:
-    loaded_config, params = load_pretrained(path, dtype=config.model.param_dtype, mesh=mesh)
-    model_config = loaded_config.replace(dtype=config.model.dtype, remat=config.model.remat)
-    return model_config, params
-  params = init_params(model_config, jax.random.key(config.train.seed))
-  return model_config, sharding.shard_params(params, model_config, mesh)
-
-
-def restore_policy(config, mesh, checkpoint_dir: str, step: int) -> tuple[ModelConfig, Any]:
-  """(model config, params placed on the mesh) of checkpoint `step` in `checkpoint_dir`: the
-  parameters alone, read without writing into the directory (no optimizer state is built)."""
-  model_config = model_config_from(config)
-  with CheckpointManager(checkpoint_dir, read_only=True) as ckpt:
-    params, _ = ckpt.restore_params(model_config, mesh, step)
-  return model_config, params
 
 
 class EnvFailureError(RuntimeError):
   """Every environment failed in `train.max_failed_iterations` consecutive iterations."""
-
-
-def check_trainable(config) -> None:
-  """Refuses training options the host loop does not implement (also checked by validation)."""
-  t = config.train
-  if t.max_staleness != 0:
-    raise ValueError(
-      f"train.max_staleness={t.max_staleness}: asynchronous training (updates on samples of older "
-      "policies) is not implemented yet. Fix: use --config.train.max_staleness=0 (synchronous "
-      "on-policy, the paper's setting)."
-    )
-  limit = t.get("max_failed_iterations", 3)
-  if not isinstance(limit, int) or limit < 1:
-    raise ValueError(
-      f"train.max_failed_iterations={limit!r}: must be an integer >= 1 (consecutive iterations in "
-      "which every environment fails before the run stops). Fix: use e.g. 3."
-    )
 
 
 def _error_kind(error: str) -> str:
@@ -153,20 +99,6 @@ def _due(iteration: int, every: int, total: int) -> bool:
   return iteration == total or (every > 0 and iteration % every == 0)
 
 
-def build_retriever(config):
-  """The skill retriever of ``env.skills``: its directory, else the env family's skills."""
-  from envs.skills.retrieval import SkillRetriever
-
-  s = config.env.skills
-  return SkillRetriever(
-    s.get("dir") or envs.env_family(config.env.name).skills,
-    strategy=s.strategy,
-    rules_version=s.rules_version,
-    top_k=s.top_k,
-    seed=s.seed,
-  )
-
-
 @dataclasses.dataclass
 class LoopState:
   """Host-side state a checkpoint keeps beside the TrainState."""
@@ -175,44 +107,6 @@ class LoopState:
   task_rng: dict[str, Any] | None = None  # numpy bit-generator state of the task sampler
   replay: dict[str, int] | None = None
   all_failed_iterations: int = 0  # consecutive iterations in which every env failed
-
-
-# ------------------------------------------------------------------------------------ metrics
-def rollout_metrics(episodes: list[Episode], prefix: str = "episode") -> dict[str, float]:
-  done = [ep for ep in episodes if ep.env_error is None]
-  m: dict[str, float] = {f"{prefix}/env_failures": float(len(episodes) - len(done))}
-  # Student prompts cut by rollout.prompt_truncation=left (failed episodes' turns included).
-  m[f"{prefix}/truncated_prompts"] = float(sum(ep.truncated_prompts for ep in episodes))
-  if not done:
-    return m
-  m[f"{prefix}/success_rate"] = float(np.mean([ep.won for ep in done]))
-  m[f"{prefix}/reward_mean"] = float(np.mean([ep.reward for ep in done]))
-  m[f"{prefix}/length_mean"] = float(np.mean([ep.length for ep in done]))
-  turns = [t for ep in done for t in ep.turns]
-  m[f"{prefix}/valid_action_ratio"] = float(np.mean([t.valid for t in turns])) if turns else 0.0
-  m[f"{prefix}/response_tokens_mean"] = (
-    float(np.mean([len(t.response_ids) for t in turns])) if turns else 0.0
-  )
-  by_type = collections.defaultdict(list)
-  for ep in done:
-    by_type[ep.task_type].append(ep.won)
-  for task_type, wins in sorted(by_type.items()):
-    m[f"{prefix}/{task_type}_success_rate"] = float(np.mean(wins))
-  return m
-
-
-def _combine(per_batch: list[tuple[dict[str, Any], float]]) -> dict[str, float]:
-  """Token-weighted mean of each update's metrics over the iteration's mini-batches."""
-  total = sum(w for _, w in per_batch) or 1.0
-  keys = {k for m, _ in per_batch for k in m}
-  out = {}
-  for k in sorted(keys):
-    vals = [(float(np.asarray(m[k])), w) for m, w in per_batch if k in m]
-    if k in ("train/skipped_update",):
-      out[k] = sum(v for v, _ in vals)
-    else:
-      out[k] = sum(v * w for v, w in vals) / total
-  return out
 
 
 # ------------------------------------------------------------------------------------ trainer
@@ -236,7 +130,9 @@ class Trainer:
         f"env.name={config.env.name!r}: the host loop cannot run it yet ({e.args[0]})"
       ) from None
     if not eval_only:
-      check_trainable(config)
+      problems = run_setup.setting_problems(config)
+      if problems:
+        raise ValueError("\n".join(problems))
     self.config = config
     self.workdir = os.path.abspath(workdir)
     self.eval_only = eval_only
@@ -253,7 +149,7 @@ class Trainer:
     """Everything `__init__` builds once the workdir's lock is held."""
     config = self.config
     if self.eval_only:
-      self._start_eval_record()
+      start_eval_record(self.workdir, evaluated_source(self.config, self.params_from))
     with open(os.path.join(self.workdir, "config.json"), "w") as f:
       json.dump(config.to_dict(), f, indent=2, default=str)
     self.mesh = sharding.make_mesh(dict(config.mesh))
@@ -273,83 +169,20 @@ class Trainer:
     self.sampler = Sampler(
       self.model_config, self.mesh, self.tokenizer, max_prompt_len=config.rollout.max_prompt_len
     )
-    env = config.env
-    self.group_size = env.group_size
-    self.tasks_per_step = env.tasks_per_step
-    # Each split's pool kwargs and task names (ALFWorld: its game files) from the env family.
-    train_split = None if self.eval_only else self.env_family.split(env, env.get("split", "train"))
-    eval_split = (
-      self.env_family.split(env, config.eval.split)
-      if self.eval_only or config.train.eval_every or config.train.eval_before_train
-      else None
+    self.group_size = config.env.group_size
+    self.tasks_per_step = config.env.tasks_per_step
+    loops = build_agent_loops(
+      config,
+      self.env_family,
+      self.sampler,
+      self.tokenizer,
+      self.chat_template,
+      with_teacher=self.with_teacher,
+      eval_only=self.eval_only,
     )
-    self.train_games = train_split.task_names if train_split else []
-    self.eval_games = eval_split.task_names if eval_split else []
-    retriever = (
-      build_retriever(config)
-      if (self.with_teacher or config.algo.skills_in_student or config.eval.skills != "without")
-      else None
-    )
-    n_train = self.tasks_per_step * self.group_size
-    self.pool = None
-    if not self.eval_only:
-      self.pool = envs.EnvPool(
-        env.name,
-        n_train,
-        dict(train_split.env_kwargs, seed=env.seed, max_steps=env.max_turns),
-        num_workers=min(env.num_workers, n_train),
-      )
-    sampling = SamplingParams(
-      max_new_tokens=config.rollout.max_new_tokens,
-      temperature=config.rollout.temperature,
-      top_p=config.rollout.top_p,
-      top_k=config.rollout.top_k,
-      stop_token_ids=self.tokenizer.eos_token_ids,
-    )
-    common = dict(
-      adapter=self.env_family.adapter(),
-      sampler=self.sampler,
-      tokenizer=self.tokenizer,
-      chat_template=self.chat_template,
-      max_turns=env.max_turns,
-      history_length=env.history,
-      max_prompt_len=config.rollout.max_prompt_len,
-      truncation=config.rollout.prompt_truncation,
-      retriever=retriever,
-      enable_thinking=config.model.enable_thinking,
-    )
-    self.loop: AgentLoop | None = None
-    if not self.eval_only:
-      self.loop = AgentLoop(
-        self.pool,
-        sampling=sampling,
-        with_teacher=self.with_teacher,
-        skills_in_student=config.algo.skills_in_student,
-        **common,
-      )
-    self.eval_loops: list[tuple[str, AgentLoop]] = []
-    self.eval_pool = None
-    self.eval_tasks: list[int] = []
-    if self.eval_games:
-      # Games drawn from the whole split by a seeded shuffle (sorted paths group task types).
-      self.eval_tasks = validation_tasks(
-        len(self.eval_games), config.eval.num_tasks, seed=env.seed + 1000
-      )
-      n_eval = len(self.eval_tasks)
-      self.eval_pool = envs.EnvPool(
-        env.name,
-        n_eval,
-        dict(eval_split.env_kwargs, seed=env.seed + 1000, max_steps=env.max_turns),
-        num_workers=min(env.num_workers, n_eval),
-      )
-      val_sampling = dataclasses.replace(sampling, temperature=config.rollout.val_temperature)
-      self.eval_loops = [
-        (
-          prefix,
-          AgentLoop(self.eval_pool, sampling=val_sampling, skills_in_student=with_skills, **common),
-        )
-        for prefix, with_skills in _EVAL_MODES[config.eval.skills]
-      ]
+    self.pool, self.loop, self.train_games = loops.pool, loops.loop, loops.train_games
+    self.eval_pool, self.eval_loops = loops.eval_pool, loops.eval_loops
+    self.eval_games, self.eval_tasks = loops.eval_games, loops.eval_tasks
     self.warm_start_metrics: dict[str, float] = {}
     self.ref_params = None
     self.state = None
@@ -358,7 +191,7 @@ class Trainer:
       self.eval_params = params
     else:
       if config.get("warm_start") and config.warm_start.steps > 0:
-        params = self._warm_start(params)
+        params, self.warm_start_metrics = warm_start_run(self, params)
       if self.step_fn.algo_config.kl_coef:  # the frozen initial policy (after any warm start)
         self.ref_params = jax.tree.map(jnp.copy, params)
       self.state = self.step_fn.shard_state(create_train_state(params, self.step_fn.optimizer))
@@ -379,85 +212,6 @@ class Trainer:
     self._failure_kinds: dict[str, str] = {}  # first error of each kind, with its env and game
     self.task_rng = np.random.default_rng(config.train.seed)
     self.rng = jax.random.key(config.train.seed + 1)  # rollout keys: see _key
-
-  # ---------------------------------------------------------------------------- warm start
-  def _warm_start(self, params):
-    """Expert SFT on the env family's expert records (ALFWorld: the walkthroughs), or
-    (warm_start.source="expert") on its expert's games with and without skills, then the
-    teacher-student gap on held-out expert turns (once per workdir: the result is saved as a
-    Hugging Face directory and reloaded on resume, so the KL reference stays the warm-started
-    policy)."""
-    from sdar_jax import warm_start as ws
-    from sdar_jax.models import save_pretrained
-    from sdar_jax.warm_start import expert_samples, warm_start
-
-    out = os.path.join(self.workdir, "warm_start_policy")
-    if os.path.exists(os.path.join(out, "config.json")):
-      _, params = load_pretrained(out, dtype=self.config.model.param_dtype, mesh=self.mesh)
-      return params
-    w = self.config.warm_start
-    end = self.tokenizer.eos_token_ids[0]
-    gap, expert_metrics = [], {}
-    if w.get("source", "walkthroughs") == "expert":
-      loop = ws.warm_start_loop(self.loop, build_retriever(self.config))
-      samples, gap, expert_metrics = ws.expert_warm_start_data(
-        w,
-        loop,
-        self.pool,
-        len(self.train_games),
-        end,
-        family=self.env_family,
-        seed=self.config.train.seed,
-      )
-    else:
-      if self.env_family.expert_records is None:
-        raise ValueError(
-          f"warm_start.source={w.get('source', 'walkthroughs')!r}: env {self.env_family.name!r} "
-          "has no expert records (EnvFamily.expert_records). Fix: set warm_start.steps=0 or "
-          "warm_start.source='expert' if the env has an expert."
-        )
-      records = self.env_family.expert_records(self.config.env, w.split)
-      samples = expert_samples(records, self.loop, end_token_id=end)
-    params, losses = warm_start(
-      self.model_config,
-      params,
-      samples,
-      steps=w.steps,
-      batch_size=w.batch_size,
-      lr=w.lr,
-      seed=self.config.train.seed,
-      shard_batch=self.step_fn.shard_batch,
-    )
-    self.warm_start_metrics = {
-      "warm_start/loss_first": losses[0],
-      "warm_start/loss_last": losses[-1],
-      "warm_start/expert_samples": float(len(samples)),
-      **expert_metrics,
-    }
-    if gap:  # measured before RL: does the skill text raise the skill-following actions?
-      self.warm_start_metrics.update(
-        ws.teacher_student_gap_on_expert(
-          self.model_config,
-          params,
-          gap,
-          batch_size=w.batch_size,
-          shard_batch=self.step_fn.shard_batch,
-        )
-      )
-      log.info(
-        "warm start: teacher-student gap on held-out expert turns %.4f (search turns %.4f)",
-        self.warm_start_metrics["warm_start/teacher_student_gap_on_expert"],
-        self.warm_start_metrics.get("warm_start/teacher_student_gap_on_expert_search", np.nan),
-      )
-    log.info(
-      "warm start: %d expert turn-samples, %d steps, loss %.3f -> %.3f",
-      len(samples),
-      w.steps,
-      losses[0],
-      losses[-1],
-    )
-    save_pretrained(self.model_config, params, out)
-    return params
 
   # ---------------------------------------------------------------------------- resume
   def maybe_restore(self) -> bool:
@@ -534,6 +288,8 @@ class Trainer:
     tasks = self.eval_tasks
     metrics = {}
     for mode, (prefix, loop) in enumerate(self.eval_loops):
+      if mode == 0:  # the token view's episode needs its teacher prompts (sdar_jax.diagnostics)
+        loop = diagnostics.with_teacher_prompts(self, loop)
       episodes = loop.run(
         self.eval_params if self.state is None else self.state.params,
         tasks,
@@ -543,7 +299,9 @@ class Trainer:
         desc=prefix,
       )
       self._report_env_failures(episodes, self.eval_games, prefix)
-      metrics.update(rollout_metrics(episodes, prefix=prefix))
+      metrics.update(rollout_metrics(episodes, prefix, self.env_family.episode_metrics))
+      if mode == 0:
+        diagnostics.write_token_view(self, episodes)
     return metrics
 
   def _report_env_failures(self, episodes: list[Episode], games: list[str], prefix: str) -> None:
@@ -589,7 +347,7 @@ class Trainer:
     t_rollout = time.perf_counter() - t0
     self._report_env_failures(episodes, self.train_games, "episode")
     self._check_all_failed(episodes)
-    metrics = rollout_metrics(episodes)
+    metrics = rollout_metrics(episodes, "episode", self.env_family.episode_metrics)
     samples = episodes_to_samples(
       episodes,
       invalid_penalty=self.step_fn.algo_config.invalid_penalty,
@@ -628,7 +386,11 @@ class Trainer:
     for b in batches:
       self.state, m = self.step_fn(self.state, b, self.ref_params, iteration=it + 1)
       per_batch.append((jax.device_get(m), float(np.asarray(b.response_mask).sum())))
-    metrics.update(_combine(per_batch))
+    # takes the gap / gate histogram counts out of per_batch (files in <workdir>/diagnostics/)
+    diagnostics.record_update_histograms(
+      per_batch, it + 1, self.workdir, self.logger, self.config.logging.plots
+    )
+    metrics.update(mean_over_updates(per_batch))
     metrics["train/update_seconds"] = time.perf_counter() - t1
     metrics["train/compilations"] = float(self.step_fn.num_traces)
     metrics["rollout/sampler_compilations"] = float(self.sampler.num_compilations)
@@ -639,7 +401,7 @@ class Trainer:
     """Trains up to train.total_steps iterations (resuming from the latest checkpoint) and returns
     the last metrics row; an eval-only Trainer evaluates once instead."""
     if self.eval_only:
-      return self.run_evaluation()
+      return evaluate_once(self)
     cfg = self.config
     total = cfg.train.total_steps
     resumed = self.maybe_restore()
@@ -648,8 +410,8 @@ class Trainer:
       last = self.logger.log(
         self.loop_state.iteration, {**self.warm_start_metrics, **self.evaluate()}
       )
-      self._plot()
-    progress = Progress(total, start=self.loop_state.iteration)
+      self.plot_metrics()
+    progress = Progress(total)
     if self.loop_state.iteration < total:
       log.info(
         "training iterations %d..%d of %d (the first one compiles the sampler and the update)",
@@ -670,7 +432,7 @@ class Trainer:
       log.info("%s | %s", progress.line(it, duration), self.logger.summary(metrics))
       if evaluated or _due(it, cfg.logging.every, total):
         last = self.logger.log(it, metrics, echo=False)
-        self._plot()
+        self.plot_metrics()
       if _due(it, cfg.checkpoint.every, total):
         self.save(force=True)
     self.ckpt.wait_until_finished()
@@ -684,43 +446,13 @@ class Trainer:
       )
       if out:
         log.info("final policy exported to %s", out)
+    summary = validation_summary(self.logger.path) if self.logger.path else None
+    if summary:
+      log.info("%s", summary)
     return last
 
-  def run_evaluation(self) -> dict[str, float]:
-    """One evaluation of the parameters (validation episodes of every eval mode): a metrics row at
-    the evaluated step, metrics.png and evaluation.json (what was evaluated) in the workdir."""
-    t0 = time.perf_counter()
-    metrics = self.evaluate()
-    metrics["val/seconds"] = time.perf_counter() - t0
-    row = self.logger.log(self.loop_state.iteration, metrics)
-    self._plot()
-    self._write_eval_record(finished=time.strftime("%Y-%m-%d %H:%M:%S %z"), metrics=row)
-    log.info("evaluation results in %s", self.workdir)
-    return row
-
-  def _start_eval_record(self) -> None:
-    """Marks the directory as an evaluation's (before anything else is written) and removes the
-    results of a previous evaluation there: evaluating again replaces them."""
-    config_json = os.path.join(self.workdir, "config.json")
-    if os.path.exists(config_json) and not os.path.exists(os.path.join(self.workdir, EVAL_RECORD)):
-      raise FileExistsError(
-        f"{self.workdir} holds a training run (its config.json); an evaluation never writes into "
-        "a run's files. Fix: evaluate into another directory (e.g. <workdir>/eval/step_<N>)."
-      )
-    for name in ("metrics.jsonl", "metrics.png"):
-      if os.path.exists(os.path.join(self.workdir, name)):
-        os.remove(os.path.join(self.workdir, name))
-    self._write_eval_record(started=time.strftime("%Y-%m-%d %H:%M:%S %z"))
-
-  def _write_eval_record(self, **fields: Any) -> None:
-    if self.params_from is not None:
-      source = {"checkpoint_dir": self.params_from[0], "step": self.params_from[1]}
-    else:
-      source = {"model_path": self.config.model.get("path"), "step": 0}
-    with open(os.path.join(self.workdir, EVAL_RECORD), "w") as f:
-      json.dump({"evaluated": source, **fields}, f, indent=2)
-
-  def _plot(self) -> None:
+  def plot_metrics(self) -> None:
+    """metrics.png from metrics.jsonl (logging.plots)."""
     if self.config.logging.plots and self.logger.path:
       plot_history(self.logger.path)
 
@@ -735,23 +467,6 @@ class Trainer:
           stack.callback(resource.close)
 
 
-def teacher_old_gap_metrics(batches) -> dict[str, float]:
-  """Teacher minus old (behaviour) log-prob over every response token of the iteration's
-  mini-batches, token-weighted (Σ gap / Σ tokens, not a mean of per-mini-batch means), and its
-  root mean square (the reference's "std" of this gap is this RMS)."""
-  total = sq = tokens = 0.0
-  for b in batches:
-    mask = np.asarray(b.response_mask, np.float64) > 0
-    gap = np.asarray(b.teacher_logp, np.float64) - np.asarray(b.old_logp, np.float64)
-    gap = np.where(mask, gap, 0.0)
-    total, sq, tokens = total + gap.sum(), sq + (gap * gap).sum(), tokens + mask.sum()
-  tokens = max(tokens, 1.0)
-  return {
-    "rollout/teacher_old_gap_mean": float(total / tokens),
-    "rollout/teacher_old_gap_rms": float(np.sqrt(sq / tokens)),
-  }
-
-
 def _jsonable(value):
   return json.loads(
     json.dumps(value, default=lambda x: x.tolist() if hasattr(x, "tolist") else int(x))
@@ -761,18 +476,6 @@ def _jsonable(value):
 def run(config, workdir: str) -> dict[str, float]:
   """Trains with `config` in `workdir` (resuming from its checkpoints); returns the last metrics."""
   trainer = Trainer(config, workdir)
-  try:
-    return trainer.run()
-  finally:
-    trainer.close()
-
-
-def run_evaluation(
-  config, out_dir: str, params_from: tuple[str, int] | None = None
-) -> dict[str, float]:
-  """Evaluates checkpoint `params_from` = (checkpoint directory, step) (None: the config's weights)
-  into `out_dir` and returns the metrics row (see `Trainer.run_evaluation`)."""
-  trainer = Trainer(config, out_dir, eval_only=True, params_from=params_from)
   try:
     return trainer.run()
   finally:

@@ -31,8 +31,10 @@ actions, i.e. when the teacher branch has something to distil.
 from __future__ import annotations
 
 import functools
+import logging
+import os
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -40,11 +42,16 @@ import numpy as np
 import optax
 
 from envs.base import EnvFamily
-from sdar_jax.batch import TurnSample
+from sdar_jax.batch import TurnSample, prompt_bucket
 from sdar_jax.models import ModelConfig, Params
 from sdar_jax.rollout.agent_loop import AgentLoop, EpisodeView
 from sdar_jax.rollout.batching import pack_batch
 from sdar_jax.train_step import response_logprobs
+
+if TYPE_CHECKING:
+  from sdar_jax.trainer import Trainer
+
+log = logging.getLogger(__name__)
 
 
 def expert_response(task: str, action: str) -> str:
@@ -214,7 +221,10 @@ def record_expert_games(
     )
     query = adapter.skill_query(first_turn)
     return retriever.skill_text(
-      task_type=info.get("task_type"), gamefile=info.get("gamefile"), query=query
+      task_type=info.get("task_type"),
+      gamefile=info.get("gamefile"),
+      query=query,
+      task=info.get("task", ""),
     )
 
   jobs = [(mode, t) for mode in family.expert_modes for t in tasks]
@@ -345,9 +355,18 @@ def warm_start(
   opt_state = optimizer.init(params)
   step = make_sft_step(config, optimizer)
   rng = np.random.default_rng(seed)
+  # Length-grouped batches: each step draws a prompt bucket (in proportion to its samples), then
+  # the batch from that bucket, so short prompts are not padded to the longest of a mixed batch
+  # (plain and skill-block prompts differ by the block's length).
+  by_bucket: dict[int, list[int]] = {}
+  for i, sample in enumerate(samples):
+    by_bucket.setdefault(prompt_bucket(len(sample.prompt_ids)), []).append(i)
+  groups = [np.array(members) for _, members in sorted(by_bucket.items())]
+  weights = np.array([len(g) for g in groups], np.float64) / len(samples)
   losses = []
   for _ in tqdm(range(steps), desc="warm start (expert SFT)", leave=False, disable=not progress):
-    pick = rng.choice(len(samples), size=min(batch_size, len(samples)), replace=False)
+    group = groups[rng.choice(len(groups), p=weights)]
+    pick = rng.choice(group, size=min(batch_size, len(group)), replace=False)
     batch = shard_batch(pack_batch([samples[i] for i in pick], batch_size, with_teacher=False))
     params, opt_state, loss = step(params, opt_state, batch)
     losses.append(float(loss))
@@ -405,3 +424,89 @@ def teacher_student_gap_on_expert(
   if search_tokens:
     out[f"{key}_search"] = float(search / search_tokens)
   return out
+
+
+# ------------------------------------------------------------------------------------ in a run
+def setting_problems(section) -> list[str]:
+  """What cannot work in a run config's ``warm_start`` section, one "<key>=<value>: <problem>.
+  Fix: <fix>" line each (reported with the config's other problems)."""
+  problems = []
+  for key, low, fix in (
+    ("steps", 0, "use 0 to start RL from the given weights"),
+    ("batch_size", 1, "use a value >= 1"),
+  ):
+    value = section.get(key, low)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low:
+      problems.append(f"warm_start.{key}={value!r}: must be a number >= {low}. Fix: {fix}")
+  if not section.get("lr", 1.0) > 0:
+    problems.append(f"warm_start.lr={section.lr!r}: must be > 0. Fix: set a positive learning rate")
+  return problems
+
+
+def warm_start_run(trainer: Trainer, params: Params) -> tuple[Params, dict[str, float]]:
+  """A run's warm start (warm_start.steps > 0): expert SFT on the env family's expert records
+  (ALFWorld: the walkthroughs), or (warm_start.source="expert") on its expert's games with and
+  without skills, then the teacher-student gap on held-out expert turns. Once per workdir: the
+  result is saved as a Hugging Face directory and reloaded on resume (metrics {} then), so the KL
+  reference stays the warm-started policy. Returns (params, warm_start/* metrics)."""
+  from sdar_jax.models import load_pretrained, save_pretrained
+  from sdar_jax.run_setup import build_retriever
+
+  config, family, shard_batch = trainer.config, trainer.env_family, trainer.step_fn.shard_batch
+  out = os.path.join(trainer.workdir, "warm_start_policy")
+  if os.path.exists(os.path.join(out, "config.json")):
+    _, params = load_pretrained(out, dtype=config.model.param_dtype, mesh=trainer.mesh)
+    return params, {}
+  w = config.warm_start
+  end = trainer.tokenizer.eos_token_ids[0]
+  gap, metrics = [], {}
+  if w.get("source", "walkthroughs") == "expert":
+    loop = warm_start_loop(trainer.loop, build_retriever(config))
+    samples, gap, metrics = expert_warm_start_data(
+      w, loop, trainer.pool, len(trainer.train_games), end, family=family, seed=config.train.seed
+    )
+  else:
+    if family.expert_records is None:
+      raise ValueError(
+        f"warm_start.source={w.get('source', 'walkthroughs')!r}: env {family.name!r} has no "
+        "expert records (EnvFamily.expert_records). Fix: set warm_start.steps=0 or "
+        "warm_start.source='expert' if the env has an expert."
+      )
+    records = family.expert_records(config.env, w.split)
+    samples = expert_samples(records, trainer.loop, end_token_id=end)
+  params, losses = warm_start(
+    trainer.model_config,
+    params,
+    samples,
+    steps=w.steps,
+    batch_size=w.batch_size,
+    lr=w.lr,
+    seed=config.train.seed,
+    shard_batch=shard_batch,
+  )
+  metrics = {
+    "warm_start/loss_first": losses[0],
+    "warm_start/loss_last": losses[-1],
+    "warm_start/expert_samples": float(len(samples)),
+    **metrics,
+  }
+  if gap:  # measured before RL: does the skill text raise the skill-following actions?
+    metrics.update(
+      teacher_student_gap_on_expert(
+        trainer.model_config, params, gap, batch_size=w.batch_size, shard_batch=shard_batch
+      )
+    )
+    log.info(
+      "warm start: teacher-student gap on held-out expert turns %.4f (search turns %.4f)",
+      metrics["warm_start/teacher_student_gap_on_expert"],
+      metrics.get("warm_start/teacher_student_gap_on_expert_search", np.nan),
+    )
+  log.info(
+    "warm start: %d expert turn-samples, %d steps, loss %.3f -> %.3f",
+    len(samples),
+    w.steps,
+    losses[0],
+    losses[-1],
+  )
+  save_pretrained(trainer.model_config, params, out)
+  return params, metrics

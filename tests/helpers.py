@@ -11,8 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from sdar_jax.algos import get_preset
-from sdar_jax.batch import TurnBatch
+from sdar_jax.batch import TurnBatch, TurnSample
 from sdar_jax.models import ModelConfig, forward
+from sdar_jax.rollout.batching import pack_batch
+from sdar_jax.sampling import GenerationResult, Sampler, SamplingParams
 from sdar_jax.train_state import TrainState, create_train_state
 
 # A tiny Qwen3-architecture model: GQA with 8 query heads over 4 kv heads, two layers.
@@ -110,6 +112,29 @@ def make_turn_batch(
   )
 
 
+def sample_and_pack(
+  config: ModelConfig, params, prompts: list[list[int]], sampling: SamplingParams, key: jax.Array
+) -> tuple[TurnBatch, GenerationResult]:
+  """The real sampler's responses to `prompts`, one turn-sample per prompt (score and advantage 0,
+  the sampler's log-probs as behaviour log-probs), packed as the trainer packs them into 4 rows
+  without teacher rows; with the sampler's output."""
+  out = Sampler(config).generate(params, prompts, sampling, key)
+  samples = [
+    TurnSample(
+      prompt_ids=prompt,
+      response_ids=tokens,
+      logprobs=logprobs,
+      score=0,
+      advantage=0,
+      group_id=0,
+      policy_version=0,
+      valid=True,
+    )
+    for prompt, tokens, logprobs in zip(prompts, out.tokens, out.logprobs)
+  ]
+  return pack_batch(samples, batch_size=4, with_teacher=False), out
+
+
 def fresh_state(params, optimizer) -> TrainState:
   """A step-0 train state over a copy of `params` (the update may donate its inputs)."""
   return create_train_state(jax.tree.map(jnp.copy, params), optimizer)
@@ -118,3 +143,35 @@ def fresh_state(params, optimizer) -> TrainState:
 def to_np(tree):
   """The same pytree with every leaf as a host numpy array."""
   return jax.tree.map(np.asarray, tree)
+
+
+def tiny_run_config(total_steps: int, algo: str = "sdar", **overrides):
+  """A whole run config for the real host loop, as small as it goes: the tiny model, one GRPO group
+  of 2 two-turn episodes per iteration on one generated ALFWorld game per task type and split, 2
+  validation episodes, over a (2, 1, 4) mesh of the fake CPU devices; no warm start, synchronous
+  checkpoints, no HF export, no TensorBoard. `overrides`: dotted config keys, e.g.
+  `**{"train.eval_every": 2}`."""
+  from configs import alfworld, common
+
+  config = alfworld.get_config(f"model=tiny,algo={algo},local=True")
+  tiny = {
+    "mesh.data": 2,
+    "mesh.fsdp": 1,
+    "mesh.tensor": 4,
+    "env.tasks_per_step": 1,
+    "env.group_size": 2,
+    "env.max_turns": 2,
+    "env.num_workers": 1,
+    "env.offline.num_train": 1,
+    "env.offline.num_eval": 1,
+    "eval.num_tasks": 2,
+    "rollout.max_new_tokens": 16,
+    "train.total_steps": total_steps,
+    "train.mini_batch_size": 4,
+    "train.micro_batch_size": 2,
+    "warm_start.steps": 0,
+    "checkpoint.async_save": False,
+    "checkpoint.export_hf": False,
+    "logging.tensorboard": False,
+  }
+  return common.override(config, {**tiny, **overrides})

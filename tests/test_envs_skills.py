@@ -152,3 +152,29 @@ def test_envs_never_import_jax():
   )
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   subprocess.run([sys.executable, "-c", code], check=True, cwd=root)
+
+
+def test_places_task_keeps_only_the_task_objects_entries():
+  """places="task" cuts "Places by type:" to the entries naming a word of the task sentence
+  (worked by hand on the shipped general skills), and leaves the rest of the text as written."""
+  full = SkillRetriever("alfworld", "rules", "pre_fix").skill_text()
+  cut = SkillRetriever("alfworld", "rules", "pre_fix", places="task")
+  text = cut.skill_text(task="examine the alarmclock with the desklamp.")
+  assert "Places by type: alarmclock: tables; desklamp, floorlamp: sidetable, desk, dresser, " in text
+  assert "apple" not in text and "apple, egg, potato, tomato:" in full
+  assert text.replace(re.search(r"Places by type: [^.]*\.", text).group(0), "") == full.replace(
+    re.search(r"Places by type: [^.]*\.", full).group(0), ""
+  )
+  # no task sentence: nothing is cut; no entry names the task: the list goes, the rule stays
+  assert cut.skill_text() == full
+  none = cut.skill_text(task="go somewhere.")
+  assert "Places by type" not in none and "Look where the object would really be" in none
+  with pytest.raises(ValueError, match="places='some'"):
+    SkillRetriever("alfworld", places="some")
+
+
+def test_brief_skills_are_the_general_search_habits():
+  """The demo's short library: three items copied verbatim from the general ALFWorld skills."""
+  brief = SkillLibrary.load("alfworld_brief").general
+  general = {item.text for item in SkillLibrary.load("alfworld").general.items}
+  assert len(brief.items) == 3 and all(item.text in general for item in brief.items)

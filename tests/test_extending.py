@@ -14,6 +14,7 @@ from sdar_jax.config_validation import ConfigError, validate
 from sdar_jax.models import ModelConfig, forward, init_params
 from sdar_jax.train_state import create_train_state, make_optimizer
 from sdar_jax.train_step import TrainStep, loss_and_grads
+from tests.helpers import tiny_run_config
 
 CONFIG = ModelConfig.tiny(
   "qwen3",
@@ -209,30 +210,8 @@ def test_a_registered_environment_is_trained_for_one_iteration(tmp_path, dummy_f
   from sdar_jax import trainer
 
   family, asked = dummy_family
-  config = alfworld.get_config("model=tiny,algo=grpo,local=True")
-  common.override(
-    config,
-    {
-      "env.name": "dummy",
-      "mesh.data": 2,
-      "mesh.fsdp": 1,
-      "mesh.tensor": 4,
-      "env.tasks_per_step": 1,
-      "env.group_size": 2,
-      "env.max_turns": 2,
-      "env.num_workers": 1,
-      "eval.num_tasks": 2,
-      "eval.skills": "without",
-      "rollout.max_new_tokens": 8,
-      "train.total_steps": 1,
-      "train.mini_batch_size": 4,
-      "train.micro_batch_size": 2,
-      "warm_start.steps": 0,
-      "checkpoint.async_save": False,
-      "checkpoint.export_hf": False,
-      "logging.tensorboard": False,
-    },
-  )
+  overrides = {"env.name": "dummy", "eval.skills": "without", "rollout.max_new_tokens": 8}
+  config = tiny_run_config(1, algo="grpo", **overrides)
   run = trainer.Trainer(config, str(tmp_path))
   try:
     assert run.env_family is family

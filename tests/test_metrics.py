@@ -12,7 +12,7 @@ import subprocess
 import sys
 import textwrap
 
-from sdar_jax.metrics import MetricsLogger, read_history
+from sdar_jax.metrics import MetricsLogger, read_history, validation_summary
 from sdar_jax.progress import Progress, configure_logging, format_duration
 
 
@@ -90,7 +90,7 @@ def test_tensorboard_missing_is_a_warning_not_an_error(tmp_path, monkeypatch, ca
 def test_progress_line_elapsed_and_eta():
   """Iterations of 30 s after a first one of 100 s (compilation): the ETA uses the 30 s ones."""
   now = [1000.0]
-  progress = Progress(total=10, start=0, clock=lambda: now[0])
+  progress = Progress(total=10, clock=lambda: now[0])
   assert progress.eta(0) is None
   now[0] += 100.0
   assert progress.tick() == 100.0
@@ -105,7 +105,7 @@ def test_progress_line_elapsed_and_eta():
 
 def test_progress_after_resume_counts_remaining_iterations():
   now = [0.0]
-  progress = Progress(total=10, start=6, clock=lambda: now[0])
+  progress = Progress(total=10, clock=lambda: now[0])  # resumed after iteration 6
   now[0] += 12.0
   progress.tick()
   assert progress.eta(7) == 3 * 12.0
@@ -188,3 +188,19 @@ def test_library_use_gets_a_timestamped_handler():
   )
   line = out.stderr.strip()
   assert re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d I sdar_jax.trainer\] iteration 1/3$", line), line
+
+
+def test_validation_summary_reads_the_first_and_last_evaluation(tmp_path):
+  path = tmp_path / "metrics.jsonl"
+  rows = [
+    {"step": 0, "val/success_rate": 0.125},
+    {"step": 1, "train/loss": 1.0},
+    {"step": 5, "val/success_rate": 0.25},
+    {"step": 10, "val/success_rate": 0.375},
+  ]
+  path.write_text("".join(json.dumps(r) + "\n" for r in rows[:1]) + "{torn\n")
+  assert validation_summary(str(path)) is None  # one evaluation only; the torn line is skipped
+  path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  assert validation_summary(str(path)) == (
+    "validation success_rate 0.125 (step 0) -> 0.375 (step 10), change +0.250"
+  )

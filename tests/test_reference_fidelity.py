@@ -16,16 +16,16 @@ import optax
 import pytest
 
 from sdar_jax.algos import AlgoConfig, get_preset
-from sdar_jax.batch import TurnBatch, TurnSample
+from sdar_jax.batch import TurnBatch
 from sdar_jax.models import ModelConfig, forward, init_params
-from sdar_jax.rollout import pack_batch
-from sdar_jax.sampling import Sampler, SamplingParams
+from sdar_jax.sampling import SamplingParams
 from sdar_jax.train_state import create_train_state, make_optimizer
 from sdar_jax.train_step import (
   TrainStep,
   loss_and_grads,
   train_step_from_config,
 )
+from tests.helpers import sample_and_pack
 
 CONFIG = ModelConfig.tiny(
   "qwen3",
@@ -139,6 +139,7 @@ def test_lr_warmup_counts_iterations_not_optimizer_updates(params):
     jax.tree.map(lambda a, w: np.testing.assert_allclose(a, w, rtol=0, atol=1e-3 * lr), got, p)
 
 
+@pytest.mark.slow
 def test_default_iteration_is_one_per_update(params):
   """Without `iteration` each update is its own iteration (one mini-batch per iteration)."""
   optimizer = make_optimizer(lr=1e-2, warmup_steps=2)
@@ -196,33 +197,11 @@ def sampled(params):
   """(step, batch): responses from the real sampler (fp32) at TEMPERATURE, packed as the trainer
   packs them, and an update scoring at the same temperature."""
   step = TrainStep(CONFIG, dict(GRPO, temperature=TEMPERATURE), make_optimizer(1e-3))
-  return step, sampled_batch(params, TEMPERATURE)
-
-
-def sampled_batch(params, temperature):
-  """Responses from the real sampler (fp32), packed as the trainer packs them."""
   rng = np.random.default_rng(0)
   prompts = [list(rng.integers(1, CONFIG.vocab_size, n)) for n in (5, 11, 3)]
-  out = Sampler(CONFIG).generate(
-    params,
-    prompts,
-    SamplingParams(max_new_tokens=8, temperature=temperature, stop_token_ids=(3,)),
-    jax.random.key(1),
-  )
-  samples = [
-    TurnSample(
-      prompt_ids=p,
-      response_ids=t,
-      logprobs=lp,
-      score=0,
-      advantage=0,
-      group_id=0,
-      policy_version=0,
-      valid=True,
-    )
-    for p, t, lp in zip(prompts, out.tokens, out.logprobs)
-  ]
-  return pack_batch(samples, batch_size=4, with_teacher=False)
+  sampling = SamplingParams(max_new_tokens=8, temperature=TEMPERATURE, stop_token_ids=(3,))
+  batch, _ = sample_and_pack(CONFIG, params, prompts, sampling, jax.random.key(1))
+  return step, batch
 
 
 def test_recompute_old_logp_replaces_the_sampler_logps(params, sampled):
@@ -302,6 +281,7 @@ def test_teacher_old_gap_is_token_weighted_over_the_iteration_with_its_rms():
 
 
 # ------------------------------------------------------------------- entropy gates in the step
+@pytest.mark.slow
 @pytest.mark.parametrize("gate", ["entropy", "soft_or"])
 def test_step_normalises_the_gate_entropy_by_the_model_vocabulary(params, gate):
   """The step's gate mean equals the gate evaluated on the float64 full-forward entropies with

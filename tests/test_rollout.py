@@ -18,6 +18,7 @@ from sdar_jax.sampling import Sampler, SamplingParams
 from sdar_jax.train_state import make_optimizer
 from sdar_jax.train_step import TrainStep
 from tests import hf_fixtures
+from tests.helpers import sample_and_pack
 
 
 def _turn(n_resp=3, valid=True, version=0, prompt=(5, 6, 7)):
@@ -74,7 +75,9 @@ def test_rollout_does_not_import_the_update():
 
 def test_bucket_sizes():
   # prompts: powers of two from 16 up to 512, then multiples of 512
-  assert [prompt_bucket(n) for n in (1, 16, 17, 512, 513, 1025)] == [16, 16, 32, 512, 1024, 1536]
+  assert [prompt_bucket(n) for n in (1, 16, 17, 512, 513, 641, 1024, 1025, 1537)] == [
+    16, 16, 32, 512, 640, 768, 1024, 1536, 2048
+  ]
   assert [new_tokens_bucket(n) for n in (0, 16, 17, 100)] == [16, 16, 32, 128]
   # rows: a power of two, rounded up to a multiple of the mesh's batch divisor
   assert [batch_bucket(n, d) for n, d in ((5, 1), (5, 4), (3, 8), (9, 6))] == [8, 8, 8, 18]
@@ -146,34 +149,16 @@ def test_replay_queue_drops_stale_samples():
     ReplayQueue(max_staleness=-1)
 
 
+@pytest.mark.slow
 def test_sampler_logprobs_equal_update_logprobs():
   """The invariant of docs/design.md (Invariants): the sampler's behaviour log-probs equal the
   train step's log-probs of the same tokens, so the PPO ratio is exactly 1 at staleness 0."""
   config = hf_fixtures.SMALL_QWEN3
   params = init_params(config, jax.random.key(0), std=0.2)
-  sampler = Sampler(config)
   rng = np.random.default_rng(0)
   prompts = [list(rng.integers(1, 256, n)) for n in (5, 17, 9)]
-  out = sampler.generate(
-    params,
-    prompts,
-    SamplingParams(max_new_tokens=12, temperature=0.8, stop_token_ids=(3,)),
-    jax.random.key(1),
-  )
-  samples = [
-    TurnSample(
-      prompt_ids=prompt,
-      response_ids=tokens,
-      logprobs=logprobs,
-      score=0,
-      advantage=0,
-      group_id=0,
-      policy_version=0,
-      valid=True,
-    )
-    for prompt, tokens, logprobs in zip(prompts, out.tokens, out.logprobs)
-  ]
-  batch = pack_batch(samples, batch_size=4, with_teacher=False)
+  sampling = SamplingParams(max_new_tokens=12, temperature=0.8, stop_token_ids=(3,))
+  batch, out = sample_and_pack(config, params, prompts, sampling, jax.random.key(1))
   step = TrainStep(config, {"temperature": 0.8, "kl_coef": 0.0}, make_optimizer(1e-3))
   scored = np.asarray(step.score_student(params, batch))
   mask = batch.response_mask.astype(bool)
@@ -181,6 +166,7 @@ def test_sampler_logprobs_equal_update_logprobs():
   np.testing.assert_allclose(scored[mask], batch.old_logp[mask], atol=1e-4)
 
 
+@pytest.mark.slow
 def test_agent_loop_survives_a_crashing_env():
   """A crashed env ends only its own episode (marked, never trained on); the others play on."""
   from envs import EnvPool

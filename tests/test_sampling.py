@@ -353,6 +353,7 @@ def test_mesh_equals_one_device(qwen3, shape):
 
 
 # ------------------------------------------------------------------------- shapes & errors
+@pytest.mark.slow
 def test_buckets_bound_compilations(qwen3):
   config, params = qwen3
   sampler = Sampler(config)

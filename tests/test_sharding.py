@@ -40,6 +40,7 @@ def test_sharded_forward_equals_unsharded(reference, shape):
   np.testing.assert_allclose(np.asarray(out), expected, atol=2e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_non_dividing_axis_replicates_with_warning():
   config = ModelConfig.tiny(
     "qwen2",

@@ -96,6 +96,7 @@ def test_nonfinite_gradient_skips_the_update(params, sdar_step):
   assert float(metrics["train/skipped_update"]) == 0.0 and int(state.step) == 2
 
 
+@pytest.mark.slow
 def test_varying_lengths_within_a_bucket_do_not_recompile(params, sdar_step):
   step, optimizer = sdar_step
   state = fresh_state(params, optimizer)
@@ -109,6 +110,7 @@ def test_varying_lengths_within_a_bucket_do_not_recompile(params, sdar_step):
 
 
 # ------------------------------------------------------------------------ teacher sources
+@pytest.mark.slow
 def test_step_and_rollout_teacher_sources_agree(params):
   optimizer = make_optimizer(lr=1e-3)
   batch = make_batch(params, seed=9)
@@ -157,6 +159,7 @@ def metric_atol(batch: TurnBatch, ulps: float = 4.0) -> float:
   return ulps * EPS32 * float(np.mean(np.abs(np.asarray(batch.old_logp)[real])))
 
 
+@pytest.mark.slow
 def test_micro_batch_accumulation_equals_one_batch(params):
   """RLSD advantages + SDAR term + entropy + KL (from batch ref_logp); ragged responses, so the
   micro-batches hold different token counts and only a global denominator makes them add up."""
@@ -181,6 +184,7 @@ def test_micro_batch_accumulation_equals_one_batch(params):
     assert m_one["train/tokens"] == batch.response_mask.sum()
 
 
+@pytest.mark.slow
 def test_sdar_gradient_is_minus_lambda_gate_times_score(params):
   """pg, entropy and KL off: the step's gradient equals jax.grad of -λ·Σ g·lθ·m / Σm with the
   gate g = σ(β(lT − lθ)) evaluated as constants from the full-logits forward."""

@@ -7,37 +7,24 @@ import os
 import numpy as np
 import pytest
 
+from tests.helpers import tiny_run_config
+
 pytestmark = pytest.mark.slow
 
 
 def _config(total_steps: int):
-  from configs import alfworld, common
-
-  config = alfworld.get_config("model=tiny,algo=sdar,local=True")
-  common.override(
-    config,
-    {
-      "mesh.data": 2,
-      "mesh.fsdp": 1,
-      "mesh.tensor": 4,
-      "env.tasks_per_step": 1,
-      "env.group_size": 2,
-      "env.max_turns": 2,
-      "env.num_workers": 1,
-      "env.offline.num_train": 1,
-      "env.offline.num_eval": 1,
-      "eval.num_tasks": 2,
-      "rollout.max_new_tokens": 16,
-      "train.total_steps": total_steps,
-      "train.mini_batch_size": 4,
-      "train.micro_batch_size": 2,
-      "train.eval_every": 2,
-      "checkpoint.every": 1,
-      "warm_start.steps": 2,
-      "warm_start.batch_size": 4,
-    },
-  )
-  return config
+  """Warm start, evaluation every 2 iterations, a checkpoint every iteration, asynchronous saves,
+  the HF export and TensorBoard on."""
+  overrides = {
+    "train.eval_every": 2,
+    "checkpoint.every": 1,
+    "warm_start.steps": 2,
+    "warm_start.batch_size": 4,
+    "checkpoint.async_save": True,
+    "checkpoint.export_hf": True,
+    "logging.tensorboard": True,
+  }
+  return tiny_run_config(total_steps, **overrides)
 
 
 def _rows(workdir):

@@ -20,40 +20,15 @@ import sys
 
 import pytest
 
+from tests.helpers import tiny_run_config
+
 pytestmark = pytest.mark.slow
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _config(total_steps: int, **overrides):
-  from configs import alfworld, common
-
-  config = alfworld.get_config("model=tiny,algo=sdar,local=True")
-  common.override(
-    config,
-    {
-      "mesh.data": 2,
-      "mesh.fsdp": 1,
-      "mesh.tensor": 4,
-      "env.tasks_per_step": 1,
-      "env.group_size": 2,
-      "env.max_turns": 2,
-      "env.num_workers": 1,
-      "env.offline.num_train": 1,
-      "env.offline.num_eval": 1,
-      "eval.num_tasks": 2,
-      "rollout.max_new_tokens": 16,
-      "train.total_steps": total_steps,
-      "train.mini_batch_size": 4,
-      "train.micro_batch_size": 2,
-      "warm_start.steps": 0,
-      "checkpoint.async_save": False,
-      "checkpoint.export_hf": False,
-      "logging.tensorboard": False,
-      **overrides,
-    },
-  )
-  return config
+  return tiny_run_config(total_steps, **overrides)
 
 
 def _rows(path):

@@ -84,6 +84,7 @@ def test_expert_samples_match_rollout_prompts(loop):
   )
 
 
+@pytest.mark.slow
 def test_sft_lowers_the_expert_loss(loop):
   samples = expert_samples([RECORD], loop, end_token_id=151645)
   config = ModelConfig.tiny(
@@ -200,6 +201,7 @@ def _tiny_config(vocab=151936):
   )
 
 
+@pytest.mark.slow
 def test_teacher_student_gap_matches_a_direct_forward():
   """The gap against full-sequence logits of each sample alone (no padding, no bucketing)."""
   config = _tiny_config(vocab=300)

@@ -9,6 +9,7 @@ import os
 from typing import Any
 
 from envs.alfworld.env import collect_game_files
+from envs.alfworld.tasks import SHORT_NAMES, TASK_TYPES
 from envs.base import EnvSplit
 
 __all__ = ["data_dir", "offline_dir", "read_walkthroughs", "split", "walkthrough_records"]
@@ -16,34 +17,63 @@ __all__ = ["data_dir", "offline_dir", "read_walkthroughs", "split", "walkthrough
 log = logging.getLogger(__name__)
 
 
-def offline_dir(env_cfg: Any) -> str:
-  """Generated ALFWorld games (train / valid_seen / valid_unseen) for the ``env.offline``
-  settings, generated once into ``$SDAR_DATA_CACHE`` (default ~/.cache/sdar_jax) and reused."""
+def task_types(env_cfg: Any) -> tuple[str, ...]:
+  """``env.task_types``: the ALFWorld task types a run plays, comma-separated ("all" or unset:
+  the six), checked."""
+  raw = env_cfg.get("task_types") or "all"
+  chosen = TASK_TYPES if raw == "all" else tuple(t.strip() for t in raw.split(",") if t.strip())
+  unknown = sorted(set(chosen) - set(TASK_TYPES))
+  if unknown or not chosen:
+    raise ValueError(
+      f"env.task_types={raw!r}: unknown task types {unknown}. Fix: \"all\" or a comma-separated "
+      f"subset of {','.join(TASK_TYPES)}."
+    )
+  return tuple(t for t in TASK_TYPES if t in chosen)  # canonical order: one cache folder per set
+
+
+def offline_dir(env_cfg: Any, split_name: str | None = None) -> str:
+  """The folder of generated ALFWorld games for the ``env.offline`` settings and
+  ``env.task_types``, under ``$SDAR_DATA_CACHE`` (default ~/.cache/sdar_jax). Each split is
+  generated (planner-checked) the first time it is asked for, and reused; `split_name` None asks
+  for all three (train, valid_seen, valid_unseen). A split's games do not depend on the others."""
   from envs.alfworld import generator
 
   off = env_cfg.offline
+  types = task_types(env_cfg)
   root = os.environ.get(
     "SDAR_DATA_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "sdar_jax")
   )
-  out = os.path.join(root, f"alfworld_offline_n{off.num_train}_e{off.num_eval}_s{off.seed}")
-  marker = os.path.join(out, "COMPLETE")
-  if not os.path.exists(marker):
-    log.info("generating offline ALFWorld games into %s (planner-checked, cached) ...", out)
-    generator.generate(out, off.num_train, off.num_eval, seed=off.seed)
+  name = f"alfworld_offline_n{off.num_train}_e{off.num_eval}_s{off.seed}"
+  if types != TASK_TYPES:
+    name += "_" + "-".join(SHORT_NAMES[t] for t in types)
+  out = os.path.join(root, name)
+  sizes = {"train": off.num_train, "valid_seen": off.num_eval, "valid_unseen": off.num_eval}
+  if split_name is not None and split_name not in sizes:
+    raise ValueError(f"unknown ALFWorld split {split_name!r}; the offline games have {list(sizes)}")
+  legacy_marker = os.path.join(out, "COMPLETE")  # all three splits, written by earlier versions
+  for split_ in [split_name] if split_name else list(sizes):
+    marker = os.path.join(out, f"COMPLETE_{split_}")
+    if os.path.exists(marker) or os.path.exists(legacy_marker):
+      continue
+    log.info("generating offline ALFWorld %s games into %s (planner-checked, cached) ...", split_, out)
+    generator.generate_split(
+      out, split_, sizes[split_], off.seed, types, workers=min(2, os.cpu_count() or 1)
+    )
     with open(marker, "w") as f:
       f.write("ok\n")
   return out
 
 
-def data_dir(env_cfg: Any) -> str:
-  """``env.data_dir`` (a real or generated ALFWorld data folder), else the offline game cache."""
-  return env_cfg.get("data_dir") or offline_dir(env_cfg)
+def data_dir(env_cfg: Any, split_name: str | None = None) -> str:
+  """``env.data_dir`` (a real or generated ALFWorld data folder), else the offline game cache
+  (with `split_name`'s games generated)."""
+  return env_cfg.get("data_dir") or offline_dir(env_cfg, split_name)
 
 
 def split(env_cfg: Any, split_name: str) -> EnvSplit:
   """The game files of `split_name`, collected once and passed to every env of the pool (so all
   envs agree on task ids); each task is named by its game file."""
-  games = collect_game_files(data_dir(env_cfg), split_name)
+  games = collect_game_files(data_dir(env_cfg, split_name), split_name, task_types(env_cfg))
   return EnvSplit(env_kwargs={"game_files": games}, task_names=games)
 
 
@@ -60,4 +90,5 @@ def read_walkthroughs(path: str) -> list[dict[str, Any]]:
 
 def walkthrough_records(env_cfg: Any, split_name: str) -> list[dict[str, Any]]:
   """The planner's walkthroughs of `split_name` in the run's data folder."""
-  return read_walkthroughs(os.path.join(data_dir(env_cfg), "walkthroughs", f"{split_name}.jsonl"))
+  folder = data_dir(env_cfg, split_name)
+  return read_walkthroughs(os.path.join(folder, "walkthroughs", f"{split_name}.jsonl"))

@@ -13,7 +13,9 @@
 `make_search_qa` arguments (all keywords):
 - data_dir: None = the generated offline data (`envs.search_qa.generator`, world `data_seed`);
   else a folder with `{split}.parquet` (Search-R1's or verl-agent's layout) and, unless
-  `search_url` or `corpus_path` is given, `corpus.jsonl` or `wiki-18.jsonl` (wiki-18 format).
+  `search_url` or `corpus_path` is given, `corpus.jsonl` or `wiki-18.jsonl` (wiki-18 format);
+  or a search_qa_data tfds dataset (`python -m envs.datasets search_qa`: its question splits,
+  and BM25 in memory over its corpus split unless `search_url` or `corpus_path` is given).
 - split: "train" or "test" (any `{split}.parquet` of data_dir; or a parquet path).
 - seed: order of `reset()` without a task.
 - search_url: a Search-R1 retrieval server's /retrieve endpoint; `server_protocol` "search_r1"
@@ -23,6 +25,17 @@
 - data_sources: keep only these sources (a sequence or a comma-separated string, e.g. "nq,hotpotqa").
 - max_turns (4), topk (3), passage_format ("verl_agent" JSON or "search_r1" Doc i(Title: ...)).
 - data_seed: the generated world's seed (train and test share one world).
+- max_steps: the same as max_turns (the name the trainer passes).
+
+Importing the package registers `SEARCH_QA_FAMILY` (`envs.env_family("search_qa")`): splits, the
+scripted warm-start expert and the "em" metric from `envs.search_qa.family`, prompts, projection
+and skill query from `envs.search_qa.adapter.SearchQAAdapter`, and the authors' data_source skill
+rule (`envs.skills.data_source_rules.DataSourceSkillRetriever`) for the teacher.
+
+Differences from the originals (verl-agent's search env over Search-R1's data) are listed in
+docs/environments.md: chiefly BM25 instead of the e5 + FAISS retriever (whose server is supported
+through `search_url`), verl-agent's protocol rather than Search-R1's own loop, and the generated
+world.
 
 The returned `SearchQAEnv` follows the TextEnv contract: `reset(task) -> (question, info)`,
 `step(action) -> (observation, reward, done, info)`, `num_tasks`, `close()`; `info["won"]`,
@@ -41,7 +54,10 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from envs.base import register
+from envs import datasets
+from envs.base import EnvFamily, register, register_family
+from envs.search_qa import family
+from envs.search_qa.adapter import SearchQAAdapter
 from envs.search_qa.data import (
   DATA_SOURCES,
   TRAIN_SOURCES,
@@ -61,12 +77,14 @@ from envs.search_qa.retrieval import (
   SearchError,
 )
 from envs.search_qa.reward import compute_score, em_check, normalize_answer
+from envs.skills.data_source_rules import DataSourceSkillRetriever
 
 __all__ = [
   "DATA_SOURCES",
   "HISTORY_LENGTH",
   "INVALID_ACTION_PENALTY",
   "MAX_TURNS",
+  "SEARCH_QA_FAMILY",
   "TOPK",
   "TRAIN_SOURCES",
   "BM25Retriever",
@@ -75,6 +93,7 @@ __all__ = [
   "RetrievalServerClient",
   "Retriever",
   "SearchError",
+  "SearchQAAdapter",
   "SearchQAEnv",
   "build_prompt",
   "compute_score",
@@ -118,6 +137,13 @@ def _bm25_for(corpus_path: str, index_dir: str | None) -> BM25Retriever:
   return _BM25_CACHE[key]
 
 
+def _bm25_of_dataset(path: str) -> BM25Retriever:
+  key = (os.path.abspath(os.path.expanduser(path)), "tfds")
+  if key not in _BM25_CACHE:  # one index per dataset per process, shared by its envs
+    _BM25_CACHE[key] = BM25Retriever(datasets.search_qa_passages(key[0]))
+  return _BM25_CACHE[key]
+
+
 @register("search_qa")
 def make_search_qa(
   data_dir: str | None = None,
@@ -133,8 +159,15 @@ def make_search_qa(
   timeout_s: float = 60.0,
   index_dir: str | None = None,
   data_seed: int = 0,
+  max_steps: int | None = None,
 ) -> SearchQAEnv:
-  """Builds a SearchQAEnv over the questions of `split` (see the package docstring)."""
+  """Builds a SearchQAEnv over the questions of `split` (see the package docstring).
+
+  `max_steps`, when given, replaces `max_turns` (the trainer's pools pass ``env.max_turns`` under
+  that name to every environment).
+  """
+  if max_steps is not None:
+    max_turns = max_steps
   sources = _sources(data_sources)
   retriever: Retriever | None = None
   if data_dir is None:
@@ -149,6 +182,11 @@ def make_search_qa(
     all_records = offline.splits[split]
     retriever = offline.retriever
     where = f"the generated data (data_seed={data_seed}) split {split!r}"
+  elif datasets.find_dataset(data_dir, datasets.SEARCH_QA):  # a tfds dataset (envs.datasets)
+    all_records = datasets.search_qa_records(data_dir, split)
+    where = f"the search_qa_data dataset at {data_dir} split {split!r}"
+    if search_url is None and corpus_path is None:
+      retriever = _bm25_of_dataset(data_dir)
   else:
     where = find_split_file(data_dir, split)
     all_records = read_parquet(where)
@@ -162,7 +200,7 @@ def make_search_qa(
     retriever = RetrievalServerClient(search_url, protocol=server_protocol, timeout_s=timeout_s)
   elif corpus_path is not None:
     retriever = _bm25_for(corpus_path, index_dir)
-  elif data_dir is not None:
+  elif retriever is None and data_dir is not None:
     retriever = _bm25_for(_corpus_in(data_dir), index_dir)
   assert retriever is not None
   return SearchQAEnv(
@@ -173,3 +211,16 @@ def make_search_qa(
     passage_format=passage_format,
     seed=seed,
   )
+
+
+SEARCH_QA_FAMILY = register_family(
+  EnvFamily(
+    name="search_qa",
+    split=family.split,
+    adapter=SearchQAAdapter,
+    skills="search",
+    expert_records=family.expert_records,
+    episode_metrics=family.episode_metrics,
+    skill_retriever=DataSourceSkillRetriever,
+  )
+)

@@ -13,6 +13,12 @@ Strategies:
   and reproducible per `sample_id` when one is given.
 - "none": no skills (empty block).
 
+`places="task"` shortens what any strategy selected: each "Places by type: ..." list (the
+regularities of where a household keeps each object type, as in the ALFWorld general skills) keeps
+only the entries naming a word of the task sentence, so a small model's teacher prompt carries the
+one line that matters instead of forty (the offline demo uses it; "all", the default, keeps the
+text as written).
+
 `privileged_block(...)` returns "[Privileged Skill Information]\n" + skill text + "\n\n", the
 string the caller places before the chat-templated teacher prompt, or "" when there is no skill text.
 
@@ -25,15 +31,25 @@ strategies select for the student as they do for the teacher.
 
 from __future__ import annotations
 
+import os
 import random
+import re
 from typing import Any
 
 from envs.common import import_bm25s
 from envs.skills.library import GENERAL, SkillItem, SkillLibrary
 
-__all__ = ["SkillRetriever", "STRATEGIES", "RULES_VERSIONS", "BLOCK_HEADER"]
+__all__ = [
+  "BLOCK_HEADER",
+  "RULES_VERSIONS",
+  "STRATEGIES",
+  "SkillRetriever",
+  "skills_section_problems",
+]
 
 STRATEGIES = ("rules", "bm25", "random", "none")
+PLACES = ("all", "task")
+_PLACES_LIST = re.compile(r"(Places by type: )(.*?)(\.(?:\s|$))")
 RULES_VERSIONS = ("pre_fix", "post_fix")
 BLOCK_HEADER = "[Privileged Skill Information]\n"
 
@@ -47,6 +63,8 @@ class SkillRetriever:
     rules_version: for "rules", "pre_fix" (general only) or "post_fix" (general + matched task file).
     top_k: items returned by "bm25" and "random".
     seed: seed of the "random" strategy.
+    places: "all" (the text as written) or "task" (each "Places by type:" list cut to the entries
+      naming a word of the task sentence).
   """
 
   def __init__(
@@ -56,7 +74,10 @@ class SkillRetriever:
     rules_version: str = "post_fix",
     top_k: int = 5,
     seed: int = 0,
+    places: str = "all",
   ):
+    if places not in PLACES:
+      raise ValueError(f"unknown skills places={places!r}; choose one of {PLACES}")
     if strategy not in STRATEGIES:
       raise ValueError(f"unknown skill strategy {strategy!r}; choose one of {STRATEGIES}")
     if rules_version not in RULES_VERSIONS:
@@ -68,6 +89,7 @@ class SkillRetriever:
     self.rules_version = rules_version
     self.top_k = top_k
     self.seed = seed
+    self.places = places
     self._items = self.library.all_items()
     self._rng = random.Random(seed)
     self._bm25: Any = None
@@ -125,6 +147,20 @@ class SkillRetriever:
     picked = rng.sample(range(len(self._items)), min(self.top_k, len(self._items)))
     return [self._items[i] for i in sorted(picked)]
 
+  def _cut_places(self, text: str, task: str) -> str:
+    """`text` with each "Places by type:" list reduced to the entries naming a word of `task`."""
+    words = set(re.findall(r"[a-z]+", task.lower()))
+
+    def keep(match: re.Match[str]) -> str:
+      entries = [
+        entry
+        for entry in match.group(2).split("; ")
+        if ": " in entry and words & {o.strip() for o in entry.split(": ", 1)[0].split(", ")}
+      ]
+      return match.group(1) + "; ".join(entries) + match.group(3) if entries else ""
+
+    return _PLACES_LIST.sub(keep, text)
+
   # -- public --------------------------------------------------------------------------------
 
   def skill_text(
@@ -133,15 +169,19 @@ class SkillRetriever:
     gamefile: str | None = None,
     query: str = "",
     sample_id: Any = None,
+    task: str = "",
   ) -> str:
-    """The selected skill text ("" for "none", or when bm25 finds nothing relevant)."""
+    """The selected skill text ("" for "none", or when bm25 finds nothing relevant). `task`, the
+    task sentence, is read only with places="task"."""
     if self.strategy == "none":
       return ""
     if self.strategy == "rules":
-      return self._rules(task_type, gamefile, query)
-    if self.strategy == "bm25":
-      return self._render(self._bm25_items(query or (task_type or "").replace("_", " ")))
-    return self._render(self._random_items(sample_id))
+      text = self._rules(task_type, gamefile, query)
+    elif self.strategy == "bm25":
+      text = self._render(self._bm25_items(query or (task_type or "").replace("_", " ")))
+    else:
+      text = self._render(self._random_items(sample_id))
+    return self._cut_places(text, task) if self.places == "task" and task else text
 
   def keyword_skill_text(self, text: str) -> str:
     """The keyword rule over `text`: general + every task file whose keywords occur in it (lower-
@@ -155,6 +195,7 @@ class SkillRetriever:
     gamefile: str | None = None,
     query: str = "",
     sample_id: Any = None,
+    task: str = "",
   ) -> str:
     """Skill-GRPO's block for the student's user message `prompt_text` ("" when no skill text).
 
@@ -163,9 +204,10 @@ class SkillRetriever:
     """
     if self.strategy == "rules":
       text = self.keyword_skill_text(prompt_text)
+      text = self._cut_places(text, task) if self.places == "task" and task else text
     else:
       text = self.skill_text(
-        task_type=task_type, gamefile=gamefile, query=query, sample_id=sample_id
+        task_type=task_type, gamefile=gamefile, query=query, sample_id=sample_id, task=task
       )
     return f"{BLOCK_HEADER}{text}\n\n" if text else ""
 
@@ -175,7 +217,34 @@ class SkillRetriever:
     gamefile: str | None = None,
     query: str = "",
     sample_id: Any = None,
+    task: str = "",
   ) -> str:
     """The block to place before the chat-templated prompt ("" when there is no skill text)."""
-    text = self.skill_text(task_type=task_type, gamefile=gamefile, query=query, sample_id=sample_id)
+    text = self.skill_text(
+      task_type=task_type, gamefile=gamefile, query=query, sample_id=sample_id, task=task
+    )
     return f"{BLOCK_HEADER}{text}\n\n" if text else ""
+
+
+def skills_section_problems(section: Any) -> list[str]:
+  """What cannot work in a run config's ``env.skills`` section (the arguments of SkillRetriever),
+  one "<key>=<value>: <problem>. Fix: <fix>" line each (reported with the config's other problems)."""
+  problems = []
+  for key, names in (
+    ("strategy", STRATEGIES),
+    ("rules_version", RULES_VERSIONS),
+    ("places", PLACES),
+  ):
+    if section.get(key, "all" if key == "places" else None) not in names:
+      problems.append(
+        f"env.skills.{key}={section.get(key)!r}: unknown name. Fix: use one of {sorted(names)}"
+      )
+  top_k = section.get("top_k", 1)
+  if isinstance(top_k, bool) or not isinstance(top_k, (int, float)) or top_k < 1:
+    problems.append(f"env.skills.top_k={top_k!r}: must be a number >= 1. Fix: use a value >= 1")
+  directory = section.get("dir")
+  if directory and not os.path.isdir(os.path.expanduser(directory)):
+    problems.append(
+      f"env.skills.dir={directory!r}: no such directory. Fix: unset it to use the shipped skills"
+    )
+  return problems

@@ -24,7 +24,8 @@ Public API (for the trainer, data builders and tests):
       purchase "reward_info" (get_reward's verbose info) and "purchased" (asin, options);
     * `expert_action()`: a scripted oracle's next action (it reads the goal).
   `data_dir` holds items_shuffle_1000.json + items_ins_v2_1000.json (`use_small=True`) or
-  items_shuffle.json + items_ins_v2.json, and items_human_ins.json for `human_goals=True`;
+  items_shuffle.json + items_ins_v2.json, and items_human_ins.json for `human_goals=True`, or is
+  a webshop_data tfds dataset (`python -m envs.datasets webshop`; its products and settings);
   without it a catalogue of `num_generated_products` products is generated from `catalogue_seed`.
   Split: test = goals 0-499, train = goals 500+ of the goal list shuffled with `data_seed`, the
   same for every worker whatever its `seed` (so a task id names the same goal in every process).
@@ -45,45 +46,28 @@ Public API (for the trainer, data builders and tests):
   history_length=2)`, `extract_task(first_observation)`;
   `envs.webshop.projection.project_action(text)` -> (action, format valid): the same API as
   `envs.alfworld`'s.
+- Training: importing the package registers `WEBSHOP_FAMILY` (`envs.env_family("webshop")`):
+  splits, oracle warm-start episodes and the "score" / "acc" metrics from `envs.webshop.family`,
+  prompts, projection and skill query from `envs.webshop.adapter.WebShopAdapter`.
 - Skills: `envs.skills.SkillRetriever("webshop", strategy="rules")`: the keyword rule of
   docs/reference.md §3.2 (lower-cased substring test, every matching category file) over the query,
   which should be the whole prompt text as in the reference; the mapping has no task_to_skill, so
   the task type never selects a file.
 
-Differences from the original (WebShop at its 2024 head, as vendored and wrapped by verl-agent):
-- Search is BM25 from bm25s with pyserini's k1 0.9, b 0.4 and a Lucene-like English analysis
-  (our Porter stemmer, Lucene's stop words, "'s" dropped, a simpler tokenizer than Lucene's) over
-  the loaded products, so rankings can differ from the Lucene index; equal scores keep catalogue
-  order. The original searches an index built at setup and keeps the hits among loaded products.
-- "<a> attribute" searches work (the original text env passes no attribute table and fails);
-  "<r>" draws from the env's seeded generator instead of the global one.
-- Title nouns come from spaCy's en_core_web_sm only when it is installed; otherwise from the
-  documented rule in `envs.webshop.nouns`, which can give other title scores.
-- Prices, price bounds and the goal shuffle use one `data_seed` (233, upstream's shuffle seed) for
-  every env; verl-agent seeds them per worker, so there the same goal index names different goals
-  on different workers. `reset()` without a task draws uniformly from the split (verl-agent: a
-  seeded draw of distinct indices per batch; upstream: weighted by goal weight).
-- After Buy Now the env stays on the done page with no actions (verl-agent's copy starts a new
-  random session and reports its search page's actions); the episode also reports done at the
-  15-step limit (verl-agent's loop just stops stepping it).
-- Only the "text" observation mode; no show_attrs page, no num_prev_obs/num_prev_actions. Pages
-  are tracked by state, not inferred from a URL that embeds the search keywords.
-- Loading is lenient where the original crashes: a product missing from the attribute file has
-  no goal (KeyError there), items_human_ins.json is needed only with human_goals, a product
-  without images has MainImage None; an unreadable price or price_upper <= 0 raises ValueError.
-- `get_reward` takes `verbose` as a parameter (the original reads it from **kwargs) and an extra
-  keyword-only `noun_extractor`. Fuzzy matching re-implements thefuzz 0.19 (difflib), not a
-  stand-in.
-- The offline catalogue is ours, not WebShop's data; it leaves out option values that could not
-  match themselves under the reward's colour rule, so every generated goal can score 1.0.
-- The projection looks for "</action>" after "<action>" (see `envs.webshop.projection`).
+Differences from the original (WebShop at its 2024 head, as vendored and wrapped by verl-agent)
+are listed in docs/environments.md: chiefly bm25s search instead of Lucene, rule-based title nouns
+when spaCy's model is not installed, one goal order for every worker (`data_seed`), the done page
+kept after Buy Now, and the generated catalogue.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from envs.base import register
+from envs import datasets
+from envs.base import EnvFamily, register, register_family
+from envs.webshop import family
+from envs.webshop.adapter import WebShopAdapter
 from envs.webshop.data import (
   DEFAULT_DATA_SEED,
   Catalogue,
@@ -99,8 +83,10 @@ from envs.webshop.reward import get_reward
 
 __all__ = [
   "MAX_STEPS",
+  "WEBSHOP_FAMILY",
   "WIN_REWARD",
   "Catalogue",
+  "WebShopAdapter",
   "WebShopEnv",
   "build_catalogue",
   "build_prompt",
@@ -142,6 +128,16 @@ def make_webshop(
         "num_generated_products instead"
       )
     catalogue = generated_catalogue(num_generated_products, catalogue_seed, human_goals, data_seed)
+  elif datasets.find_dataset(data_dir, datasets.WEBSHOP):  # a tfds dataset (envs.datasets)
+    built = datasets.webshop_settings(data_dir)
+    for name, value in (("human_goals", human_goals), ("data_seed", data_seed)):
+      if built[name] != value:
+        raise ValueError(
+          f"{name}={value!r}, but the webshop_data dataset at {data_dir} was built with "
+          f"{name}={built[name]!r}. Fix: pass {name}={built[name]!r} (env.{name}) or rebuild it "
+          f"with python -m envs.datasets webshop"
+        )
+    catalogue = datasets.webshop_catalogue(data_dir, index_cache_dir)
   else:
     catalogue = load_catalogue(
       data_dir, use_small, human_goals, num_products, data_seed, index_cache_dir
@@ -150,3 +146,15 @@ def make_webshop(
   return WebShopEnv(
     catalogue, indices, seed=seed, max_steps=max_steps, noun_extractor=noun_extractor
   )
+
+
+WEBSHOP_FAMILY = register_family(
+  EnvFamily(
+    name="webshop",
+    split=family.split,
+    adapter=WebShopAdapter,
+    skills="webshop",
+    expert_records=family.expert_records,
+    episode_metrics=family.episode_metrics,
+  )
+)

@@ -21,6 +21,10 @@ import jax.numpy as jnp
 
 FAMILIES = ("qwen2", "qwen3")
 DTYPES = ("float32", "bfloat16", "float16")
+# How a whole sequence attends to itself (models/qwen.py `attention_implementation`): "auto" picks
+# by backend; "xla" builds the T x T scores; "chunked" is an online softmax over key blocks;
+# "cudnn" is cuDNN's fused kernel (GPU, bf16/fp16); "splash" is Pallas splash attention (TPU).
+ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "chunked", "cudnn", "splash")
 
 _ARCHITECTURES = {"Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
 
@@ -47,6 +51,8 @@ class ModelConfig:
   dtype: str = "float32"  # activations / matmul inputs
   param_dtype: str = "float32"  # how parameters are stored
   remat: bool = False  # rematerialise each decoder layer in the backward pass
+  attention: str = "auto"  # one of ATTENTION_IMPLEMENTATIONS
+  attention_block: int = 512  # query / key block length of the "chunked" implementation
   name: str = "custom"
 
   def __post_init__(self):
@@ -68,6 +74,15 @@ class ModelConfig:
         raise ValueError(
           f"ModelConfig.{field}={getattr(self, field)!r} must be a positive integer."
         )
+    if self.attention not in ATTENTION_IMPLEMENTATIONS:
+      raise ValueError(
+        f"ModelConfig.attention={self.attention!r}; choose one of {ATTENTION_IMPLEMENTATIONS}."
+      )
+    if int(self.attention_block) <= 0:
+      raise ValueError(
+        f"ModelConfig.attention_block={self.attention_block!r} must be a positive integer "
+        "(the chunked attention's block length, e.g. 512)."
+      )
     if self.num_heads % self.num_kv_heads:
       raise ValueError(
         f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}: "

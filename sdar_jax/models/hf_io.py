@@ -27,6 +27,7 @@ import numpy as np
 
 from sdar_jax.models.config import ModelConfig
 from sdar_jax.models.qwen import Params, param_specs
+from sdar_jax.tokenizer import Tokenizer
 
 # ----------------------------------------------------------------------------------- name table
 # (HF name relative to `model.layers.{i}.`, our name under params["layers"], transform)
@@ -419,26 +420,16 @@ QWEN_GENERATION_CONFIG = {
 
 
 def tokenizer_special_ids(tokenizer_dir: str | os.PathLike) -> dict[str, Any] | None:
-  """{"bos_token_id", "eos_token_id", "pad_token_id"} of the tokenizer in `tokenizer_dir` (its
-  tokenizer_config.json's eos / pad tokens looked up in tokenizer.json's added tokens), or None
-  when they cannot be read. For the Qwen tokenizer this is QWEN_GENERATION_CONFIG's ids."""
+  """{"bos_token_id", "eos_token_id", "pad_token_id"} of the tokenizer in `tokenizer_dir` as
+  `Tokenizer` reads them (its first end-of-sequence id, its padding id), or None when it cannot be
+  read. For the Qwen tokenizer this is QWEN_GENERATION_CONFIG's ids."""
   try:
-    with open(os.path.join(tokenizer_dir, "tokenizer_config.json")) as f:
-      tokenizer_config = json.load(f)
-    with open(os.path.join(tokenizer_dir, "tokenizer.json")) as f:
-      added = {t["content"]: t["id"] for t in json.load(f).get("added_tokens", [])}
-  except (OSError, ValueError, KeyError, TypeError):
+    tokenizer = Tokenizer.from_dir(tokenizer_dir)
+  except Exception:  # noqa: BLE001  (the tokenizers library raises a bare Exception on a bad file)
     return None
-
-  def token_id(key: str) -> int | None:
-    token = tokenizer_config.get(key)
-    if isinstance(token, dict):  # {"content": ...} form of older tokenizer configs
-      token = token.get("content")
-    return added.get(token) if isinstance(token, str) else None
-
-  eos, pad = token_id("eos_token"), token_id("pad_token")
-  if eos is None or pad is None:
+  if not tokenizer.eos_token_ids or tokenizer.pad_token_id is None:
     return None
+  eos, pad = tokenizer.eos_token_ids[0], tokenizer.pad_token_id
   return {
     "bos_token_id": pad,
     "eos_token_id": sorted({eos, pad}, key=[eos, pad].index),

@@ -157,6 +157,7 @@ class AgentLoop:
           gamefile=view.gamefile,
           query=self.adapter.skill_query(view),
           sample_id=sample_id,
+          task=view.task,
         )
         + user
       )
@@ -171,6 +172,7 @@ class AgentLoop:
           gamefile=view.gamefile,
           query=self.adapter.skill_query(view),
           sample_id=sample_id,
+          task=view.task,
         )
         teacher = self.tokenizer.encode(block) + student
     return student, teacher, (len(full) if len(full) > len(student) else None)

@@ -1,0 +1,36 @@
+"""The WebShop adapter of the agent loop: its user message, action projection and skill query
+(verl-agent's WebShop prompt and projection, docs/reference.md §4.2-4.3)."""
+
+from __future__ import annotations
+
+from envs.base import EpisodeView
+from envs.webshop.projection import project_action
+from envs.webshop.prompts import HISTORY_LENGTH, build_prompt
+
+__all__ = ["WebShopAdapter"]
+
+
+class WebShopAdapter:
+  """WebShop prompts (`build_prompt`), projection (`project_action`) and skill query.
+
+  The skill query is the user message as the reference builds it (history 2): its keyword rule
+  reads the whole prompt text, not the instruction alone (docs/reference.md §3.2).
+  """
+
+  def user_text(self, view: EpisodeView, history_length: int) -> str:
+    # The instruction as the page shows it (a stripped text node), so the observation formatter
+    # finds it among the page's fields.
+    return build_prompt(
+      view.task.strip(),
+      view.history,
+      view.observation,
+      view.admissible,
+      step=len(view.history),
+      history_length=history_length,
+    )
+
+  def project(self, text: str) -> tuple[str, bool]:
+    return project_action(text)
+
+  def skill_query(self, view: EpisodeView) -> str:
+    return self.user_text(view, HISTORY_LENGTH)

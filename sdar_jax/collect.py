@@ -1,0 +1,446 @@
+"""Reads the training runs under a directory into one table and plots (sweeps and ablations), and
+keeps each run's run record (`run_status.json`: attempts, wall time, whether it finished).
+
+A run is a directory holding `config.json` and `metrics.jsonl` (what `sdar_jax.train` writes;
+an evaluation's results directory, marked by `evaluation.json`, is not a run). From each run:
+
+* its settings, read from config.json by dotted key ("algo.gate", "train.seed", ...);
+* its validation curve: (step, val/success_rate) of every metrics row that has one (a later row
+  of a step replaces an earlier one, a torn last line is skipped);
+* final success (the curve's last point), success before training (its first point) and the
+  area under the curve `success_auc`: the trapezoid rule over the evaluation steps divided by the
+  step span (last − first step), i.e. the curve's mean success over the span, in [0, 1]
+  (a curve of one point: that point);
+* its wall time, from run_status.json when a launcher (launch/sweep.py --run, bench/ablation.py)
+  ran it (`run_and_record`): the sum of its attempts' durations; an attempt that was killed counts
+  until the last write to its metrics.jsonl (an estimate, the work redone after resuming is in the
+  next attempt).
+
+`collect_sweep(root)` writes `<out>/sweep.csv`, `<out>/sweep.md` (one row per run) and
+`<out>/sweep.png` (final validation success against β and against λ, one line per gate, the mean
+over the runs at each value with a min-max bar).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import math
+import os
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from sdar_jax.metrics import read_history
+
+RUN_STATUS = "run_status.json"
+SUCCESS_KEY = "val/success_rate"
+EVAL_MARKER = "evaluation.json"  # sdar_jax.evaluate.EVAL_RECORD: an evaluation, not a run
+
+# The settings a sweep table shows (dotted config keys) and their column names.
+SWEEP_KEYS: tuple[tuple[str, str], ...] = (
+  ("algo.name", "algo"),
+  ("algo.gate", "gate"),
+  ("algo.beta", "beta"),
+  ("algo.lam", "lambda"),
+  ("train.seed", "seed"),
+)
+
+
+# ------------------------------------------------------------------------------------ reading
+def read_metrics(path: str) -> list[dict[str, Any]]:
+  """The rows of a metrics.jsonl by step, torn lines skipped (`sdar_jax.metrics.read_history`)."""
+  return read_history(path)
+
+
+def config_value(config: Mapping[str, Any], dotted: str, default: Any = None) -> Any:
+  """config["a"]["b"] for "a.b" (`default` when a level is missing)."""
+  node: Any = config
+  for key in dotted.split("."):
+    if not isinstance(node, Mapping) or key not in node:
+      return default
+    node = node[key]
+  return node
+
+
+def success_auc(curve: Sequence[tuple[float, float]]) -> float:
+  """Area under the success curve [(step, success), ...] by the trapezoid rule, divided by the
+  step span (the mean success over the span); one point: its value; none: NaN."""
+  if not curve:
+    return math.nan
+  steps = np.asarray([s for s, _ in curve], np.float64)
+  values = np.asarray([v for _, v in curve], np.float64)
+  if len(curve) == 1 or steps[-1] == steps[0]:
+    return float(values[-1])
+  area = float(np.sum((values[1:] + values[:-1]) / 2.0 * np.diff(steps)))
+  return area / float(steps[-1] - steps[0])
+
+
+def read_status(run_dir: str) -> dict[str, Any] | None:
+  path = os.path.join(run_dir, RUN_STATUS)
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return None
+
+
+def _last_activity(run_dir: str) -> float | None:
+  path = os.path.join(run_dir, "metrics.jsonl")
+  return os.path.getmtime(path) if os.path.exists(path) else None
+
+
+def wall_seconds(run_dir: str, status: Mapping[str, Any] | None = None) -> float | None:
+  """Total wall time of the run's attempts (see the module doc); None without a run record."""
+  status = read_status(run_dir) if status is None else status
+  if not status or not status.get("attempts"):
+    return None
+  attempts = status["attempts"]
+  total = 0.0
+  for i, attempt in enumerate(attempts):
+    if attempt.get("seconds") is not None:
+      total += float(attempt["seconds"])
+      continue
+    ends = [_last_activity(run_dir)]
+    if i + 1 < len(attempts):
+      ends.append(attempts[i + 1]["started"])
+    ends = [e for e in ends if e is not None]
+    if ends:
+      total += max(0.0, min(ends) - float(attempt["started"]))
+  return total
+
+
+@dataclasses.dataclass
+class RunRecord:
+  """One run's settings, metric rows and run record."""
+
+  path: str
+  name: str  # relative to the collected root
+  config: dict[str, Any]
+  rows: list[dict[str, Any]]
+  status: dict[str, Any] | None = None
+
+  def get(self, dotted: str, default: Any = None) -> Any:
+    return config_value(self.config, dotted, default)
+
+  def curve(self, key: str = SUCCESS_KEY) -> list[tuple[int, float]]:
+    return [(int(r["step"]), float(r[key])) for r in self.rows if key in r]
+
+  @property
+  def last_step(self) -> int | None:
+    return int(self.rows[-1]["step"]) if self.rows else None
+
+  @property
+  def total_steps(self) -> int | None:
+    total = self.get("train.total_steps")
+    return None if total is None else int(total)
+
+  @property
+  def finished(self) -> bool:
+    """The run record says it finished, or the metrics reached train.total_steps."""
+    if self.status and self.status.get("finished"):
+      return True
+    total, last = self.total_steps, self.last_step
+    return total is not None and last is not None and last >= total
+
+  @property
+  def final_success(self) -> float:
+    curve = self.curve()
+    return curve[-1][1] if curve else math.nan
+
+  @property
+  def initial_success(self) -> float:
+    curve = self.curve()
+    return curve[0][1] if curve else math.nan
+
+  @property
+  def auc(self) -> float:
+    return success_auc(self.curve())
+
+  @property
+  def wall_seconds(self) -> float | None:
+    return wall_seconds(self.path, self.status) if self.status else None
+
+
+def is_run_dir(path: str) -> bool:
+  return (
+    os.path.isfile(os.path.join(path, "config.json"))
+    and os.path.isfile(os.path.join(path, "metrics.jsonl"))
+    and not os.path.exists(os.path.join(path, EVAL_MARKER))
+  )
+
+
+def find_runs(root: str) -> list[str]:
+  """The run directories under `root` (itself included), sorted; a run's own subdirectories
+  (checkpoints, eval/, ...) are not searched."""
+  found = []
+  for dirpath, dirnames, _ in os.walk(root):
+    if is_run_dir(dirpath):
+      found.append(dirpath)
+      dirnames[:] = []
+    else:
+      dirnames.sort()
+  return sorted(found)
+
+
+def read_run(path: str, root: str | None = None) -> RunRecord:
+  """The run in `path` (its config.json is required)."""
+  config_path = os.path.join(path, "config.json")
+  try:
+    with open(config_path) as f:
+      config = json.load(f)
+  except FileNotFoundError:
+    raise FileNotFoundError(
+      f"{path} is not a run directory: it has no config.json. Fix: pass the workdir of a "
+      "`python -m sdar_jax.train` run (or a directory above such runs)."
+    ) from None
+  name = os.path.relpath(path, root) if root else os.path.basename(os.path.normpath(path))
+  return RunRecord(
+    path=path,
+    name=name,
+    config=config,
+    rows=read_metrics(os.path.join(path, "metrics.jsonl")),
+    status=read_status(path),
+  )
+
+
+# ------------------------------------------------------------------------------------ tables
+def fmt(value: Any, digits: int = 3) -> str:
+  """A table cell: floats to `digits` decimals, NaN / None as "n/a"."""
+  if value is None:
+    return "n/a"
+  if isinstance(value, float):
+    return "n/a" if math.isnan(value) else f"{value:.{digits}f}"
+  return str(value)
+
+
+def mean_std(values: Iterable[float]) -> tuple[float, float, int]:
+  """(mean, sample standard deviation with ddof 1 (NaN for fewer than 2), count) of the values
+  that are not NaN."""
+  xs = np.asarray([v for v in values if not math.isnan(v)], np.float64)
+  if xs.size == 0:
+    return math.nan, math.nan, 0
+  std = float(np.std(xs, ddof=1)) if xs.size > 1 else math.nan
+  return float(xs.mean()), std, int(xs.size)
+
+
+def pm(mean: float, std: float, digits: int = 3) -> str:
+  """The cell "mean ± std" ("mean" alone when the std is NaN)."""
+  if math.isnan(mean):
+    return "n/a"
+  return fmt(mean, digits) if math.isnan(std) else f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
+  """A GitHub markdown table of `rows` (cells through `fmt`; '|' in a cell escaped)."""
+  lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+  for row in rows:
+    cells = [fmt(row.get(c)).replace("|", "\\|") for c in columns]
+    lines.append("| " + " | ".join(cells) + " |")
+  return "\n".join(lines) + "\n"
+
+
+def csv_text(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
+  """The rows as CSV (floats at full precision, NaN / None empty)."""
+  out = io.StringIO()
+  writer = csv.writer(out, lineterminator="\n")
+  writer.writerow(columns)
+  for row in rows:
+    cells = []
+    for c in columns:
+      v = row.get(c)
+      cells.append("" if v is None or (isinstance(v, float) and math.isnan(v)) else v)
+    writer.writerow(cells)
+  return out.getvalue()
+
+
+def _minutes(seconds: float | None) -> float | None:
+  return None if seconds is None else seconds / 60.0
+
+
+SWEEP_COLUMNS = (
+  "run",
+  *(name for _, name in SWEEP_KEYS),
+  "steps",
+  "val_success_before",
+  "val_success_final",
+  "val_success_auc",
+  "finished",
+  "wall_minutes",
+)
+
+
+def sweep_rows(runs: Sequence[RunRecord]) -> list[dict[str, Any]]:
+  """One table row per run (columns `SWEEP_COLUMNS`), sorted by the settings then the name."""
+  rows = []
+  for run in runs:
+    row: dict[str, Any] = {"run": run.name}
+    for dotted, name in SWEEP_KEYS:  # settings as written in the config (5.0, 0.01)
+      value = run.get(dotted)
+      row[name] = None if value is None else str(value)
+    row["steps"] = f"{run.last_step if run.last_step is not None else 0}/{run.total_steps}"
+    row["val_success_before"] = run.initial_success
+    row["val_success_final"] = run.final_success
+    row["val_success_auc"] = run.auc
+    row["finished"] = "yes" if run.finished else "no"
+    row["wall_minutes"] = _minutes(run.wall_seconds)
+    rows.append(row)
+
+  def key(row):
+    return tuple(str(row[name]) for _, name in SWEEP_KEYS) + (row["run"],)
+
+  return sorted(rows, key=key)
+
+
+# ------------------------------------------------------------------------------------- plots
+def _pyplot():
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  return plt
+
+
+def grouped_success(
+  runs: Sequence[RunRecord], x_key: str, line_key: str = "algo.gate"
+) -> dict[str, list[tuple[float, float, float, float]]]:
+  """{line: [(x, mean, min, max) of the final validation success of the runs at x]} over the runs
+  that have a success value, x ascending (the other settings are averaged over)."""
+  groups: dict[str, dict[float, list[float]]] = {}
+  for run in runs:
+    x, value = run.get(x_key), run.final_success
+    if x is None or math.isnan(value):
+      continue
+    groups.setdefault(str(run.get(line_key)), {}).setdefault(float(x), []).append(value)
+  return {
+    line: [
+      (x, float(np.mean(v)), float(np.min(v)), float(np.max(v))) for x, v in sorted(xs.items())
+    ]
+    for line, xs in sorted(groups.items())
+  }
+
+
+def plot_sweep(runs: Sequence[RunRecord], out_path: str) -> str | None:
+  """Final validation success against β and against λ, one line per gate (mean over the runs at
+  each value, bars from min to max). None when no run has a validation success yet."""
+  panels = [("algo.beta", "beta", False), ("algo.lam", "lambda", True)]
+  data = [(key, label, log, grouped_success(runs, key)) for key, label, log in panels]
+  if not any(groups for *_, groups in data):
+    return None
+  plt = _pyplot()
+  fig, axes = plt.subplots(1, 2, figsize=(9.0, 3.4), squeeze=False)
+  for ax, (_, label, log, groups) in zip(axes.flat, data):
+    for line, points in groups.items():
+      xs, means, lows, highs = (np.asarray(c) for c in zip(*points))
+      ax.errorbar(
+        xs, means, yerr=[means - lows, highs - means], marker="o", ms=4, capsize=3, label=line
+      )
+    if log:
+      ax.set_xscale("log")
+    ax.set_xlabel(label)
+    ax.set_ylabel("final validation success")
+    ax.set_title(f"final success against {label}, per gate", fontsize=10)
+    ax.grid(alpha=0.3)
+    if groups:
+      ax.legend(fontsize=7, title="gate", title_fontsize=7)
+  fig.tight_layout()
+  fig.savefig(out_path, dpi=110)
+  plt.close(fig)
+  return out_path
+
+
+def collect_sweep(root: str, out_dir: str | None = None) -> dict[str, str]:
+  """Writes sweep.csv, sweep.md and sweep.png (when any run has a validation success) for the
+  runs under `root` into `out_dir` (default `root`); returns {kind: path}."""
+  paths = find_runs(root)
+  if not paths:
+    raise FileNotFoundError(
+      f"no runs under {root}: no directory there holds both config.json and metrics.jsonl. Fix: "
+      "pass the --root the sweep's runs were written to (launch/sweep.py --root)."
+    )
+  runs = [read_run(p, root) for p in paths]
+  rows = sweep_rows(runs)
+  out_dir = out_dir or root
+  os.makedirs(out_dir, exist_ok=True)
+  written = {}
+  written["csv"] = os.path.join(out_dir, "sweep.csv")
+  with open(written["csv"], "w") as f:
+    f.write(csv_text(rows, SWEEP_COLUMNS))
+  md = [
+    f"# Sweep: {len(runs)} runs under `{root}`\n",
+    (
+      "Final validation success is the last evaluation's val/success_rate; before: the first "
+      "evaluation's; AUC: the area under the validation-success curve (trapezoid over the "
+      "evaluation steps) divided by the step span, i.e. the mean success over the run. Wall "
+      "time: the runs' recorded attempts (n/a when not started by a launcher).\n"
+    ),
+    markdown_table(rows, SWEEP_COLUMNS),
+  ]
+  png = plot_sweep(runs, os.path.join(out_dir, "sweep.png"))
+  if png:
+    written["png"] = png
+    md.append(f"\n![final success against beta and lambda]({os.path.basename(png)})\n")
+  written["md"] = os.path.join(out_dir, "sweep.md")
+  with open(written["md"], "w") as f:
+    f.write("\n".join(md))
+  return written
+
+
+# ----------------------------------------------------------------------------- launching runs
+def _write_status(run_dir: str, status: Mapping[str, Any]) -> None:
+  os.makedirs(run_dir, exist_ok=True)
+  path = os.path.join(run_dir, RUN_STATUS)
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump(status, f, indent=2)
+  os.replace(tmp, path)
+
+
+def run_state(run_dir: str) -> str:
+  """What a launcher finds in `run_dir`: "finished" (the run record says so, or its metrics
+  reached train.total_steps), "partial" (something was started there: the trainer resumes it from
+  its latest checkpoint) or "new"."""
+  if not os.path.isdir(run_dir):
+    return "new"
+  if (read_status(run_dir) or {}).get("finished"):
+    return "finished"
+  if os.path.isfile(os.path.join(run_dir, "config.json")) and read_run(run_dir).finished:
+    return "finished"
+  started = ("config.json", "metrics.jsonl", "checkpoints", "warm_start_policy", RUN_STATUS)
+  return "partial" if any(os.path.exists(os.path.join(run_dir, p)) for p in started) else "new"
+
+
+def run_and_record(
+  cmd: Sequence[str],
+  run_dir: str,
+  cwd: str | None = None,
+  log_path: str | None = None,
+  runner: Callable[..., Any] = subprocess.run,
+  clock: Callable[[], float] = time.time,
+) -> int:
+  """Runs `cmd` (a training run writing into `run_dir`) to its end and keeps its run record:
+  an attempt (start, end, seconds, return code) is added before it starts and completed after;
+  a return code of 0 marks the run finished. Output goes to `log_path` (appended) when given.
+  Returns the return code."""
+  status = dict(read_status(run_dir) or {})
+  attempts = list(status.get("attempts", []))
+  attempt: dict[str, Any] = {"started": clock(), "ended": None, "seconds": None, "returncode": None}
+  attempts.append(attempt)
+  status.update(attempts=attempts, finished=False, command=list(cmd))
+  _write_status(run_dir, status)
+  if log_path:
+    with open(log_path, "a") as log:
+      result = runner(list(cmd), cwd=cwd, stdout=log, stderr=subprocess.STDOUT, check=False)
+  else:
+    result = runner(list(cmd), cwd=cwd, check=False)
+  code = int(getattr(result, "returncode", result))
+  attempt.update(ended=clock(), returncode=code)
+  attempt["seconds"] = attempt["ended"] - attempt["started"]
+  status.update(attempts=attempts, finished=code == 0)
+  _write_status(run_dir, status)
+  return code

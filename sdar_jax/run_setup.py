@@ -1,0 +1,235 @@
+"""What a run builds from its config before the host loop starts, and the settings it reads.
+
+`Trainer` (sdar_jax.trainer) calls these: the tokenizer and chat template of the model folder, the
+policy's parameters (model.path, random init, or a checkpoint's), the skill retriever of the env
+family, and the env pools and agent loops of training and evaluation (`build_agent_loops`).
+`setting_problems` checks the settings the host loop reads straight from the config; a Trainer
+refuses a training config that has any, and sdar_jax.config_validation reports them with the
+config's other problems.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+
+import envs
+from sdar_jax import sharding
+from sdar_jax.chat_templates import ChatTemplate, resolve_chat_template
+from sdar_jax.config_validation import model_config_from
+from sdar_jax.models import ModelConfig, init_params, load_pretrained
+from sdar_jax.rollout import AgentLoop, validation_tasks
+from sdar_jax.sampling import Sampler, SamplingParams
+from sdar_jax.tokenizer import Tokenizer
+
+# eval.skills -> [(metric prefix, skills in the student prompt)]; Skill-GRPO's table rows read
+# "val" without skills and "val_with_skill" with them (docs/reference.md §2.6).
+EVAL_MODES = {
+  "without": (("val", False),),
+  "with": (("val", True),),
+  "both": (("val", False), ("val_with_skill", True)),
+}
+# The host loop's own settings: (section, smallest value, keys), checked by `setting_problems`.
+_AT_LEAST = (
+  ("train", 0, ("total_steps", "eval_every")),
+  ("train", 1, ("mini_batch_size", "micro_batch_size", "max_failed_iterations")),
+  ("rollout", 1, ("max_new_tokens", "max_prompt_len")),
+  ("env", 0, ("history",)),
+  ("env", 1, ("tasks_per_step", "group_size", "max_turns", "num_workers")),
+  ("eval", 0, ("num_tasks",)),
+  ("checkpoint", 0, ("every",)),
+  ("checkpoint", 1, ("keep",)),
+  ("logging", 1, ("every",)),
+)
+_FIXES = {
+  "train.eval_every": "use 0 to never evaluate during training",
+  "checkpoint.every": "use 0 to save only at the end",
+}
+
+
+def setting_problems(config) -> list[str]:
+  """What cannot work in the settings the host loop reads, one "<key>=<value>: <problem>. Fix:
+  <fix>" line each."""
+  problems = []
+  for section, low, names in _AT_LEAST:
+    for name in names:
+      key, value = f"{section}.{name}", config[section].get(name, low)
+      if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low:
+        fix = _FIXES.get(key, f"use a value >= {low}")
+        problems.append(f"{key}={value!r}: must be a number >= {low}. Fix: {fix}")
+  for key, value, names in (
+    ("eval.skills", config.eval.skills, tuple(EVAL_MODES)),
+    ("rollout.prompt_truncation", config.rollout.prompt_truncation, ("error", "left")),
+  ):
+    if value not in names:
+      problems.append(f"{key}={value!r}: unknown name. Fix: use one of {sorted(names)}")
+  if config.train.max_staleness != 0:
+    problems.append(
+      f"train.max_staleness={config.train.max_staleness}: asynchronous training is not "
+      "implemented yet (only synchronous on-policy updates). Fix: use 0"
+    )
+  return problems
+
+
+# ------------------------------------------------------------------------------------ the model
+def _tokenizer_folder(model_cfg) -> str | None:
+  """Where a run reads its tokenizer and chat template: model.tokenizer_dir, else model.path;
+  None: the bundled Qwen tokenizer files."""
+  return model_cfg.get("tokenizer_dir") or model_cfg.get("path")
+
+
+def build_tokenizer(model_cfg) -> Tokenizer:
+  directory = _tokenizer_folder(model_cfg)
+  return Tokenizer.from_dir(directory) if directory else Tokenizer.bundled_qwen()
+
+
+def build_chat_template(model_cfg, model_family: str) -> ChatTemplate:
+  """model.chat_template resolved against the tokenizer's folder: "auto" takes the template that
+  folder ships, else the built-in one of `model_family` (sdar_jax.chat_templates)."""
+  return resolve_chat_template(model_cfg.chat_template, _tokenizer_folder(model_cfg), model_family)
+
+
+def build_policy(config, mesh) -> tuple[ModelConfig, Any]:
+  """(model config, params placed on the mesh): the checkpoint at model.path, else random init."""
+  model_config = model_config_from(config)
+  path = config.model.get("path")
+  if path:
+    loaded_config, params = load_pretrained(path, dtype=config.model.param_dtype, mesh=mesh)
+    model_config = loaded_config.replace(
+      dtype=config.model.dtype,
+      remat=config.model.remat,
+      attention=config.model.get("attention", "auto"),
+    )
+    return model_config, params
+  params = init_params(model_config, jax.random.key(config.train.seed))
+  return model_config, sharding.shard_params(params, model_config, mesh)
+
+
+def restore_policy(config, mesh, checkpoint_dir: str, step: int) -> tuple[ModelConfig, Any]:
+  """(model config, params placed on the mesh) of checkpoint `step` in `checkpoint_dir`: the
+  parameters alone, read without writing into the directory (no optimizer state is built)."""
+  from sdar_jax.checkpoint import CheckpointManager
+
+  model_config = model_config_from(config)
+  with CheckpointManager(checkpoint_dir, read_only=True) as ckpt:
+    params, _ = ckpt.restore_params(model_config, mesh, step)
+  return model_config, params
+
+
+# ------------------------------------------------------------------------------------ rollouts
+def build_retriever(config):
+  """The skill retriever of ``env.skills`` (the env family's retriever class, else
+  SkillRetriever): its directory, else the env family's skills."""
+  from envs.skills.retrieval import SkillRetriever
+
+  s = config.env.skills
+  family = envs.env_family(config.env.name)
+  return (family.skill_retriever or SkillRetriever)(
+    s.get("dir") or family.skills,
+    strategy=s.strategy,
+    rules_version=s.rules_version,
+    top_k=s.top_k,
+    seed=s.seed,
+    places=s.get("places", "all"),
+  )
+
+
+@dataclasses.dataclass
+class AgentLoops:
+  """A run's env pools and agent loops: training (None in an evaluation) and one loop per eval
+  mode over the validation pool (none when the run never evaluates)."""
+
+  train_games: list[str]  # task names of the training split (ALFWorld: game files)
+  pool: envs.EnvPool | None = None
+  loop: AgentLoop | None = None
+  eval_games: list[str] = dataclasses.field(default_factory=list)
+  eval_tasks: list[int] = dataclasses.field(default_factory=list)  # ids into eval_games
+  eval_pool: envs.EnvPool | None = None
+  eval_loops: list[tuple[str, AgentLoop]] = dataclasses.field(default_factory=list)
+
+  def close(self) -> None:
+    for pool in (self.pool, self.eval_pool):
+      if pool is not None:
+        pool.close()
+
+
+def build_agent_loops(
+  config,
+  family: envs.EnvFamily,
+  sampler: Sampler,
+  tokenizer: Tokenizer,
+  chat_template: ChatTemplate,
+  with_teacher: bool,
+  eval_only: bool,
+) -> AgentLoops:
+  """The env pools (worker processes) and agent loops of a run; the pools are closed again if
+  building fails half-way."""
+  env, rollout = config.env, config.rollout
+  evaluates = eval_only or config.train.eval_every or config.train.eval_before_train
+  # Each split's pool kwargs and task names (ALFWorld: its game files) from the env family.
+  train_split = None if eval_only else family.split(env, env.get("split", "train"))
+  eval_split = family.split(env, config.eval.split) if evaluates else None
+  wants_skills = with_teacher or config.algo.skills_in_student or config.eval.skills != "without"
+  sampling = SamplingParams(
+    max_new_tokens=rollout.max_new_tokens,
+    temperature=rollout.temperature,
+    top_p=rollout.top_p,
+    top_k=rollout.top_k,
+    stop_token_ids=tokenizer.eos_token_ids,
+  )
+  common = {
+    "adapter": family.adapter(),
+    "sampler": sampler,
+    "tokenizer": tokenizer,
+    "chat_template": chat_template,
+    "max_turns": env.max_turns,
+    "history_length": env.history,
+    "max_prompt_len": rollout.max_prompt_len,
+    "truncation": rollout.prompt_truncation,
+    "retriever": build_retriever(config) if wants_skills else None,
+    "enable_thinking": config.model.enable_thinking,
+  }
+  loops = AgentLoops(train_games=train_split.task_names if train_split else [])
+  try:
+    if train_split is not None:
+      n_train = env.tasks_per_step * env.group_size
+      loops.pool = envs.EnvPool(
+        env.name,
+        n_train,
+        dict(train_split.env_kwargs, seed=env.seed, max_steps=env.max_turns),
+        num_workers=min(env.num_workers, n_train),
+      )
+      loops.loop = AgentLoop(
+        loops.pool,
+        sampling=sampling,
+        with_teacher=with_teacher,
+        skills_in_student=config.algo.skills_in_student,
+        **common,
+      )
+    if eval_split is not None and eval_split.task_names:
+      loops.eval_games = eval_split.task_names
+      # Games drawn from the whole split by a seeded shuffle (sorted paths group task types).
+      loops.eval_tasks = validation_tasks(
+        len(loops.eval_games), config.eval.num_tasks, seed=env.seed + 1000
+      )
+      n_eval = len(loops.eval_tasks)
+      loops.eval_pool = envs.EnvPool(
+        env.name,
+        n_eval,
+        dict(eval_split.env_kwargs, seed=env.seed + 1000, max_steps=env.max_turns),
+        num_workers=min(env.num_workers, n_eval),
+      )
+      val_sampling = dataclasses.replace(sampling, temperature=rollout.val_temperature)
+      loops.eval_loops = [
+        (
+          prefix,
+          AgentLoop(loops.eval_pool, sampling=val_sampling, skills_in_student=skills, **common),
+        )
+        for prefix, skills in EVAL_MODES[config.eval.skills]
+      ]
+  except BaseException:
+    loops.close()
+    raise
+  return loops

@@ -1,0 +1,310 @@
+"""Gate diagnostics (sdar_jax/diagnostics.py): histogram counts against numpy.histogram, the
+counts the compiled update returns against independently scored log-probs, the TensorBoard
+fields, the token view's escaping and colour scale, and a tiny run that writes every file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import os
+import re
+import struct
+
+import jax
+import numpy as np
+import pytest
+
+from sdar_jax import diagnostics
+from sdar_jax.diagnostics import GAP_EDGES, GATE_EDGES, Histogram, masked_histogram
+from tests.helpers import RESPONSE_LEN, SDAR_LOSS, TINY_CONFIG, fresh_state, full_logp
+
+
+# ------------------------------------------------------------------------------ histograms
+def test_masked_histogram_by_hand():
+  """Edges 0, 1, 2: bins [0, 1) and [1, 2] (closed last bin, as numpy), below and above."""
+  values = np.array([[-0.5, 0.0, 0.999, 1.0], [2.0, 2.01, np.nan, 7.0]], np.float32)
+  mask = np.array([[1, 1, 1, 1], [1, 1, 1, 0]], np.float32)  # 7.0 is masked out
+  got = np.asarray(masked_histogram(values, mask, np.array([0.0, 1.0, 2.0], np.float32)))
+  # below: -0.5 | [0, 1): 0.0, 0.999 | [1, 2]: 1.0, 2.0 | above: 2.01 | NaN: nowhere
+  assert got.tolist() == [1, 2, 2, 1]
+  assert got.dtype == np.int32
+
+
+@pytest.mark.parametrize("edges", [GAP_EDGES, GATE_EDGES], ids=["gap", "gate"])
+def test_masked_histogram_matches_numpy_histogram(edges):
+  rng = np.random.default_rng(0)
+  lo, hi = float(edges[0]), float(edges[-1])
+  span = hi - lo
+  values = rng.uniform(lo - 0.2 * span, hi + 0.2 * span, size=(9, 37)).astype(np.float32)
+  values[0, :5] = edges[[0, 1, 7, -2, -1]]  # exactly on edges, the last edge included
+  mask = (rng.random((9, 37)) > 0.25).astype(np.float32)
+  mask[0, :5] = 1
+  got = np.asarray(masked_histogram(values, mask, edges))
+  kept = values[mask > 0]
+  want, _ = np.histogram(kept, bins=edges)
+  assert got[1:-1].tolist() == want.tolist()
+  assert got[0] == (kept < edges[0]).sum() and got[-1] == (kept > edges[-1]).sum()
+  assert got.sum() == kept.size
+
+
+def test_histogram_from_packed_and_tensorboard_fields():
+  h = Histogram.from_packed("gate", [1, 2, 0, 3], np.array([0.0, 0.5, 1.0]))
+  assert h.counts.tolist() == [2, 0] and (h.below, h.above, h.total) == (1, 3, 6)
+  tb = h.tensorboard_fields()
+  # buckets: below 0 (centre -0.25), [0, 0.5) (0.25), [0.5, 1] (0.75), above 1 (1.25)
+  assert tb["bucket_counts"] == [1.0, 2.0, 0.0, 3.0]
+  assert tb["bucket_limits"][:3] == [0.0, 0.5, 1.0] and tb["bucket_limits"][3] > 1e300
+  assert tb["num"] == 6.0
+  assert tb["sum"] == pytest.approx(-0.25 + 2 * 0.25 + 3 * 1.25)
+  assert tb["sum_squares"] == pytest.approx(0.0625 + 2 * 0.0625 + 3 * 1.5625)
+  assert (tb["min"], tb["max"]) == (-0.5, 1.5)
+  with pytest.raises(ValueError, match="expected 4"):
+    Histogram.from_packed("gate", [1, 2, 3], np.array([0.0, 0.5, 1.0]))
+
+
+def test_pop_update_histograms_sums_updates_and_leaves_scalars():
+  edges = len(GAP_EDGES) + 1
+  a = {"train/loss": 1.0, "diag/gap_counts": np.arange(edges), "diag/gate_counts": np.ones(22)}
+  b = {
+    "train/loss": 3.0,
+    "diag/gap_counts": np.ones(edges, np.int32),
+    "diag/gate_counts": np.ones(22),
+  }
+  hists = diagnostics.pop_update_histograms([(a, 1.0), (b, 2.0)])
+  assert a == {"train/loss": 1.0} and b == {"train/loss": 3.0}
+  gap = hists["gap"]
+  assert gap.below == 1 and gap.above == edges  # 0 + 1 and (edges - 1) + 1
+  assert gap.counts.tolist() == (np.arange(1, edges - 1) + 1).tolist()
+  assert hists["gate"].total == 44
+  assert diagnostics.pop_update_histograms([({"train/loss": 1.0}, 1.0)]) == {}
+
+
+def _edge_distance(values: np.ndarray, edges: np.ndarray) -> float:
+  return float(np.min(np.abs(values.reshape(-1, 1) - edges.reshape(1, -1))))
+
+
+def test_update_returns_counts_of_the_gap_and_gate(tiny_params):
+  """The compiled update's counts equal numpy.histogram of the gap lT − lθ and the gate σ(βΔ)
+  computed from independently scored log-probs (float64 full-logits forward); micro-batching
+  gives the same integers; the positive-gap share is the share of tokens with Δ > 0; an update
+  built without histograms returns none."""
+  from sdar_jax.algos import get_preset
+  from sdar_jax.train_state import make_optimizer
+  from sdar_jax.train_step import TrainStep
+  from tests.helpers import make_turn_batch
+
+  batch = make_turn_batch(tiny_params, seed=11)  # no value within 1e-3 of a bin edge
+  m = batch.response_mask > 0
+  student = full_logp(tiny_params, batch.student_tokens, batch.student_mask, RESPONSE_LEN)[0]
+  teacher = full_logp(tiny_params, batch.teacher_tokens, batch.teacher_mask, RESPONSE_LEN)[0]
+  gap = (teacher.astype(np.float64) - student)[m]
+  beta = get_preset("sdar").beta
+  gate = 1.0 / (1.0 + np.exp(-beta * gap))
+  # float32 programs differ from float64 in the last digits: no value may sit on a bin edge
+  assert _edge_distance(gap, GAP_EDGES) > 1e-4 and _edge_distance(gate, GATE_EDGES) > 1e-4
+  want_gap = np.histogram(gap, bins=GAP_EDGES.astype(np.float64))[0]
+  want_gate = np.histogram(gate, bins=GATE_EDGES.astype(np.float64))[0]
+
+  counts = []
+  for micro in (None, 4):
+    step = TrainStep(
+      TINY_CONFIG, SDAR_LOSS, make_optimizer(1e-3), micro_batch_size=micro, histograms=True
+    )
+    _, metrics = step(fresh_state(tiny_params, step.optimizer), batch)
+    metrics = jax.device_get(metrics)
+    got_gap, got_gate = metrics["diag/gap_counts"], metrics["diag/gate_counts"]
+    assert got_gap[1:-1].tolist() == want_gap.tolist() and got_gap[0] == got_gap[-1] == 0
+    assert got_gate[1:-1].tolist() == want_gate.tolist()
+    np.testing.assert_allclose(metrics["sdar/positive_gap_share"], np.mean(gap > 0), atol=1e-6)
+    counts.append((got_gap.tolist(), got_gate.tolist()))
+  assert counts[0] == counts[1]
+  plain = TrainStep(TINY_CONFIG, SDAR_LOSS, make_optimizer(1e-3))
+  _, metrics = plain(fresh_state(tiny_params, plain.optimizer), batch)
+  assert not [k for k in metrics if k.startswith("diag/")]
+  assert "sdar/positive_gap_share" in metrics
+
+
+def test_record_update_histograms_writes_rows_and_pngs(tmp_path):
+  edges = len(GAP_EDGES) + 1
+  for step in (1, 2, 2):  # step 2 logged again, as a resumed run does
+    per_batch = [({"diag/gap_counts": np.full(edges, step), "diag/gate_counts": np.ones(22)}, 1.0)]
+    diagnostics.record_update_histograms(per_batch, step, str(tmp_path), logger=None, plots=True)
+  out = tmp_path / "diagnostics"
+  assert (out / "histograms_step_1.png").stat().st_size > 0
+  assert (out / "histograms_step_2.png").stat().st_size > 0
+  assert (out / "histograms.png").stat().st_size > 0
+  rows = diagnostics.read_histogram_rows(str(out / "histograms.jsonl"))
+  assert [r["step"] for r in rows] == [1, 2]
+  assert rows[1]["gap"]["below"] == 2 and rows[1]["gate"]["counts"] == [1] * 20
+  # an algorithm without a teacher: nothing to record, nothing written
+  empty = tmp_path / "grpo"
+  assert diagnostics.record_update_histograms([({"train/loss": 0.5}, 1.0)], 1, str(empty)) == {}
+  assert not empty.exists()
+
+
+# ------------------------------------------------------------------------------ token view
+def _luminance(colour: str) -> float:
+  r, g, b = (int(colour[i : i + 2], 16) for i in (1, 3, 5))
+  return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+
+def test_gate_colour_is_monotone_in_the_gate():
+  grid = np.linspace(0.0, 1.0, 101)
+  colours = [diagnostics.gate_colour(g) for g in grid]
+  assert colours[0] == "#ffffff" and colours[-1] == "#2ea043"
+  lum = [_luminance(c) for c in colours]
+  assert all(a > b for a, b in zip(lum[:-1], lum[1:]))  # darker green as the gate rises
+  for channel in (1, 3, 5):
+    values = [int(c[channel : channel + 2], 16) for c in colours]
+    assert all(a >= b for a, b in zip(values[:-1], values[1:]))
+  assert diagnostics.gate_colour(-3.0) == colours[0] and diagnostics.gate_colour(9.0) == colours[-1]
+  assert diagnostics.gate_colour(float("nan")) == ""
+
+
+def test_token_view_escapes_text_and_hover_titles():
+  nasty = ['<script>alert("x")</script>', " & ", "'q'", "\n"]
+  turn = diagnostics.TurnScores(
+    observation='You see a <fridge> & a "box".',
+    action='go to "cabinet 1"',
+    valid=True,
+    pieces=nasty,
+    student_logp=np.array([-1.0, -2.0, -0.5, -0.25]),
+    teacher_logp=np.array([-0.5, -3.0, -0.5, 0.0]),
+    gate=np.array([0.924, 0.007, 0.5, 0.777]),
+    skill_block="[Privileged Skill Information]\n<b>skills</b>\n\n",
+  )
+  page = diagnostics.render_token_view(
+    [turn], title="Token view <1>", facts=[("task", "put a <mug> in & on")], note="n < 2"
+  )
+  assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
+  assert "<script>" not in page and "<fridge>" not in page and "<mug>" not in page
+  assert "<b>skills</b>" not in page and "&lt;b&gt;skills&lt;/b&gt;" in page
+  assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in page
+  assert "Token view &lt;1&gt;" in page and "n &lt; 2" in page
+  spans = re.findall(r'<span style="background:(#[0-9a-f]{6})" title="([^"]*)">', page)
+  assert len(spans) == 4
+  assert [c for c, _ in spans] == [diagnostics.gate_colour(g) for g in turn.gate]
+  assert spans[0][1].startswith("gap +0.500, gate 0.924, teacher log p -0.500")
+  assert spans[1][1].startswith("gap -1.000, gate 0.007")
+  assert "http" not in page and "<link" not in page and "src=" not in page  # self-contained
+
+
+def test_token_view_without_teacher_is_unshaded():
+  turn = diagnostics.TurnScores(
+    "obs", "look", False, ["a", "b"], np.array([-1.0, -2.0]), None, None
+  )
+  page = diagnostics.render_token_view([turn], title="t")
+  assert page.count('<span title="student log p') == 2 and "invalid format" in page
+
+
+def test_token_pieces_join_to_the_decoded_text():
+  from sdar_jax.tokenizer import Tokenizer
+
+  tokenizer = Tokenizer.bundled_qwen()
+  text = "café ✓ 日本語 <|im_end|> go to cabinet 1"
+  ids = tokenizer.encode(text)
+  pieces = diagnostics.token_pieces(tokenizer, ids)
+  assert len(pieces) == len(ids)
+  assert "".join(pieces) == tokenizer.decode(ids) == text
+
+
+def test_pick_episode_prefers_a_won_one():
+  @dataclasses.dataclass
+  class T:
+    response_ids: list
+
+  @dataclasses.dataclass
+  class E:
+    won: bool
+    env_error: str | None
+    turns: list
+
+  failed, lost, won = E(True, "boom", [T([1])]), E(False, None, [T([1])]), E(True, None, [T([2])])
+  assert diagnostics.pick_episode([failed, lost, won]) is won
+  assert diagnostics.pick_episode([failed, lost]) is lost
+  assert diagnostics.pick_episode([failed, E(False, None, [T([])])]) is None
+
+
+# ------------------------------------------------------------------------------ a tiny run
+def _tb_histogram_tags(logdir: str) -> set[str]:
+  """Tags of the histogram summaries in the TensorBoard event files (TFRecord framing)."""
+  from tensorboardX.proto import event_pb2
+
+  tags = set()
+  for path in glob.glob(os.path.join(logdir, "events.out.tfevents.*")):
+    data = open(path, "rb").read()
+    pos = 0
+    while pos + 12 <= len(data):
+      (length,) = struct.unpack("<Q", data[pos : pos + 8])
+      event = event_pb2.Event()
+      event.ParseFromString(data[pos + 12 : pos + 12 + length])
+      pos += 12 + length + 4
+      tags |= {v.tag for v in event.summary.value if v.HasField("histo")}
+  return tags
+
+
+@pytest.mark.slow
+def test_a_tiny_run_writes_the_diagnostics(tmp_path, monkeypatch):
+  """SDAR, one iteration, evaluations before and after: histograms (JSONL, PNGs, TensorBoard),
+  the positive-gap share, a token view per evaluation whose teacher prompts carry the skill
+  block; then GRPO evaluated alone writes its token view with the teacher scored for it."""
+  from configs import alfworld, common
+  from sdar_jax import trainer
+
+  monkeypatch.setenv("SDAR_DATA_CACHE", str(tmp_path / "cache"))
+
+  def config(algo: str):
+    c = alfworld.get_config(f"model=tiny,algo={algo},local=True")
+    common.override(
+      c,
+      {
+        "mesh.data": 2,
+        "mesh.fsdp": 1,
+        "mesh.tensor": 4,
+        "env.tasks_per_step": 1,
+        "env.group_size": 2,
+        "env.max_turns": 2,
+        "env.num_workers": 1,
+        "env.offline.num_train": 1,
+        "env.offline.num_eval": 1,
+        "eval.num_tasks": 2,
+        "rollout.max_new_tokens": 16,
+        "train.total_steps": 1,
+        "train.eval_every": 1,
+        "train.mini_batch_size": 4,
+        "train.micro_batch_size": 2,
+        "warm_start.steps": 0,
+        "checkpoint.async_save": False,
+        "checkpoint.export_hf": False,
+        "logging.tensorboard": True,
+      },
+    )
+    return c
+
+  run = str(tmp_path / "sdar")
+  trainer.run(config("sdar"), run)
+  diag = os.path.join(run, "diagnostics")
+  for name in ("histograms_step_1.png", "histograms.png", "histograms.jsonl"):
+    assert os.path.getsize(os.path.join(diag, name)) > 0, name
+  (row,) = diagnostics.read_histogram_rows(os.path.join(diag, "histograms.jsonl"))
+  gap_total = sum(row["gap"]["counts"]) + row["gap"]["below"] + row["gap"]["above"]
+  assert gap_total > 0 and sum(row["gate"]["counts"]) == gap_total  # every gate is in [0, 1]
+  assert _tb_histogram_tags(run) == {"diagnostics/gap", "diagnostics/gate"}
+  with open(os.path.join(run, "metrics.jsonl")) as f:
+    rows = [json.loads(line) for line in f]
+  assert 0.0 <= rows[-1]["sdar/positive_gap_share"] <= 1.0
+  assert not [k for r in rows for k in r if k.startswith("diag/")]
+  for step in (0, 1):
+    page = open(os.path.join(run, "eval", f"step_{step}", "tokens.html"), encoding="utf-8").read()
+    assert f"Token view, step {step}" in page and "[Privileged Skill Information]" in page
+    assert re.search(r'<span style="background:#[0-9a-f]{6}" title="gap [+-]\d', page)
+    assert "does not score a teacher" not in page
+
+  out = str(tmp_path / "grpo_eval")
+  trainer.run_evaluation(config("grpo"), out)
+  page = open(os.path.join(out, "tokens.html"), encoding="utf-8").read()
+  assert "grpo (gate gap, beta 5" in page and "does not score a teacher in training" in page
+  assert re.search(r'<span style="background:#[0-9a-f]{6}" title="gap [+-]\d', page)
+  assert not os.path.exists(os.path.join(out, "diagnostics"))
