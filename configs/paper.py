@@ -3,6 +3,17 @@ r"""One config per cell group of the paper's results table: method x model x env
   python -m sdar_jax.train --config=configs/paper.py:row=sdar,model=qwen2.5-3b,env=alfworld \
       --config.model.path=/data/Qwen2.5-3B-Instruct --config.env.data_dir=/data/alfworld
 
+Without model.path a row names a real model it has no weights for and is refused, unless random
+weights are asked for explicitly. To try a row at small shapes on a CPU: ``local=True`` (the tiny
+model, random weights, the generated data; the row's method, skill rules and validation modes
+kept), or the real row with overrides, as tests/test_paper_rows_small.py runs every WebShop and
+Search-QA row:
+
+  python -m sdar_jax.train --config=configs/paper.py:row=sdar,env=webshop,local=True \
+      --config.train.total_steps=1 --workdir=runs/paper-small
+  python -m sdar_jax.train --config=configs/paper.py:row=sdar,env=search_qa \
+      --config.model.preset=tiny --config.model.random_init=True --dry_run
+
 `rows()` lists every argument string (10 methods x 3 models x 3 environments). Each config is the
 environment's reference config (configs/alfworld.py, webshop.py, search_qa.py) with the row's
 method, plus a `paper` section: which validation metric the row reads and the numbers the paper

@@ -24,8 +24,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
-from collections.abc import Sequence
-from typing import Any, Callable, Protocol, runtime_checkable
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 # The public names are exported (and listed in `__all__`) by the package, envs/__init__.py.
 
@@ -197,6 +197,43 @@ class EnvFamily:
   play_expert: Callable[..., list[dict[str, Any]]] | None = None
   episode_metrics: Callable[[list[dict[str, Any]]], dict[str, float]] | None = None
   skill_retriever: Callable[..., Any] | None = None
+
+
+def play_walkthroughs(
+  env: TextEnv, walkthroughs: Iterable[tuple[int, Iterable[str]]], none_won: str
+) -> list[dict[str, Any]]:
+  """A scripted expert's `EnvFamily.expert_records`: plays each (task, actions) of `walkthroughs`
+  on `env` until the episode ends or the actions run out, keeps the won episodes' records, then
+  closes `env`. One action is drawn per turn, after the previous step, so a generator may read
+  the env's state (an oracle). No episode won: ValueError `none_won` (what the expert failed to
+  do), followed by the fix."""
+  records = [
+    record
+    for task, actions in walkthroughs
+    if (record := _play_walkthrough(env, task, actions)) is not None
+  ]
+  env.close()
+  if not records:
+    raise ValueError(f"{none_won}. Fix: raise env.expert_episodes or set warm_start.steps=0.")
+  return records
+
+
+def _play_walkthrough(env: TextEnv, task: int, actions: Iterable[str]) -> dict[str, Any] | None:
+  """One episode of `play_walkthroughs`: its record if it is won, else None."""
+  observation, info = env.reset(task=task)
+  record = {"task": info["task"], "task_type": info["task_type"], "gamefile": "", "steps": []}
+  for action in actions:
+    record["steps"].append(
+      {
+        "observation": observation,
+        "admissible_commands": list(info["admissible_commands"]),
+        "action": action,
+      }
+    )
+    observation, _, done, info = env.step(action)
+    if done:
+      break
+  return record if info["won"] else None
 
 
 _FAMILIES: dict[str, EnvFamily] = {}

@@ -49,6 +49,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sdar_jax.metrics import read_history
+
 log = logging.getLogger(__name__)
 
 Array = jax.Array
@@ -207,19 +209,12 @@ def record_update_histograms(
 
 
 def read_histogram_rows(path: str, up_to_step: int | None = None) -> list[dict[str, Any]]:
-  """The rows of histograms.jsonl by step (a later row of a step replaces an earlier one, as a
-  resumed run logs the iterations after its checkpoint again); torn lines are skipped."""
-  rows: dict[int, dict[str, Any]] = {}
-  with open(path) as f:
-    for line in f:
-      try:
-        row = json.loads(line)
-        step = int(row["step"])
-      except (ValueError, KeyError, TypeError):
-        continue
-      if up_to_step is None or step <= up_to_step:
-        rows[step] = row
-  return [rows[k] for k in sorted(rows)]
+  """The rows of histograms.jsonl by step, up to `up_to_step` when given: read as a metrics.jsonl
+  is (`sdar_jax.metrics.read_history`), so a later row of a step, as a resumed run logs the
+  iterations after its checkpoint again, overwrites the earlier one's histograms and torn lines
+  are skipped."""
+  rows = read_history(path)
+  return [row for row in rows if up_to_step is None or int(row["step"]) <= up_to_step]
 
 
 _TITLES = {"gap": "teacher - student gap (lT - lθ)", "gate": "gate g"}

@@ -139,10 +139,11 @@ class MetricsLogger:
       self._tb.close()
 
 
-def read_history(path: str) -> list[dict[str, float]]:
+def read_history(path: str) -> list[dict[str, Any]]:
   """The rows of a metrics.jsonl file by step (a later row for the same step updates an earlier
-  one); lines that do not parse (a write cut by a kill) are skipped, a missing file gives []."""
-  rows: dict[int, dict[str, float]] = {}
+  one); lines that do not parse (a write cut by a kill) are skipped, a missing file gives [].
+  Also reads the gate histograms' histograms.jsonl (`sdar_jax.diagnostics`)."""
+  rows: dict[int, dict[str, Any]] = {}
   if not os.path.exists(path):
     return []
   with open(path) as f:

@@ -128,3 +128,47 @@ def test_env_family_unknown_or_registered_twice_names_the_fix():
   with pytest.raises(ValueError, match="already registered"):
     envs.register_family(twin)
   assert envs.env_family("alfworld") is family
+
+
+def test_play_walkthroughs_keeps_won_episodes_and_draws_actions_lazily():
+  closed = []
+
+  class ClosingDummy(DummyEnv):
+    def close(self) -> None:
+      closed.append(True)
+
+  drawn = []
+
+  def actions():
+    for word in ("fig", "cherry", "never drawn"):
+      drawn.append(word)
+      yield word
+
+  env = ClosingDummy(max_steps=3)  # task 2 is won by saying "cherry"
+  # won after a wrong word; lost at the step limit; actions run out before the end
+  walkthroughs = [(2, actions()), (2, ["fig", "fig", "fig", "cherry"]), (2, ["fig"])]
+  records = envs.play_walkthroughs(env, walkthroughs, none_won="no win")
+  assert drawn == ["fig", "cherry"]  # the episode ended on "cherry": nothing more is drawn
+  assert records == [
+    {
+      "task": "say cherry",
+      "task_type": "say_word",
+      "gamefile": "",
+      "steps": [
+        {
+          "observation": "Your task is to: say cherry.",
+          "admissible_commands": list(WORDS),
+          "action": "fig",
+        },
+        {
+          "observation": "Nothing happens. Step 1.",
+          "admissible_commands": list(WORDS),
+          "action": "cherry",
+        },
+      ],
+    }
+  ]
+  assert closed == [True]
+  with pytest.raises(ValueError, match=r"^the dummy expert won nothing\. Fix: raise env\.expert"):
+    envs.play_walkthroughs(env, [(0, ["fig"])], none_won="the dummy expert won nothing")
+  assert closed == [True, True]

@@ -4,8 +4,11 @@
     env = envs.make("alfworld", data_dir="data/alfworld_offline", split="train", seed=0)
     obs, info = env.reset(task=0)
 
-`data_dir` is a real ALFWorld data folder (json_2.1.1/...) or one written by
-`python -m envs.alfworld.generator --out DIR`; `game_files` plays an explicit list of `.tw-pddl` files.
+`data_dir` is a real ALFWorld data folder (json_2.1.1/...), one written by
+`python -m envs.alfworld.generator --out DIR`, or an alfworld_games tfds dataset built from either
+(`python -m envs.datasets alfworld --out DIR --data_dir ALFWORLD_DIR`: the split's game list comes
+from the dataset, the game files from the folder it lists them in); `game_files` plays an explicit
+list of `.tw-pddl` files.
 
 Importing this package registers the env factory and its `EnvFamily`
 (`envs.env_family("alfworld")`): splits from `envs.alfworld.data`, the adapter of
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from envs import datasets
 from envs.alfworld import data, expert
 from envs.alfworld.adapter import AlfworldAdapter
 from envs.alfworld.env import MAX_STEPS, WIN_REWARD, AlfworldEnv, collect_game_files
@@ -64,7 +68,10 @@ def make_alfworld(
         "alfworld needs data_dir (an ALFWorld or generated data folder) or game_files; "
         "generate offline games with: python -m envs.alfworld.generator --out DIR"
       )
-    game_files = collect_game_files(data_dir, split, task_types)
+    if datasets.find_dataset(data_dir, datasets.ALFWORLD):  # a tfds dataset (envs.datasets)
+      game_files = datasets.alfworld_game_files(data_dir, split, task_types=task_types)
+    else:
+      game_files = collect_game_files(data_dir, split, task_types)
   return AlfworldEnv(game_files, seed=seed, max_steps=max_steps, with_expert_plan=with_expert_plan)
 
 

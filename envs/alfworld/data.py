@@ -1,5 +1,10 @@
 """Where ALFWorld games come from in a run: the offline game cache, a split's game files, and
-the planner's walkthroughs (the warm start's default expert data)."""
+the planner's walkthroughs (the warm start's default expert data).
+
+``env.data_dir`` is a real or generated ALFWorld data folder, or an alfworld_games tfds dataset
+(`python -m envs.datasets alfworld --out DIR --data_dir ALFWORLD_DIR`): then a split's game list
+(filtered by ``env.task_types``) is read from the dataset, and the game files and walkthroughs
+from the folder it was built from. Unset: the offline game cache."""
 
 from __future__ import annotations
 
@@ -8,11 +13,20 @@ import logging
 import os
 from typing import Any
 
+from envs import datasets
 from envs.alfworld.env import collect_game_files
 from envs.alfworld.tasks import SHORT_NAMES, TASK_TYPES
 from envs.base import EnvSplit
 
-__all__ = ["data_dir", "offline_dir", "read_walkthroughs", "split", "walkthrough_records"]
+__all__ = [
+  "data_dir",
+  "dataset_dir",
+  "game_files",
+  "offline_dir",
+  "read_walkthroughs",
+  "split",
+  "walkthrough_records",
+]
 
 log = logging.getLogger(__name__)
 
@@ -64,16 +78,35 @@ def offline_dir(env_cfg: Any, split_name: str | None = None) -> str:
   return out
 
 
+def dataset_dir(env_cfg: Any) -> str | None:
+  """The alfworld_games tfds dataset ``env.data_dir`` points at, or None when it is a data folder
+  (or unset)."""
+  return datasets.find_dataset(env_cfg.get("data_dir"), datasets.ALFWORLD)
+
+
 def data_dir(env_cfg: Any, split_name: str | None = None) -> str:
-  """``env.data_dir`` (a real or generated ALFWorld data folder), else the offline game cache
-  (with `split_name`'s games generated)."""
+  """The ALFWorld data folder of a run: ``env.data_dir`` (a real or generated ALFWorld data
+  folder; for an alfworld_games dataset, the folder it was built from), else the offline game
+  cache (with `split_name`'s games generated)."""
+  dataset = dataset_dir(env_cfg)
+  if dataset is not None:
+    return datasets.alfworld_source_dir(dataset)
   return env_cfg.get("data_dir") or offline_dir(env_cfg, split_name)
+
+
+def game_files(env_cfg: Any, split_name: str) -> list[str]:
+  """The playable game files of `split_name` of the ``env.task_types``: the dataset's list when
+  ``env.data_dir`` is an alfworld_games dataset, else those collected from the data folder."""
+  dataset = dataset_dir(env_cfg)
+  if dataset is not None:
+    return datasets.alfworld_game_files(dataset, split_name, task_types=task_types(env_cfg))
+  return collect_game_files(data_dir(env_cfg, split_name), split_name, task_types(env_cfg))
 
 
 def split(env_cfg: Any, split_name: str) -> EnvSplit:
   """The game files of `split_name`, collected once and passed to every env of the pool (so all
   envs agree on task ids); each task is named by its game file."""
-  games = collect_game_files(data_dir(env_cfg, split_name), split_name, task_types(env_cfg))
+  games = game_files(env_cfg, split_name)
   return EnvSplit(env_kwargs={"game_files": games}, task_names=games)
 
 

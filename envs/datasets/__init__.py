@@ -27,8 +27,11 @@ One command builds a dataset (it prints the folder to give as ``data_dir``):
 ``envs.make("webshop", data_dir=<out>)`` and ``envs.make("search_qa", data_dir=<out>)`` (and so
 ``--config.env.data_dir=<out>``) read such a dataset: the catalogue is rebuilt from the
 ``products`` split (and checked against the stored goals), the questions come from the question
-splits and BM25 indexes the ``corpus`` split. `alfworld_game_files` gives an ALFWorld split's game
-files from its dataset. The readers need only tensorflow-datasets and array_record, not TensorFlow.
+splits and BM25 indexes the ``corpus`` split. So does ``envs.make("alfworld", data_dir=<out>)``
+(and a run's split): `alfworld_game_files` gives an ALFWorld split's game files (of some task types)
+from its dataset, the files themselves staying in the folder it was built from
+(`alfworld_source_dir`, where the walkthroughs are read too). The readers need only
+tensorflow-datasets and array_record, not TensorFlow.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ __all__ = [
   "SearchQaData",
   "WebshopData",
   "alfworld_game_files",
+  "alfworld_source_dir",
   "build",
   "data_source",
   "find_dataset",
@@ -499,11 +503,40 @@ def search_qa_passages(path: str) -> tuple[dict[str, str], ...]:
   )
 
 
-def alfworld_game_files(path: str, split: str, data_dir: str | None = None) -> list[str]:
-  """The game files of an ALFWorld split listed by an alfworld_games dataset, under `data_dir`
-  (default: the folder it was built from)."""
+def alfworld_source_dir(path: str) -> str:
+  """The ALFWorld data folder an alfworld_games dataset was built from (its game files and
+  ``walkthroughs/`` live there)."""
+  return _metadata_and_splits(_require(path, ALFWORLD))[0]["data_dir"]
+
+
+def alfworld_game_files(
+  path: str,
+  split: str,
+  data_dir: str | None = None,
+  task_types: Sequence[str] | None = None,
+) -> list[str]:
+  """The game files of an ALFWorld split listed by an alfworld_games dataset, in its order, under
+  `data_dir` (default: the folder it was built from, which must still hold them); `task_types`
+  keeps only games of those types (None: all)."""
   folder = _require(path, ALFWORLD)
-  settings, _ = _metadata_and_splits(folder)
-  root = os.path.expanduser(data_dir or settings["data_dir"])
+  root = os.path.expanduser(data_dir or alfworld_source_dir(folder))
   source = data_source(folder, split, ALFWORLD)
-  return [os.path.join(root, _text(source[k]["game_file"])) for k in range(len(source))]
+  examples = [source[k] for k in range(len(source))]
+  games = [
+    os.path.join(root, _text(e["game_file"]))
+    for e in examples
+    if task_types is None or _text(e["task_type"]) in task_types
+  ]
+  if not games:
+    raise FileNotFoundError(
+      f"the alfworld_games dataset at {folder} lists no {split!r} games of types "
+      f"{list(task_types or [])}; choose other env.task_types or rebuild it from a folder that "
+      "has them: python -m envs.datasets alfworld --out DIR --data_dir ALFWORLD_DIR"
+    )
+  if data_dir is None and not os.path.isfile(games[0]):
+    raise FileNotFoundError(
+      f"the alfworld_games dataset at {folder} lists games under {root!r}, but {games[0]!r} does "
+      "not exist (the data folder moved?); rebuild it with python -m envs.datasets alfworld "
+      "--out DIR --data_dir <the ALFWorld folder>"
+    )
+  return games

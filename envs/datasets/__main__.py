@@ -6,7 +6,8 @@
     python -m envs.datasets search_qa --out data/tfds --data_dir /data/search_r1 [--corpus FILE]
     python -m envs.datasets alfworld --out data/tfds --data_dir /data/alfworld
 
-It prints the dataset's folder; train on it with --config.env.data_dir=<out> (WebShop, Search-QA).
+It prints the dataset's folder; train on it with --config.env.data_dir=<out> (all three; ALFWorld's
+game files stay in the --data_dir folder the dataset lists them from).
 """
 
 from __future__ import annotations

@@ -16,9 +16,10 @@ The run config's ``env`` section (configs/common.search_qa) gives:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
-from envs.base import EnvSplit
+from envs.base import EnvSplit, play_walkthroughs
 from envs.search_qa.env import MAX_TURNS, SearchQAEnv
 
 __all__ = ["RETRIEVERS", "env_kwargs", "episode_metrics", "expert_records", "split"]
@@ -92,33 +93,21 @@ def expert_records(env_cfg: Any, split_name: str) -> list[dict[str, Any]]:
   the label, not from what the search returned.)"""
   wanted = int(env_cfg.get("expert_episodes", DEFAULT_EXPERT_EPISODES))
   env = _env(env_cfg, split_name, max_steps=MAX_TURNS)
-  records = []
-  for task in range(min(wanted, env.num_tasks)):
-    question_record = env.records[task]
-    hops = (question_record.metadata or {}).get("hops") or [{"query": question_record.question}]
-    if len(hops) + 1 > MAX_TURNS:
-      continue
-    observation, info = env.reset(task=task)
-    actions = [f"<search>{hop['query']}</search>" for hop in hops]
-    actions.append(f"<answer>{question_record.golden_answers[0]}</answer>")
-    record = {"task": info["task"], "task_type": info["task_type"], "gamefile": "", "steps": []}
-    for action in actions:
-      record["steps"].append(
-        {"observation": observation, "admissible_commands": [], "action": action}
-      )
-      observation, _, done, info = env.step(action)
-      if done:
-        break
-    if info["won"]:
-      records.append(record)
-  env.close()
-  if not records:
-    raise ValueError(
-      f"the scripted Search-QA expert answered no question of split {split_name!r} in "
-      f"{MAX_TURNS} turns (env.expert_episodes={wanted}). Fix: raise env.expert_episodes or set "
-      "warm_start.steps=0."
-    )
-  return records
+
+  def walkthroughs() -> Iterator[tuple[int, list[str]]]:
+    for task in range(min(wanted, env.num_tasks)):
+      question_record = env.records[task]
+      hops = (question_record.metadata or {}).get("hops") or [{"query": question_record.question}]
+      if len(hops) + 1 <= MAX_TURNS:
+        actions = [f"<search>{hop['query']}</search>" for hop in hops]
+        yield task, [*actions, f"<answer>{question_record.golden_answers[0]}</answer>"]
+
+  return play_walkthroughs(
+    env,
+    walkthroughs(),
+    none_won=f"the scripted Search-QA expert answered no question of split {split_name!r} in "
+    f"{MAX_TURNS} turns (env.expert_episodes={wanted})",
+  )
 
 
 def episode_metrics(infos: list[dict[str, Any]]) -> dict[str, float]:

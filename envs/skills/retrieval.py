@@ -148,7 +148,10 @@ class SkillRetriever:
     return [self._items[i] for i in sorted(picked)]
 
   def _cut_places(self, text: str, task: str) -> str:
-    """`text` with each "Places by type:" list reduced to the entries naming a word of `task`."""
+    """`text` with each "Places by type:" list reduced to the entries naming a word of `task`
+    (with places="task" and a task sentence; else `text` as it is)."""
+    if self.places != "task" or not task:
+      return text
     words = set(re.findall(r"[a-z]+", task.lower()))
 
     def keep(match: re.Match[str]) -> str:
@@ -181,7 +184,7 @@ class SkillRetriever:
       text = self._render(self._bm25_items(query or (task_type or "").replace("_", " ")))
     else:
       text = self._render(self._random_items(sample_id))
-    return self._cut_places(text, task) if self.places == "task" and task else text
+    return self._cut_places(text, task)
 
   def keyword_skill_text(self, text: str) -> str:
     """The keyword rule over `text`: general + every task file whose keywords occur in it (lower-
@@ -202,14 +205,11 @@ class SkillRetriever:
     "rules": the keyword rule over `prompt_text` (task type, game file and rules_version are not
     used); the other strategies: the same selection as `privileged_block`.
     """
-    if self.strategy == "rules":
-      text = self.keyword_skill_text(prompt_text)
-      text = self._cut_places(text, task) if self.places == "task" and task else text
-    else:
-      text = self.skill_text(
+    if self.strategy != "rules":
+      return self.privileged_block(
         task_type=task_type, gamefile=gamefile, query=query, sample_id=sample_id, task=task
       )
-    return f"{BLOCK_HEADER}{text}\n\n" if text else ""
+    return _as_block(self._cut_places(self.keyword_skill_text(prompt_text), task))
 
   def privileged_block(
     self,
@@ -220,10 +220,16 @@ class SkillRetriever:
     task: str = "",
   ) -> str:
     """The block to place before the chat-templated prompt ("" when there is no skill text)."""
-    text = self.skill_text(
-      task_type=task_type, gamefile=gamefile, query=query, sample_id=sample_id, task=task
+    return _as_block(
+      self.skill_text(
+        task_type=task_type, gamefile=gamefile, query=query, sample_id=sample_id, task=task
+      )
     )
-    return f"{BLOCK_HEADER}{text}\n\n" if text else ""
+
+
+def _as_block(skill_text: str) -> str:
+  """`skill_text` under the block header, followed by a blank line ("" for no skill text)."""
+  return f"{BLOCK_HEADER}{skill_text}\n\n" if skill_text else ""
 
 
 def skills_section_problems(section: Any) -> list[str]:

@@ -13,9 +13,10 @@ Splits are the original's: test = goals 0-499, train = goals 500 onwards.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
-from envs.base import EnvSplit
+from envs.base import EnvSplit, play_walkthroughs
 from envs.webshop.data import DEFAULT_DATA_SEED
 from envs.webshop.env import MAX_STEPS, WebShopEnv
 from envs.webshop.generator import DEFAULT_NUM_PRODUCTS
@@ -64,31 +65,18 @@ def expert_records(env_cfg: Any, split_name: str) -> list[dict[str, Any]]:
   "action"}, ...]}."""
   wanted = int(env_cfg.get("expert_episodes", DEFAULT_EXPERT_EPISODES))
   env = _env(env_cfg, split_name, max_steps=MAX_STEPS)
-  records = []
-  for task in range(min(wanted, env.num_tasks)):
-    observation, info = env.reset(task=task)
-    record = {"task": info["task"], "task_type": info["task_type"], "gamefile": "", "steps": []}
-    done = False
-    while not done:
-      action = env.expert_action()
-      record["steps"].append(
-        {
-          "observation": observation,
-          "admissible_commands": list(info["admissible_commands"]),
-          "action": action,
-        }
-      )
-      observation, _, done, info = env.step(action)
-    if info["won"]:
-      records.append(record)
-  env.close()
-  if not records:
-    raise ValueError(
-      f"the WebShop oracle bought no goal of split {split_name!r} at score 1.0 in "
-      f"{MAX_STEPS} steps (env.expert_episodes={wanted}). Fix: raise env.expert_episodes or set "
-      "warm_start.steps=0."
-    )
-  return records
+  return play_walkthroughs(
+    env,
+    ((task, _oracle_actions(env)) for task in range(min(wanted, env.num_tasks))),
+    none_won=f"the WebShop oracle bought no goal of split {split_name!r} at score 1.0 in "
+    f"{MAX_STEPS} steps (env.expert_episodes={wanted})",
+  )
+
+
+def _oracle_actions(env: WebShopEnv) -> Iterator[str]:
+  """The oracle's action for the env's current state, for as long as the episode runs."""
+  while True:
+    yield env.expert_action()
 
 
 def episode_metrics(infos: list[dict[str, Any]]) -> dict[str, float]:

@@ -1,0 +1,113 @@
+"""configs/paper.py's WebShop and Search-QA rows at small shapes: every row of the two environments,
+as the table defines it (method, skill rules, validation modes, trained or not), shrunk to the tiny
+model with random initialisation asked for explicitly, passes validation; one trained row of each
+environment runs one training iteration and its validation through the real trainer, on the
+offline data (generated catalogue, generated fact world) over 8 fake CPU devices."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from configs import common, paper
+from sdar_jax.config_validation import ConfigError, validate
+
+ENVS = ("webshop", "search_qa")
+# The row's experiment at the smallest shapes the host loop runs: the tiny model (random weights,
+# asked for explicitly: a real preset without model.path is refused), one GRPO group of 2 two-turn
+# episodes, one iteration, 2 validation tasks, no warm start.
+SMALL = {
+  "model.preset": "tiny",
+  "model.random_init": True,
+  "model.dtype": "float32",
+  "model.remat": False,
+  "mesh.data": 2,
+  "mesh.fsdp": 1,
+  "mesh.tensor": 4,
+  "env.tasks_per_step": 1,
+  "env.group_size": 2,
+  "env.max_turns": 2,
+  "env.num_workers": 1,
+  "eval.num_tasks": 2,
+  "rollout.max_new_tokens": 16,
+  "train.mini_batch_size": 4,
+  "train.micro_batch_size": 2,
+  "train.eval_every": 1,
+  "warm_start.steps": 0,
+  "checkpoint.async_save": False,
+  "checkpoint.export_hf": False,
+  "logging.tensorboard": False,
+}
+
+
+def _rows(env: str) -> list[str]:
+  return [r for r in paper.rows() if r.endswith(f",env={env}")]
+
+
+def _small(row_arg: str):
+  """The paper row `row_arg` (its real-size config) at small shapes: at most one iteration."""
+  config = paper.get_config(row_arg)
+  steps = min(config.train.total_steps, 1)  # the untrained rows keep 0: validation only
+  return common.override(config, {**SMALL, "train.total_steps": steps})
+
+
+@pytest.mark.parametrize("env", ENVS)
+def test_every_row_validates_at_small_shapes(env):
+  rows = _rows(env)
+  assert len(rows) == len(paper.ROWS) * len(paper.MODELS) == 30
+  for row_arg in rows:
+    real = paper.get_config(row_arg)
+    small = _small(row_arg)
+    model = validate(small, num_devices=8)
+    assert model.name == "tiny" and small.model.random_init
+    # What makes the row that row is kept: the method, the skill rules, the validation modes,
+    # trained or not, what the table reads.
+    for key in ("algo", "env.skills", "eval.skills", "env.name", "paper"):
+      section_real, section_small = real, small
+      for part in key.split("."):
+        section_real, section_small = section_real[part], section_small[part]
+      assert section_small == section_real, (row_arg, key)
+    assert (small.train.total_steps == 0) == (real.train.total_steps == 0)
+  # The real-size row with the real preset and no weights is refused until random weights are
+  # asked for.
+  refused = common.override(paper.get_config(rows[0]), {"model.random_init": False})
+  with pytest.raises(ConfigError, match="model.random_init=True"):
+    validate(refused, num_devices=8)
+
+
+def _train_one_iteration(row_arg: str, workdir: str) -> list[dict]:
+  from sdar_jax.trainer import Trainer
+
+  config = _small(row_arg)
+  config.train.eval_before_train = False
+  trainer = Trainer(config, workdir)
+  try:
+    trainer.run()
+  finally:
+    trainer.close()
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [json.loads(line) for line in f]
+
+
+@pytest.mark.slow
+def test_webshop_sdar_row_trains_one_iteration(tmp_path):
+  rows = _train_one_iteration("row=sdar,model=qwen2.5-3b,env=webshop", str(tmp_path / "run"))
+  assert [r["step"] for r in rows] == [1]
+  (row,) = rows
+  assert row["episode/env_failures"] == 0 and "train/loss" in row
+  assert 0.0 <= row["episode/score"] <= 1.0 and {"val/score", "val/acc"} <= set(row)
+
+
+@pytest.mark.slow
+def test_search_qa_skill_grpo_row_trains_one_iteration(tmp_path):
+  # Skill-GRPO: skills in the student prompt, validated without ("skill_grpo") and with
+  # ("skill_grpo_star") skills.
+  rows = _train_one_iteration(
+    "row=skill_grpo,model=qwen2.5-7b,env=search_qa", str(tmp_path / "run")
+  )
+  assert [r["step"] for r in rows] == [1]
+  (row,) = rows
+  assert row["episode/env_failures"] == 0 and "train/loss" in row
+  assert {"val/em", "val_with_skill/em"} <= set(row)
