@@ -15,7 +15,7 @@ help:
 	@echo "make test-fast - the suite without tests marked slow"
 	@echo "make test-tpu-plan - install libtpu (the tpu-plan extra) next to .venv, then compile"
 	@echo "              for TPU slices without a TPU (tests/test_aot.py)"
-	@echo "make bench  - forward / sampling / train-step / env benchmarks (print figures)"
+	@echo "make bench  - forward / sampling / train-step / env / rollout benchmarks (print figures)"
 	@echo "make fmt    - format the tree (ruff, settings in pyproject.toml)"
 
 $(VENV)/bin/python:
@@ -62,6 +62,7 @@ bench: $(DEV_STAMP)
 	$(PY) bench/sampling.py
 	$(PY) bench/train_step.py
 	$(PY) bench/envs.py
+	$(PY) bench/rollout.py
 
 fmt: $(DEV_STAMP)
 	$(VENV)/bin/ruff format .

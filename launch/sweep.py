@@ -5,14 +5,22 @@ r"""Expands a config file's `sweep()` into training runs: prints the commands, o
   python launch/sweep.py --config=configs/alfworld.py:local=True --only algo.gate=gap --run
   python launch/sweep.py --config=configs/paper.py --rows --only env=alfworld    # paper table rows
   python launch/sweep.py collect --root=runs/sweep [--out=DIR]                  # table + plots
+  python launch/sweep.py --config=configs/alfworld.py --emit=slurm \
+      --job-args="--nodes=2 --gpus-per-node=8"                                 # sbatch lines
+  python launch/sweep.py --config=configs/alfworld.py --emit=tpu --root=gs://b/sweep  # TPU pods
 
 Each sweep point is a dict of dotted config keys ({"algo.beta": 2.5, ...}) turned into
 `--config.<key>=<value>` overrides of `python -m sdar_jax.train`, with its own workdir
 `<root>/<key=value,...>`. `--run` executes them one after another on this machine, each one's
 output in `<workdir>/train.log`, its attempts and wall time in `<workdir>/run_status.json`; a
 finished run (run_status.json says so, or its metrics reached train.total_steps) is skipped, an
-interrupted one resumes from its latest checkpoint; the sweep is collected at the end. For a
-cluster, pipe the printed commands to your scheduler and collect once they are done.
+interrupted one resumes from its latest checkpoint; the sweep is collected at the end.
+
+`--emit=slurm|tpu` prints one job per run instead, to run side by side: `slurm` an sbatch
+submission of `launch/gpu.sh --slurm` (`--job-args` are extra sbatch options, e.g. nodes and
+GPUs; the job's log goes to `<workdir>/slurm-<job id>.log`), `tpu` a `launch/tpu_pod.sh` call
+on its own slice named `$TPU_NAME-r<i>` (ZONE, ACCELERATOR, ... come from the environment; the
+root should be shared storage, gs://...). Collect once the jobs are done.
 
 `collect` reads every run under --root (a directory with config.json and metrics.jsonl, however
 deep) and writes `sweep.csv` and `sweep.md` (one row per run: algo, gate, beta, lambda, seed,
@@ -117,6 +125,31 @@ def run_sequentially(cmds: list[list[str]], runner=subprocess.run) -> list[tuple
   return results
 
 
+EMIT_KINDS = ("slurm", "tpu")
+
+
+def emit_jobs(cmds: list[list[str]], kind: str, job_args: str = "") -> list[str]:
+  """One shell line per training command: a SLURM submission (`kind="slurm"`) or a TPU pod
+  launch (`kind="tpu"`) of the same config, workdir and overrides (see the module doc)."""
+  if kind not in EMIT_KINDS:
+    raise ValueError(f"--emit={kind!r}; choose one of {EMIT_KINDS}.")
+  lines = []
+  for i, cmd in enumerate(cmds):
+    train_args = cmd[cmd.index("sdar_jax.train") + 1 :]
+    config = next(a.split("=", 1)[1] for a in train_args if a.startswith("--config="))
+    workdir = workdir_of(cmd)
+    overrides = [a for a in train_args if not a.startswith(("--config=", "--workdir="))]
+    launch = [config, workdir, *overrides]
+    if kind == "slurm":
+      wrapped = shlex.join(["launch/gpu.sh", "--slurm", *launch])
+      sbatch = ["sbatch", f"--job-name=sdar-{i}", f"--output={workdir}/slurm-%j.log"]
+      sbatch += shlex.split(job_args) + [f"--wrap={wrapped}"]
+      lines.append(f"mkdir -p {shlex.quote(workdir)} && {shlex.join(sbatch)}")
+    else:
+      lines.append(f'TPU_NAME="$TPU_NAME-r{i}" {shlex.join(["launch/tpu_pod.sh", *launch])}')
+  return lines
+
+
 def collect_main(argv: list[str]) -> None:
   parser = argparse.ArgumentParser(
     prog="launch/sweep.py collect", description="Merges the runs of a sweep into a table and plots."
@@ -144,11 +177,15 @@ def main(argv=None):
   parser.add_argument("--only", action="append", default=[], help="key=value filter (repeatable)")
   parser.add_argument("--rows", action="store_true", help="use rows() (configs/paper.py)")
   parser.add_argument("--run", action="store_true", help="run the commands here, sequentially")
+  parser.add_argument("--emit", choices=EMIT_KINDS, help="print one SLURM / TPU pod job per run")
+  parser.add_argument("--job-args", default="", help="--emit=slurm: extra sbatch options")
   args, extra = parser.parse_known_args(argv)
+  if args.emit and args.run:
+    raise SystemExit("--emit prints jobs for a scheduler; --run runs here. Fix: pass one of them.")
   cmds = commands(args.config, args.root, args.only, args.rows, extra)
   print(f"# {len(cmds)} run(s)", file=sys.stderr)
-  for cmd in cmds:
-    print(shlex.join(cmd))
+  for line in emit_jobs(cmds, args.emit, args.job_args) if args.emit else map(shlex.join, cmds):
+    print(line)
   if args.run and cmds:
     results = run_sequentially(cmds)
     written = collect.collect_sweep(os.path.join(_REPO, args.root))

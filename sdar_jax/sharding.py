@@ -239,3 +239,18 @@ def with_kernel_mesh(fn: Any, mesh: Mesh | None, config: ModelConfig) -> Any:
   if attention_implementation(config, length=1) != "splash":
     return fn
   return _WithMesh(fn, mesh)
+
+
+def set_kernel_mesh(mesh: Mesh | None, config: ModelConfig) -> bool:
+  """Puts `mesh` in context for the rest of this thread (`jax.set_mesh`) when `config`'s
+  attention runs a Pallas kernel on several devices (see `with_kernel_mesh`), so that every
+  jitted function of the model finds it, those outside TrainStep and Sampler included (warm
+  start, diagnostics). Returns whether it did; does nothing otherwise."""
+  if with_kernel_mesh(_identity, mesh, config) is _identity:
+    return False
+  jax.set_mesh(mesh)
+  return True
+
+
+def _identity(x):
+  return x

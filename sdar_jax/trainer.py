@@ -63,6 +63,7 @@ from sdar_jax.metrics import (
   teacher_old_gap_metrics,
   validation_summary,
 )
+from sdar_jax.perf import IterationClock
 from sdar_jax.progress import Progress, ensure_log_handler
 from sdar_jax.rollout import ReplayQueue, episodes_to_samples, pack_batch, plan_minibatches
 from sdar_jax.rollout.trajectory import Episode
@@ -158,6 +159,7 @@ class Trainer:
       self.model_config, params = build_policy(config, self.mesh)
     else:
       self.model_config, params = restore_policy(config, self.mesh, *self.params_from)
+    sharding.set_kernel_mesh(self.mesh, self.model_config)  # for a TPU attention kernel, if any
     self.chat_template = build_chat_template(config.model, self.model_config.family)
     log.info("chat template: %s", self.chat_template.name)
     self.step_fn: TrainStep | None = None
@@ -341,9 +343,12 @@ class Trainer:
 
   def train_iteration(self) -> dict[str, float]:
     it = self.loop_state.iteration
+    clock = IterationClock()  # the perf/* metrics (sdar_jax.perf)
     t0 = time.perf_counter()
     tasks, groups = self._draw_tasks()
-    episodes = self.loop.run(self.state.params, tasks, groups, self._key(0), policy_version=it)
+    episodes = self.loop.run(
+      self.state.params, tasks, groups, self._key(0), policy_version=it, timings=clock.rollout
+    )
     t_rollout = time.perf_counter() - t0
     self._report_env_failures(episodes, self.train_games, "episode")
     self._check_all_failed(episodes)
@@ -365,7 +370,7 @@ class Trainer:
         it + 1,
         self.loop_state.all_failed_iterations,
       )
-      return metrics
+      return {**metrics, **clock.metrics(samples, it, t_rollout)}
     t1 = time.perf_counter()
     mb_size = self.config.train.mini_batch_size
     batches = [
@@ -392,6 +397,7 @@ class Trainer:
     )
     metrics.update(mean_over_updates(per_batch))
     metrics["train/update_seconds"] = time.perf_counter() - t1
+    metrics.update(clock.metrics(samples, it, t_rollout, metrics["train/update_seconds"]))
     metrics["train/compilations"] = float(self.step_fn.num_traces)
     metrics["rollout/sampler_compilations"] = float(self.sampler.num_compilations)
     return metrics

@@ -16,6 +16,7 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from configs import alfworld, common
@@ -236,3 +237,43 @@ def test_cli_applies_mesh_overrides_and_writes_json(tmp_path, tiny_plan):
   replicated = tiny_plan.reports[0].arguments
   assert sharded < 0.5 * replicated
   assert math.isclose(sharded, replicated / 4, rel_tol=0.35)
+
+
+@needs_libtpu
+@pytest.mark.slow
+def test_splash_attention_compiles_for_a_2x2_v5e_without_t_by_t_scores():
+  # model.attention=splash through the planner on a data/fsdp/tensor mesh: the Pallas kernel runs
+  # under shard_map (batch over fsdp, kv heads over tensor), and the update's temporaries drop
+  # by more than one layer's float32 scores [rows, heads, T, T] per chip against "xla" (without
+  # remat, where "xla" keeps every layer's scores for the backward pass). With remat, as the real
+  # presets run, it compiles and fits too.
+  prompt = 512
+  overrides = {"mesh.data": 1, "mesh.fsdp": 2, "mesh.tensor": 2, "rollout.max_prompt_len": prompt}
+  update = {}
+  for attention, remat in (("xla", False), ("splash", False), ("splash", True)):
+    config = tiny_config(**overrides, **{"model.attention": attention, "model.remat": remat})
+    plan = aot.plan(config, "v5e-4", parts=("update",), teacher_prompt_len=prompt)
+    update[attention, remat] = plan.reports[0]
+    assert plan.reports[0].compiled and plan.reports[0].fits, (attention, remat)
+  T = prompt + TINY_OVERRIDES["rollout.max_new_tokens"]
+  rows, heads = plan.shapes.micro_batch // 2, 4 // 2  # the tiny model's 4 q heads over tensor=2
+  scores = rows * heads * T * T * 4
+  assert update["splash", False].temporaries < update["xla", False].temporaries - scores
+
+
+@needs_libtpu
+def test_splash_attention_lowers_to_the_pallas_kernel():
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+  from sdar_jax.models import hidden_states
+
+  chip = aot.topology_devices(aot.parse_topology("v5e-4"))[:1]
+  one_chip = NamedSharding(Mesh(np.array(chip), ("x",)), PartitionSpec())
+  config = ModelConfig.tiny(vocab_size=512, num_layers=1, attention="splash")
+  params = jax.tree.map(
+    lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=one_chip), param_shapes(config)
+  )
+  tokens = jax.ShapeDtypeStruct((2, 200), jnp.int32, sharding=one_chip)
+  lowered = jax.jit(lambda p, t, m: hidden_states(config, p, t, m)).lower(params, tokens, tokens)
+  assert "tpu_custom_call" in lowered.as_text()
+  assert lowered.compile() is not None

@@ -100,6 +100,19 @@ def test_rows_every_logging_every_and_checkpoints(trained):
   assert not os.path.exists(os.path.join(workdir, ".sdar_jax.lock"))  # released at the end
 
 
+def test_training_rows_have_the_perf_metrics(trained):
+  """Throughputs, env-wait and compile shares, staleness (sdar_jax.perf) in every training row:
+  finite, shares in [0, 1], staleness 0 in the synchronous loop."""
+  workdir, _, _ = trained
+  for row in _rows(os.path.join(workdir, "metrics.jsonl"))[1:]:
+    for name in ("rollout_tokens_per_s", "update_tokens_per_s", "iteration_seconds"):
+      assert 0.0 < row[f"perf/{name}"] < float("inf"), (row["step"], name)
+    for name in ("env_wait_share", "compile_share"):
+      assert 0.0 <= row[f"perf/{name}"] <= 1.0, (row["step"], name)
+    assert row["perf/env_wait_share"] > 0.0  # the envs were stepped
+    assert row["perf/staleness_mean"] == row["perf/staleness_max"] == 0.0
+
+
 def test_progress_lines_and_compile_messages(trained):
   _, _, messages = trained
   progress = [m for name, _, m in messages if name == "sdar_jax.trainer" and "iteration " in m]

@@ -76,7 +76,8 @@ class ModelConfig:
         )
     if self.attention not in ATTENTION_IMPLEMENTATIONS:
       raise ValueError(
-        f"ModelConfig.attention={self.attention!r}; choose one of {ATTENTION_IMPLEMENTATIONS}."
+        f"ModelConfig.attention={self.attention!r} (config key model.attention). Fix: choose "
+        f"one of {ATTENTION_IMPLEMENTATIONS}."
       )
     if int(self.attention_block) <= 0:
       raise ValueError(

@@ -225,7 +225,8 @@ def _attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax
 
 # ------------------------------------------------------------------------ sequence attention
 # "auto" picks "chunked" over "xla" from this query length on (CPU, and GPU without cuDNN's
-# dtypes): below it the T x T scores are small and XLA's single pair of matmuls is faster.
+# dtypes): below it the T x T scores stay small, and "xla" is the path checked against
+# transformers.
 CHUNKED_FROM = 2048
 _CUDNN_DTYPES = ("bfloat16", "float16")
 
@@ -240,9 +241,9 @@ def attention_implementation(config: ModelConfig, length: int, backend: str | No
   backend = backend or jax.default_backend()
   if backend == "tpu":
     return "splash"
-  if backend in ("gpu", "cuda", "rocm"):
-    if config.dtype in _CUDNN_DTYPES and config.head_dim % 8 == 0 and config.head_dim <= 128:
-      return "cudnn"
+  cudnn_takes_it = config.dtype in _CUDNN_DTYPES and config.head_dim % 8 == 0
+  if backend in ("gpu", "cuda", "rocm") and cudnn_takes_it and config.head_dim <= 128:
+    return "cudnn"
   return "chunked" if length >= CHUNKED_FROM else "xla"
 
 
@@ -276,7 +277,8 @@ def chunked_attention(
   cache layout), query t seeing the keys s <= t with `key_valid` [B, T]; the same function as
   `_attention` with the causal mask, computed block by block.
 
-  Queries and keys are cut into blocks of `block` tokens; for each query block an online softmax
+  Queries and keys are cut into ceil(T / `block`) blocks of equal length (a multiple of 8, at
+  most `block` rounded up to one); for each query block an online softmax
   (running max, running sum, float32 accumulator) runs over the key blocks at or before it, so no
   more than [B, N, block, block] scores exist at once, and blocks above the diagonal are skipped.
   The backward pass is written by hand (FlashAttention-2: recompute each block's probabilities
@@ -285,7 +287,8 @@ def chunked_attention(
   B, T, N, H = q.shape
   K = k.shape[1]
   G = N // K
-  size = min(int(block), T)
+  n = -(-T // min(int(block), T))  # blocks per sequence
+  size = -(-T // n // 8) * 8  # the shortest multiple of 8 that n blocks cover T with
   n = -(-T // size)
   pad = n * size - T
   # Blocked layouts, block index first: q [n, B, K, size * G, H] (row = token * G + group),
@@ -322,6 +325,10 @@ def _flash_forward(qb, kb, vb, validb, blindb, T: int, G: int):
   n, B, K, rows, H = qb.shape
   size = rows // G
   scale = H**-0.5
+  # One barrier ties the loop-invariant inputs (key masks, block indices) to the queries. Under a
+  # differentiated scan over layers JAX hoists loop-invariant work out of the layer loop, which
+  # here would compute every block pair's mask up front and keep it: T x T again.
+  qb, validb, blindb, index = lax.optimization_barrier((qb, validb, blindb, jnp.arange(n)))
   v_mean = jnp.sum(vb.astype(jnp.float32), axis=(0, 3)) / T  # [B, K, H] (block padding is 0)
 
   def query_block(args):
@@ -350,7 +357,7 @@ def _flash_forward(qb, kb, vb, validb, blindb, T: int, G: int):
       jnp.zeros((B, K, rows), jnp.float32),
       jnp.zeros((B, K, rows, H), jnp.float32),
     )
-    (m, l, acc), _ = lax.scan(key_block, init, (jnp.arange(n), kb, vb, validb))
+    (m, l, acc), _ = lax.scan(key_block, init, (index, kb, vb, validb))
     seen_any = l > 0
     out = acc / jnp.where(seen_any, l, 1.0)[..., None]
     blind_rows = jnp.repeat(blind_i, G, axis=1)[:, None, :, None]  # [B, 1, rows, 1]
@@ -358,7 +365,7 @@ def _flash_forward(qb, kb, vb, validb, blindb, T: int, G: int):
     lse = jnp.where(seen_any, m + jnp.log(jnp.where(seen_any, l, 1.0)), 0.0)
     return out.astype(qb.dtype), lse
 
-  return lax.map(query_block, (jnp.arange(n), qb, blindb))
+  return lax.map(query_block, (index, qb, blindb))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
@@ -378,6 +385,8 @@ def _flash_bwd(T, G, residuals, d_out):
   n, B, K, rows, H = qb.shape
   size = rows // G
   scale = H**-0.5
+  # As in the forward pass: keep the mask work inside the loops (see `_flash_forward`).
+  d_out, validb, blindb, index = lax.optimization_barrier((d_out, validb, blindb, jnp.arange(n)))
   d_out32 = d_out.astype(jnp.float32)
   blind_rows = jnp.repeat(blindb, G, axis=2)[:, :, None, :, None]  # [n, B, 1, rows, 1]
   # Rows that see a key: D = rowsum(dO * O). Blind rows output the mean of the values: their
@@ -413,14 +422,10 @@ def _flash_bwd(T, G, residuals, d_out):
       return lax.cond(j <= i, grads, skip, carry)
 
     init = (jnp.zeros((B, K, H, size), jnp.float32), jnp.zeros((B, K, size, H), jnp.float32))
-    (dk, dv), dq_parts = lax.scan(
-      query_block, init, (jnp.arange(n), qb, seen_d_out, lse, delta)
-    )
+    (dk, dv), dq_parts = lax.scan(query_block, init, (index, qb, seen_d_out, lse, delta))
     return dq + dq_parts, (dk, dv)
 
-  dq, (dk, dv) = lax.scan(
-    key_block, jnp.zeros(qb.shape, jnp.float32), (jnp.arange(n), kb, vb, validb)
-  )
+  dq, (dk, dv) = lax.scan(key_block, jnp.zeros(qb.shape, jnp.float32), (index, kb, vb, validb))
   dv = dv + jnp.where(real_key, dv_blind[None, :, :, None, :], 0.0)
   return dq.astype(qb.dtype), dk.astype(kb.dtype), dv.astype(vb.dtype), None, None
 
@@ -451,7 +456,7 @@ def fused_gpu_attention(
   back. Rows must hold their real tokens contiguously (left padding, then the prompt and the
   response, then right padding: every batch this project builds). `implementation="xla"` runs
   the same rotation through JAX's reference implementation (how the CPU tests check it)."""
-  B, T, N, H = q.shape
+  B, T = q.shape[:2]
   key_valid = key_valid.astype(jnp.bool_)
   lead = jnp.argmax(key_valid, axis=1).astype(jnp.int32)  # leading pads (0 for an all-pad row)
   lengths = jnp.maximum(jnp.sum(key_valid, axis=1).astype(jnp.int32), 1)
@@ -486,7 +491,7 @@ def splash_attention(
   )
   from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
 
-  B, T, N, H = q.shape
+  B, T, _, H = q.shape
   K = k.shape[1]
   padded = -(-T // 128) * 128
   block = next(b for b in (512, 256, 128) if padded % b == 0)

@@ -14,6 +14,7 @@ inside it (docs/reference.md §2.6).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,6 +23,7 @@ from tqdm import tqdm
 
 from envs.base import EnvAdapter, EpisodeView
 from sdar_jax.chat_templates import ChatTemplate
+from sdar_jax.perf import RolloutTimings
 from sdar_jax.rollout.trajectory import Episode, Turn
 from sdar_jax.sampling import Sampler, SamplingParams
 from sdar_jax.tokenizer import Tokenizer
@@ -187,9 +189,13 @@ class AgentLoop:
     policy_version: int = 0,
     sampling: SamplingParams | None = None,
     desc: str = "rollout",
+    timings: RolloutTimings | None = None,
   ) -> list[Episode]:
-    """Plays one episode per entry of `tasks` on envs 0..len(tasks)-1 and returns them."""
+    """Plays one episode per entry of `tasks` on envs 0..len(tasks)-1 and returns them.
+    `timings`, when given, gets the seconds blocked on the envs and in the sampler and the
+    generated tokens added to it (`sdar_jax.perf`)."""
     sampling = sampling or self.sampling
+    timings = RolloutTimings() if timings is None else timings
     n = len(tasks)
     if n > len(self.pool):
       raise ValueError(f"{n} episodes requested but the env pool has {len(self.pool)} envs.")
@@ -198,7 +204,10 @@ class AgentLoop:
       for i, (t, g) in enumerate(zip(tasks, group_ids))
     ]
     views: list[EpisodeView | None] = [None] * n
-    for i, result in enumerate(self.pool.reset(list(tasks), list(range(n)))):
+    start = time.perf_counter()
+    resets = self.pool.reset(list(tasks), list(range(n)))
+    timings.env_seconds += time.perf_counter() - start
+    for i, result in enumerate(resets):
       self._record_env_result(episodes[i], views, i, result, first=True)
 
     bar = tqdm(total=self.max_turns, desc=desc, leave=False, disable=not self.progress)
@@ -211,10 +220,16 @@ class AgentLoop:
         for i in active
       ]
       rng, key = jax.random.split(rng)
+      start = time.perf_counter()
       out = self.sampler.generate(params, [p for p, _, _ in prompts], sampling, key)
+      timings.sampler_seconds += time.perf_counter() - start
+      timings.sampler_calls += 1
+      timings.generated_tokens += sum(len(t) for t in out.tokens)
       texts = self.tokenizer.decode_batch(out.tokens, skip_special_tokens=True)
       actions = [self.adapter.project(text) for text in texts]
+      start = time.perf_counter()
       results = self.pool.step([a for a, _ in actions], active)
+      timings.env_seconds += time.perf_counter() - start
       for k, i in enumerate(active):
         view = views[i]
         episodes[i].turns.append(

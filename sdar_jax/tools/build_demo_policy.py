@@ -1,19 +1,21 @@
-"""Builds the offline demo's warm-started policy: the search expert's games, then supervised steps.
+"""Builds a warm-started policy for the offline demo once, to reuse across runs and ablation arms.
 
-    python -m sdar_jax.tools.build_demo_policy              # rewrites the committed folder
-    python -m sdar_jax.tools.build_demo_policy --out /tmp/policy --steps 50
+    python -m sdar_jax.tools.build_demo_policy --out runs/demo_policy --steps 600
+    python -m sdar_jax.train --config=configs/default.py --config.model.path=runs/demo_policy \
+        --config.warm_start.steps=0 --workdir=runs/demo_from_policy
 
-A model trained from scratch needs several hundred supervised steps on the expert's turns before
-it acts well enough for RL to have a signal (it must learn the output format, to take the target
-when an observation shows it, to deliver, and what the skill block means). On a 2-core CPU that is
-longer than the demo's whole budget, so the demo starts from this policy, built once and
-committed in sdar_jax/assets/policies/alfworld_demo (a Hugging Face folder, ~4 MB), the way RL
-runs start from a supervised checkpoint. The build is the demo's own warm start
-(`configs/default.py` with `warm_start.steps` supervised steps and `train.total_steps=0`) run by
-the trainer on more generated train games; it writes the policy, the tokenizer files and
-`warm_start_metrics.json`: the expert's success with and without skills, the loss, and the
-teacher-student gap on held-out skill-following expert turns measured before any RL. The same
-command on another CPU gives a policy equal up to float rounding.
+A model trained from scratch needs many supervised steps on the expert's turns before it acts
+well enough for RL to have a signal (the output format, copying an admissible action, taking the
+target when an observation shows it, delivering, reading the skill block). That is longer than a
+demo's budget on a CPU, and every arm of an ablation would pay it again; built once, the policy is
+the common starting point (as RL runs start from a supervised checkpoint). The build is the demo's
+own warm start (`configs/default.py` with `--steps` supervised steps and `train.total_steps=0`)
+run by the trainer on more generated train games (64 per task type); it writes a Hugging Face
+folder with the policy, the tokenizer files and `warm_start_metrics.json` (the expert's success
+with and without skills, the loss, the teacher-student gap on held-out skill-following expert
+turns, all measured before RL) with the policy's validation success (`eval.num_tasks` episodes).
+Measured on a loaded 2-core CPU: 600 steps took 32 minutes and
+left validation success at 0 (loss 7.41 -> 0.23, gap +0.009 per token).
 """
 
 from __future__ import annotations
@@ -26,13 +28,10 @@ import shutil
 import tempfile
 from collections.abc import Sequence
 
-DEFAULT_OUT_DIR = (
-  pathlib.Path(__file__).resolve().parent.parent / "assets" / "policies" / "alfworld_demo"
-)
+DEFAULT_OUT_DIR = "runs/demo_policy"
 # The build's differences from configs/default.py (the demo itself plays 24 games per task type).
 BUILD_OVERRIDES = {
   "train.total_steps": 0,
-  "train.eval_before_train": False,
   "warm_start.steps": 600,
   "env.offline.num_train": 64,
   "checkpoint.export_hf": False,
@@ -40,15 +39,18 @@ BUILD_OVERRIDES = {
 }
 
 
-def build(out_dir: str | os.PathLike = DEFAULT_OUT_DIR, steps: int | None = None) -> dict:
-  """Runs the warm start and writes the policy folder; returns the warm-start metrics."""
+def build(
+  out_dir: str | os.PathLike = DEFAULT_OUT_DIR,
+  steps: int | None = None,
+  overrides: dict | None = None,
+) -> dict:
+  """Runs the warm start and writes the policy folder; returns the warm-start metrics.
+  `overrides`: further dotted config keys (tests shrink the game set with them)."""
   from configs import common, default
   from sdar_jax import trainer
 
   config = default.get_config()
-  config.model.path = None  # start from random weights, not from the policy being rebuilt
-  config.model.random_init = True
-  overrides = dict(BUILD_OVERRIDES)
+  overrides = {**BUILD_OVERRIDES, **(overrides or {})}
   if steps is not None:
     overrides["warm_start.steps"] = steps
   common.override(config, overrides)
@@ -56,11 +58,15 @@ def build(out_dir: str | os.PathLike = DEFAULT_OUT_DIR, steps: int | None = None
     trainer.run(config, workdir)
     rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
     metrics = {
-      k: v for row in rows for k, v in row.items() if k.startswith("warm_start/") or k == "step"
+      k: v
+      for row in rows
+      for k, v in row.items()
+      if k.startswith(("warm_start/", "val/success_rate", "val/valid_action_ratio"))
     }
     metrics["warm_start/steps"] = overrides["warm_start.steps"]
     metrics["env/offline_num_train"] = overrides["env.offline.num_train"]
     out = pathlib.Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=".tmp-policy-", dir=out.parent.as_posix()))
     try:
       for item in pathlib.Path(workdir, "warm_start_policy").iterdir():
@@ -82,8 +88,8 @@ def _readme(metrics: dict) -> str:
   lines = [
     "# alfworld_demo",
     "",
-    "The offline demo's warm-started policy (configs/default.py reads it as `model.path`), written",
-    "by `python -m sdar_jax.tools.build_demo_policy` (that module's docstring says how). Qwen3",
+    "A warm-started policy for the offline demo (use it with `--config.model.path` and",
+    "`--config.warm_start.steps=0`), written by `python -m sdar_jax.tools.build_demo_policy`. Qwen3",
     "architecture, 4 layers, hidden 128, the compact ALFWorld tokenizer (its files are copied",
     "here). Measured at build time, before any RL:",
     "",
@@ -94,10 +100,9 @@ def _readme(metrics: dict) -> str:
 
 def main(argv: Sequence[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("--out", default=str(DEFAULT_OUT_DIR), help="policy folder to (re)write")
+  parser.add_argument("--out", default=DEFAULT_OUT_DIR, help="policy folder to (re)write")
   parser.add_argument("--steps", type=int, default=None, help="supervised steps (default 600)")
   args = parser.parse_args(argv)
-  os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
   metrics = build(args.out, args.steps)
   print(json.dumps(metrics, indent=1))
 

@@ -1,0 +1,158 @@
+"""Where an iteration's wall time goes: the `perf/*` metrics of each training iteration.
+
+    clock = IterationClock()                      # at the top of the iteration
+    episodes = loop.run(..., timings=clock.rollout)
+    ...                                           # samples, update
+    metrics.update(clock.metrics(samples, current_version, rollout_s, update_s))
+
+The metrics (`perf_metrics` does the arithmetic):
+
+* `perf/iteration_seconds`: wall time of the iteration (rollout, samples, update; not the
+  evaluation, logging or checkpoint that may follow it).
+* `perf/rollout_tokens_per_s`: response tokens the sampler generated in the rollout (failed
+  episodes' turns included) / rollout wall time (env resets and steps, prompts, sampling).
+* `perf/update_tokens_per_s`: real (unpadded) student tokens of the trained turn-samples, prompt
+  plus response, / update wall time (packing, any re-scoring passes at θ_old, the mini-batch
+  updates). Teacher-branch tokens are not counted, so SDAR and GRPO runs compare on the same
+  tokens.
+* `perf/env_wait_share`: seconds the loop was blocked in `EnvPool.reset` / `EnvPool.step` /
+  iteration wall time.
+* `perf/compile_share`: seconds JAX spent tracing, lowering and compiling (its
+  `/jax/core/compile/*` monitoring events, top-level computations only, so nested jits are not
+  counted twice) / iteration wall time. In [0, 1] while one thread compiles at a time.
+* `perf/staleness_mean`, `perf/staleness_max`: policy versions between the parameters that
+  sampled each trained turn-sample (`TurnSample.policy_version`) and those the update starts from
+  (the iteration count); 0 in the synchronous loop.
+
+The throughputs and shares need no extra device syncs: the sampler returns host arrays and the
+trainer already fetches each update's metrics, so the wall times cover the device work.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Sequence
+
+import jax
+
+# JAX's monitoring events for the phases of compiling a top-level computation (jax._src.dispatch).
+COMPILE_EVENTS = (
+  "/jax/core/compile/jaxpr_trace_duration",
+  "/jax/core/compile/jaxpr_to_mlir_module_duration",
+  "/jax/core/compile/backend_compile_duration",
+)
+
+_compile_lock = threading.Lock()
+_compile_total = 0.0
+_listening = False
+
+
+def _on_duration_event(event: str, duration_secs: float, **kwargs) -> None:
+  global _compile_total
+  del kwargs
+  if event in COMPILE_EVENTS:
+    with _compile_lock:
+      _compile_total += float(duration_secs)
+
+
+def compile_seconds() -> float:
+  """Seconds JAX has spent tracing, lowering and compiling in this process since the first call
+  of this function (which starts listening to its monitoring events); take differences."""
+  global _listening
+  with _compile_lock:
+    if not _listening:
+      jax.monitoring.register_event_duration_secs_listener(_on_duration_event)
+      _listening = True
+    return _compile_total
+
+
+@dataclasses.dataclass
+class RolloutTimings:
+  """What `AgentLoop.run(..., timings=...)` adds up over a rollout."""
+
+  env_seconds: float = 0.0  # blocked in EnvPool.reset / EnvPool.step
+  sampler_seconds: float = 0.0  # in Sampler.generate (device work and the copy back included)
+  generated_tokens: int = 0  # response tokens the sampler returned
+  sampler_calls: int = 0
+
+
+def _per_second(amount: float, seconds: float) -> float:
+  return amount / seconds if seconds > 0 else 0.0
+
+
+def perf_metrics(
+  *,
+  iteration_seconds: float,
+  rollout_seconds: float,
+  generated_tokens: int,
+  env_seconds: float,
+  compile_seconds: float,
+  update_seconds: float | None = None,
+  update_tokens: int = 0,
+  staleness: Sequence[int] = (),
+) -> dict[str, float]:
+  """The `perf/*` metrics of one iteration from its timings (see the module docstring). Without
+  an update (`update_seconds` None) there is no update throughput; without trained samples no
+  staleness."""
+  named = {
+    "iteration_seconds": iteration_seconds,
+    "rollout_seconds": rollout_seconds,
+    "env_seconds": env_seconds,
+    "compile_seconds": compile_seconds,
+    "update_seconds": update_seconds or 0.0,
+    "generated_tokens": generated_tokens,
+    "update_tokens": update_tokens,
+  }
+  for name, value in named.items():
+    if value < 0:
+      raise ValueError(f"{name}={value} is negative; timings and token counts are >= 0.")
+  if any(s < 0 for s in staleness):
+    raise ValueError(
+      f"staleness {min(staleness)} < 0: a sample's policy_version is newer than the update's "
+      "parameters. Tag samples with the version of the parameters that sampled them."
+    )
+  m = {
+    "perf/iteration_seconds": float(iteration_seconds),
+    "perf/rollout_tokens_per_s": _per_second(generated_tokens, rollout_seconds),
+    "perf/env_wait_share": _per_second(env_seconds, iteration_seconds),
+    "perf/compile_share": _per_second(compile_seconds, iteration_seconds),
+  }
+  if update_seconds is not None:
+    m["perf/update_tokens_per_s"] = _per_second(update_tokens, update_seconds)
+  if staleness:
+    m["perf/staleness_mean"] = float(sum(staleness)) / len(staleness)
+    m["perf/staleness_max"] = float(max(staleness))
+  return m
+
+
+class IterationClock:
+  """Started at the top of a training iteration: its wall clock, JAX's compile clock and the
+  rollout's `RolloutTimings` (pass `clock.rollout` to `AgentLoop.run`)."""
+
+  def __init__(self):
+    self.start = time.perf_counter()
+    self.compile_start = compile_seconds()
+    self.rollout = RolloutTimings()
+
+  def metrics(
+    self,
+    samples: Sequence,
+    current_version: int,
+    rollout_seconds: float,
+    update_seconds: float | None = None,
+  ) -> dict[str, float]:
+    """`perf_metrics` now: `samples` are the iteration's trained `TurnSample`s (their prompt
+    and response tokens are the update's tokens), `current_version` the policy version of the
+    parameters the update starts from."""
+    return perf_metrics(
+      iteration_seconds=time.perf_counter() - self.start,
+      rollout_seconds=rollout_seconds,
+      generated_tokens=self.rollout.generated_tokens,
+      env_seconds=self.rollout.env_seconds,
+      compile_seconds=compile_seconds() - self.compile_start,
+      update_seconds=update_seconds,
+      update_tokens=sum(len(s.prompt_ids) + len(s.response_ids) for s in samples),
+      staleness=[current_version - s.policy_version for s in samples],
+    )
