@@ -36,6 +36,10 @@ of the paper's models on common slices and the commands that made it.
 
 Length: topology parsing, abstract inputs for three programs, the memory read-out and the CLI
 are one tool; each part is small and only this file uses them.
+
+Why one file of ~720 lines: planning is one pipeline (topology, mesh, abstract inputs, the three
+compiled programs, memory against HBM, model-formula FLOPs, the table and the CLI) whose steps
+share one plan object.
 """
 
 from __future__ import annotations

@@ -28,6 +28,10 @@ Two products, both written by the trainer without any setting:
   Algorithms that do not score a teacher in training (grpo, skill_grpo) get the same view: the
   teacher is scored for this view only and the gate shown is the one the run's algo.gate / beta
   would give (for plain GRPO the preset's defaults: the gap gate at β = 5); the page says so.
+
+Why one file of ~600 lines: the histograms (in-jit counts, host sums, PNG, TensorBoard) and the
+token view (recording teacher prompts, scoring, HTML) are the one diagnostics feature the trainer
+calls into twice.
 """
 
 from __future__ import annotations

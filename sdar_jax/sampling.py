@@ -38,6 +38,10 @@ depend on the batch bucket or the device mesh (they do depend on the row's index
 
 Length: one compiled loop (prefill, prefix sharing, decode, sampling rules, the in-loop stop
 automaton) and its host-side tables; the model step itself is models/qwen.py's decode_step.
+
+Why one file of ~580 lines: the sampler's parts (stop-string automaton, filtered sampling, prefix
+sharing, the compiled prefill + decode loop, bucketing and compile counting) share one state and
+one set of shapes; split, each piece would need the others' internals.
 """
 
 from __future__ import annotations

@@ -26,6 +26,9 @@ scratch (the offline demo) or for ablations.
 turns, the mean over response tokens of log p(response | skill prompt) - log p(response | plain
 prompt); positive when the skill text makes the model more confident of the skill-following
 actions, i.e. when the teacher branch has something to distil.
+
+Why one file of ~510 lines: expert records, their samples, the SFT step, the gap measurement and
+the run-time orchestration are one feature, read in order.
 """
 
 from __future__ import annotations

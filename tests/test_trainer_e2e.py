@@ -84,7 +84,8 @@ def test_train_checkpoint_export_resume(tmp_path, monkeypatch):
   straight = str(tmp_path / "straight")
   trainer.run(_config(total_steps=3), straight)
   resumed_row, straight_row = rows[3], _rows(straight)[3]
-  compared = [k for k in straight_row if "seconds" not in k and "compilations" not in k]
+  timings = ("seconds", "compilations", "perf/")  # wall-clock figures differ between two runs
+  compared = [k for k in straight_row if not any(t in k for t in timings)]
   assert "train/loss" in compared and "episode/valid_action_ratio" in compared
   for key in compared:
     assert resumed_row[key] == straight_row[key], key

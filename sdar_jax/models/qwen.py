@@ -30,6 +30,10 @@ backward pass (`chunked_attention`), so no more than [B, N, block, block] scores
 "cudnn" calls cuDNN's fused kernel through `jax.nn.dot_product_attention`; "splash" calls the
 Pallas splash-attention kernel for TPU. A decode step (one query token against the cache) always
 uses the "xla" product: its scores are [B, N, 1, S], small for any cache.
+
+Why one file of ~750 lines: the decoder, its KV cache and its attention implementations (xla,
+chunked with its own backward, cuDNN, splash) are one model; the attention paths share the masks,
+the GQA layout and the cache, and each is tested against the others.
 """
 
 from __future__ import annotations
