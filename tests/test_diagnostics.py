@@ -85,6 +85,7 @@ def _edge_distance(values: np.ndarray, edges: np.ndarray) -> float:
   return float(np.min(np.abs(values.reshape(-1, 1) - edges.reshape(1, -1))))
 
 
+@pytest.mark.slow
 def test_update_returns_counts_of_the_gap_and_gate(tiny_params):
   """The compiled update's counts equal numpy.histogram of the gap lT − lθ and the gate σ(βΔ)
   computed from independently scored log-probs (float64 full-logits forward); micro-batching

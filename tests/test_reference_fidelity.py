@@ -204,6 +204,7 @@ def sampled(params):
   return step, batch
 
 
+@pytest.mark.slow
 def test_recompute_old_logp_replaces_the_sampler_logps(params, sampled):
   step, batch = sampled
   mask = batch.response_mask > 0

@@ -317,6 +317,7 @@ def test_skill_grpo_student_skills_follow_the_keyword_rule_over_the_user_message
   assert teacher is None
 
 
+@pytest.mark.slow
 def test_truncated_prompts_are_marked_on_turns_and_counted_in_the_metrics():
   from envs import EnvPool
   from sdar_jax.trainer import rollout_metrics

@@ -66,6 +66,7 @@ def _run_config(algo, micro, optim):
   )
 
 
+@pytest.mark.slow
 def test_loss_decreases_on_a_fixed_batch(params, sdar_step):
   step, optimizer = sdar_step
   batch = make_batch(params, seed=2)
