@@ -158,7 +158,7 @@ def read_history(path: str) -> list[dict[str, Any]]:
 
 
 def validation_summary(path: str, key: str = "val/success_rate") -> str | None:
-  """"validation success_rate 0.104 (step 0) -> 0.271 (step 20)": the first and the last
+  """ "validation success_rate 0.104 (step 0) -> 0.271 (step 20)": the first and the last
   evaluation of a metrics.jsonl, or None before two evaluations."""
   evals = [(int(row["step"]), row[key]) for row in read_history(path) if key in row]
   if len(evals) < 2:

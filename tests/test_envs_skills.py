@@ -160,7 +160,9 @@ def test_places_task_keeps_only_the_task_objects_entries():
   full = SkillRetriever("alfworld", "rules", "pre_fix").skill_text()
   cut = SkillRetriever("alfworld", "rules", "pre_fix", places="task")
   text = cut.skill_text(task="examine the alarmclock with the desklamp.")
-  assert "Places by type: alarmclock: tables; desklamp, floorlamp: sidetable, desk, dresser, " in text
+  assert (
+    "Places by type: alarmclock: tables; desklamp, floorlamp: sidetable, desk, dresser, " in text
+  )
   assert "apple" not in text and "apple, egg, potato, tomato:" in full
   assert text.replace(re.search(r"Places by type: [^.]*\.", text).group(0), "") == full.replace(
     re.search(r"Places by type: [^.]*\.", full).group(0), ""

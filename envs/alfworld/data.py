@@ -39,7 +39,7 @@ def task_types(env_cfg: Any) -> tuple[str, ...]:
   unknown = sorted(set(chosen) - set(TASK_TYPES))
   if unknown or not chosen:
     raise ValueError(
-      f"env.task_types={raw!r}: unknown task types {unknown}. Fix: \"all\" or a comma-separated "
+      f'env.task_types={raw!r}: unknown task types {unknown}. Fix: "all" or a comma-separated '
       f"subset of {','.join(TASK_TYPES)}."
     )
   return tuple(t for t in TASK_TYPES if t in chosen)  # canonical order: one cache folder per set
@@ -69,7 +69,9 @@ def offline_dir(env_cfg: Any, split_name: str | None = None) -> str:
     marker = os.path.join(out, f"COMPLETE_{split_}")
     if os.path.exists(marker) or os.path.exists(legacy_marker):
       continue
-    log.info("generating offline ALFWorld %s games into %s (planner-checked, cached) ...", split_, out)
+    log.info(
+      "generating offline ALFWorld %s games into %s (planner-checked, cached) ...", split_, out
+    )
     generator.generate_split(
       out, split_, sizes[split_], off.seed, types, workers=min(2, os.cpu_count() or 1)
     )

@@ -48,6 +48,7 @@ def build(
   `overrides`: further dotted config keys (tests shrink the game set with them)."""
   from configs import common, default
   from sdar_jax import trainer
+  from sdar_jax.metrics import read_history
 
   config = default.get_config()
   overrides = {**BUILD_OVERRIDES, **(overrides or {})}
@@ -56,7 +57,7 @@ def build(
   common.override(config, overrides)
   with tempfile.TemporaryDirectory(prefix="sdar-demo-policy-") as workdir:
     trainer.run(config, workdir)
-    rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+    rows = read_history(os.path.join(workdir, "metrics.jsonl"))
     metrics = {
       k: v
       for row in rows
@@ -94,7 +95,9 @@ def _readme(metrics: dict) -> str:
     "here). Measured at build time, before any RL:",
     "",
   ]
-  lines += [f"- {k}: {v:.4g}" if isinstance(v, float) else f"- {k}: {v}" for k, v in metrics.items()]
+  lines += [
+    f"- {k}: {v:.4g}" if isinstance(v, float) else f"- {k}: {v}" for k, v in metrics.items()
+  ]
   return "\n".join(lines) + "\n"
 
 
