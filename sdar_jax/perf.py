@@ -46,26 +46,41 @@ COMPILE_EVENTS = (
 
 _compile_lock = threading.Lock()
 _compile_total = 0.0
+_compile_events = 0
 _listening = False
 
 
 def _on_duration_event(event: str, duration_secs: float, **kwargs) -> None:
-  global _compile_total
+  global _compile_total, _compile_events
   del kwargs
   if event in COMPILE_EVENTS:
     with _compile_lock:
       _compile_total += float(duration_secs)
+      _compile_events += 1
+
+
+def _listen() -> None:
+  global _listening
+  if not _listening:
+    jax.monitoring.register_event_duration_secs_listener(_on_duration_event)
+    _listening = True
 
 
 def compile_seconds() -> float:
   """Seconds JAX has spent tracing, lowering and compiling in this process since the first call
-  of this function (which starts listening to its monitoring events); take differences."""
-  global _listening
+  of this function or of `compile_events` (which start listening to its monitoring events); take
+  differences."""
   with _compile_lock:
-    if not _listening:
-      jax.monitoring.register_event_duration_secs_listener(_on_duration_event)
-      _listening = True
+    _listen()
     return _compile_total
+
+
+def compile_events() -> int:
+  """How many of JAX's compile-phase events (trace, lower, backend compile) `compile_seconds`
+  has added up so far: the same listener, counted instead of timed."""
+  with _compile_lock:
+    _listen()
+    return _compile_events
 
 
 @dataclasses.dataclass

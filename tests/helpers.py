@@ -28,6 +28,18 @@ TINY_CONFIG = ModelConfig.tiny(
   num_kv_heads=4,
   head_dim=16,
 )
+# A one-layer Qwen3 with the full Qwen vocabulary, so the real (bundled) tokenizer drives it: the
+# agent-loop tests' model.
+QWEN_VOCAB_DECODER = ModelConfig.tiny(
+  "qwen3",
+  vocab_size=151936,
+  hidden_size=16,
+  intermediate_size=32,
+  num_layers=1,
+  num_heads=2,
+  num_kv_heads=1,
+  head_dim=8,
+)
 # The small Qwen3-architecture config of the checkpoint / Hugging Face file tests (GQA 4 q heads
 # over 2 kv heads).
 SMALL_QWEN3 = ModelConfig.tiny(

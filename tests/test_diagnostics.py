@@ -18,7 +18,14 @@ import pytest
 
 from sdar_jax import diagnostics
 from sdar_jax.diagnostics import GAP_EDGES, GATE_EDGES, Histogram, masked_histogram
-from tests.helpers import RESPONSE_LEN, SDAR_LOSS, TINY_CONFIG, fresh_state, full_logp
+from tests.helpers import (
+  RESPONSE_LEN,
+  SDAR_LOSS,
+  TINY_CONFIG,
+  fresh_state,
+  full_logp,
+  tiny_run_config,
+)
 
 
 # ------------------------------------------------------------------------------ histograms
@@ -251,38 +258,12 @@ def test_a_tiny_run_writes_the_diagnostics(tmp_path, monkeypatch):
   """SDAR, one iteration, evaluations before and after: histograms (JSONL, PNGs, TensorBoard),
   the positive-gap share, a token view per evaluation whose teacher prompts carry the skill
   block; then GRPO evaluated alone writes its token view with the teacher scored for it."""
-  from configs import alfworld, common
   from sdar_jax import trainer
 
   monkeypatch.setenv("SDAR_DATA_CACHE", str(tmp_path / "cache"))
 
   def config(algo: str):
-    c = alfworld.get_config(f"model=tiny,algo={algo},local=True")
-    common.override(
-      c,
-      {
-        "mesh.data": 2,
-        "mesh.fsdp": 1,
-        "mesh.tensor": 4,
-        "env.tasks_per_step": 1,
-        "env.group_size": 2,
-        "env.max_turns": 2,
-        "env.num_workers": 1,
-        "env.offline.num_train": 1,
-        "env.offline.num_eval": 1,
-        "eval.num_tasks": 2,
-        "rollout.max_new_tokens": 16,
-        "train.total_steps": 1,
-        "train.eval_every": 1,
-        "train.mini_batch_size": 4,
-        "train.micro_batch_size": 2,
-        "warm_start.steps": 0,
-        "checkpoint.async_save": False,
-        "checkpoint.export_hf": False,
-        "logging.tensorboard": True,
-      },
-    )
-    return c
+    return tiny_run_config(1, algo, **{"train.eval_every": 1, "logging.tensorboard": True})
 
   run = str(tmp_path / "sdar")
   trainer.run(config("sdar"), run)

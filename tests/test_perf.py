@@ -5,14 +5,20 @@ checked in test_trainer_run.py. No test asserts how long anything took."""
 from __future__ import annotations
 
 import math
-import time
 
 import jax
 import jax.numpy as jnp
 import pytest
 
 from sdar_jax.batch import TurnSample
-from sdar_jax.perf import IterationClock, RolloutTimings, compile_seconds, perf_metrics
+from sdar_jax.perf import (
+  COMPILE_EVENTS,
+  IterationClock,
+  RolloutTimings,
+  compile_events,
+  perf_metrics,
+)
+from tests.helpers import QWEN_VOCAB_DECODER
 
 
 def _sample(prompt_len: int, response_len: int, version: int) -> TurnSample:
@@ -102,44 +108,37 @@ def test_iteration_clock_counts_tokens_and_staleness_from_the_samples():
   assert 0.0 <= m["perf/env_wait_share"] <= 1.0 and 0.0 <= m["perf/compile_share"] <= 1.0
 
 
-def test_compile_clock_counts_compiles_not_cached_calls():
+def test_compile_listener_counts_compiles_not_cached_calls():
+  """The listener behind perf/compile_share sees a first call's trace, lowering and compile, and
+  nothing of calls served from the cache (counted, not timed: no test reads a clock)."""
   x = jnp.arange(7.0)
-  start = compile_seconds()
+  start = compile_events()
 
   @jax.jit
   def f(x):
     return jnp.tanh(x) * 3.0 + 1.0
 
   f(x).block_until_ready()  # traces, lowers and compiles
-  after_compile = compile_seconds()
-  assert after_compile > start
+  after_compile = compile_events()
+  assert after_compile - start >= len(COMPILE_EVENTS)  # each phase at least once
   f(x).block_until_ready()  # cached executable: nothing compiled
   f(x).block_until_ready()
-  assert compile_seconds() == after_compile
+  assert compile_events() == after_compile
 
 
 @pytest.mark.slow
 def test_agent_loop_adds_up_env_time_and_generated_tokens():
   """The rollout's RolloutTimings: one sampler call per turn, every returned response token
-  counted, env time inside the run's own wall time."""
+  counted (its seconds are timings: bench/rollout.py prints them)."""
   from envs import EnvPool
   from envs.alfworld import AlfworldAdapter
   from sdar_jax.chat_templates import ChatTemplate
-  from sdar_jax.models import ModelConfig, init_params
+  from sdar_jax.models import init_params
   from sdar_jax.rollout import AgentLoop
   from sdar_jax.sampling import Sampler, SamplingParams
   from sdar_jax.tokenizer import Tokenizer
 
-  config = ModelConfig.tiny(
-    "qwen3",
-    vocab_size=151936,
-    hidden_size=16,
-    intermediate_size=32,
-    num_layers=1,
-    num_heads=2,
-    num_kv_heads=1,
-    head_dim=8,
-  )
+  config = QWEN_VOCAB_DECODER
   params = init_params(config, jax.random.key(0))
   with EnvPool("dummy", 3, env_kwargs={"max_steps": 2}, num_workers=0) as pool:
     loop = AgentLoop(
@@ -153,11 +152,8 @@ def test_agent_loop_adds_up_env_time_and_generated_tokens():
       progress=False,
     )
     timings = RolloutTimings()
-    start = time.perf_counter()
     episodes = loop.run(params, [0, 1, 2], [0, 0, 1], jax.random.key(1), timings=timings)
-    wall = time.perf_counter() - start
   turns = [t for ep in episodes for t in ep.turns]
   assert len(turns) == 6  # no word said: every episode plays both turns
   assert timings.sampler_calls == 2
   assert timings.generated_tokens == sum(len(t.response_ids) for t in turns) > 0
-  assert 0.0 < timings.env_seconds and timings.env_seconds + timings.sampler_seconds <= wall

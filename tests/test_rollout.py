@@ -11,14 +11,14 @@ import pytest
 
 from sdar_jax.batch import TurnSample, batch_bucket, new_tokens_bucket, prompt_bucket
 from sdar_jax.chat_templates import ChatTemplate
-from sdar_jax.models import ModelConfig, init_params
+from sdar_jax.models import init_params
 from sdar_jax.rollout import ReplayQueue, episodes_to_samples, pack_batch, plan_minibatches
 from sdar_jax.rollout.trajectory import Episode, Turn
 from sdar_jax.sampling import Sampler, SamplingParams
 from sdar_jax.train_state import make_optimizer
 from sdar_jax.train_step import TrainStep
 from tests import hf_fixtures
-from tests.helpers import sample_and_pack
+from tests.helpers import QWEN_VOCAB_DECODER, sample_and_pack
 
 
 def _turn(n_resp=3, valid=True, version=0, prompt=(5, 6, 7)):
@@ -76,7 +76,15 @@ def test_rollout_does_not_import_the_update():
 def test_bucket_sizes():
   # prompts: powers of two from 16 up to 512, then multiples of 512
   assert [prompt_bucket(n) for n in (1, 16, 17, 512, 513, 641, 1024, 1025, 1537)] == [
-    16, 16, 32, 512, 640, 768, 1024, 1536, 2048
+    16,
+    16,
+    32,
+    512,
+    640,
+    768,
+    1024,
+    1536,
+    2048,
   ]
   assert [new_tokens_bucket(n) for n in (0, 16, 17, 100)] == [16, 16, 32, 128]
   # rows: a power of two, rounded up to a multiple of the mesh's batch divisor
@@ -174,16 +182,7 @@ def test_agent_loop_survives_a_crashing_env():
   from sdar_jax.rollout import AgentLoop
   from sdar_jax.tokenizer import Tokenizer
 
-  config = ModelConfig.tiny(
-    "qwen3",
-    vocab_size=151936,  # the real tokenizer drives it
-    hidden_size=16,
-    intermediate_size=32,
-    num_layers=1,
-    num_heads=2,
-    num_kv_heads=1,
-    head_dim=8,
-  )
+  config = QWEN_VOCAB_DECODER
   params = init_params(config, jax.random.key(0))
   kwargs = [{"max_steps": 3}, {"max_steps": 3, "fail_on_step": 2}, {"max_steps": 3}]
   with EnvPool("dummy", 3, env_kwargs=kwargs, num_workers=0) as pool:
@@ -322,16 +321,7 @@ def test_truncated_prompts_are_marked_on_turns_and_counted_in_the_metrics():
   from envs import EnvPool
   from sdar_jax.trainer import rollout_metrics
 
-  config = ModelConfig.tiny(
-    "qwen3",
-    vocab_size=151936,
-    hidden_size=16,
-    intermediate_size=32,
-    num_layers=1,
-    num_heads=2,
-    num_kv_heads=1,
-    head_dim=8,
-  )
+  config = QWEN_VOCAB_DECODER
   params = init_params(config, jax.random.key(0))
   with EnvPool("dummy", 2, env_kwargs={"max_steps": 2}, num_workers=0) as pool:
     loop = _prompt_loop(
