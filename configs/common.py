@@ -205,10 +205,13 @@ def alfworld(
   history: int = 2, max_turns: int = 50, group_size: int = 8, tasks_per_step: int = 16
 ) -> mlc.ConfigDict:
   """ALFWorld text games (docs/reference.md §6.1). offline.num_train / num_eval are games per task
-  type; task_types is "all" or a comma-separated subset of envs.alfworld.TASK_TYPES."""
-  return _env(
+  type; task_types is "all" or a comma-separated subset of envs.alfworld.TASK_TYPES;
+  offline.rooms is "full" (the catalog's room sizes) or "small" (one receptacle per class)."""
+  section = _env(
     "alfworld", history, max_turns, group_size, tasks_per_step, split="train", task_types="all"
   )
+  section.offline.rooms = "full"
+  return section
 
 
 def webshop(

@@ -288,6 +288,14 @@ def env_section_problems(section: Any, configured: Sequence[str]) -> list[str]:
       f"env.name={name!r}: this environment is not implemented yet (its config keys exist, the "
       f"host loop cannot run it). Fix: use one of {list(runnable)}"
     )
+  from envs.alfworld.catalog import ROOM_SIZES
+
+  rooms = (section.get("offline") or {}).get("rooms", "full")
+  if name == "alfworld" and rooms not in ROOM_SIZES:
+    problems.append(
+      f"env.offline.rooms={rooms!r}: unknown room size. Fix: use 'full' (the catalog's rooms) or "
+      "'small' (one receptacle of each class)"
+    )
   if data_dir and not os.path.isdir(os.path.expanduser(data_dir)):
     problems.append(
       f"env.data_dir={data_dir!r}: no such directory. Fix: point it at the prepared data, or "

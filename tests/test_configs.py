@@ -453,6 +453,11 @@ def test_components_check_their_own_sections_and_validate_collects_them():
   assert _problems(config).startswith("5 problem(s)")
 
 
+def test_unknown_room_size_is_refused():
+  msg = _problems(common.override(_local(), {"env.offline.rooms": "tiny"}))
+  assert "env.offline.rooms='tiny': unknown room size" in msg and "'small'" in msg, msg
+
+
 def test_asynchronous_training_is_refused():
   config = common.override(_local(), {"train.max_staleness": 1})
   msg = _problems(config)

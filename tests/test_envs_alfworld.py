@@ -13,7 +13,7 @@ import pytest
 import envs
 from envs.alfworld import AlfworldEnv, collect_game_files, project_action
 from envs.alfworld import generator
-from envs.alfworld.catalog import ROOMS, scene_numbers
+from envs.alfworld.catalog import LAMPS, ROOMS, scene_numbers
 from envs.alfworld.engine import GameFileError
 from envs.alfworld.problem import pddl_problem
 from envs.alfworld.tasks import TASK_TYPES, extract_task, success_rates, task_type_from_path
@@ -243,6 +243,39 @@ def test_generated_games_are_varied_and_sensible():
         assert any(t.type == spec.toggle_target for t in spec.things)
   assert set(rooms) == set(ROOMS)
   assert len(objects) >= 25 and len(targets) >= 12 and len(receptacles) >= 25
+
+
+def test_small_rooms_keep_one_receptacle_per_class_and_stay_solvable(tmp_path):
+  """rooms="small": at most one receptacle of each class (so 'go to' lists are short), a few
+  distractor kinds, and every generated game still won by its planner-checked walkthrough."""
+  sizes = {"full": [], "small": []}
+  for rooms in sizes:
+    for task_type in TASK_TYPES:
+      for i in range(10):
+        rng = random.Random(f"0:train:{task_type}:{i}")
+        spec = None
+        while spec is None:
+          spec = generator.sample_spec(task_type, "train", rng, rooms)
+        sizes[rooms].append(len(spec.receptacles))
+        if rooms == "small":
+          per_class = Counter(r.type for r in spec.receptacles)
+          assert max(per_class.values()) == 1, per_class
+          kinds = {t.type for t in spec.things} - {spec.object_target, *LAMPS}
+          assert 2 <= len(kinds) <= 4, kinds
+  assert max(sizes["small"]) <= 13 < max(sizes["full"])
+  assert sum(sizes["small"]) < 0.6 * sum(sizes["full"])
+  with pytest.raises(ValueError, match=r"rooms='tiny'.*full.*small"):
+    generator.scene_layout("kitchen", 1, rooms="tiny")
+  (game,) = generator.generate_split(
+    str(tmp_path), "train", 1, 0, ["pick_and_place_simple"], progress=False, rooms="small"
+  )
+  env = AlfworldEnv.from_game_files([game.gamefile])
+  obs, info = env.reset(0)
+  for action in game.actions:
+    assert action in info["admissible_commands"]
+    obs, reward, done, info = env.step(action)
+  assert (reward, done, info["won"]) == (10.0, True, True)
+  env.close()
 
 
 def test_success_rates_per_task_type_and_overall():

@@ -14,12 +14,18 @@ __all__ = [
   "RoomKind",
   "OBJECTS",
   "ROOMS",
+  "ROOM_SIZES",
   "OPENABLE",
   "LAMPS",
   "STATE_RECEPTACLE",
   "receptacle_id_stem",
   "scene_numbers",
 ]
+
+# Room sizes of the generator: "full" draws each receptacle class's count from the room's (min,
+# max) and 4-12 distractor kinds; "small" keeps at most one receptacle of each class and 2-4
+# distractor kinds (8-12 receptacles instead of up to 35), for models small enough to train on a CPU.
+ROOM_SIZES = ("full", "small")
 
 # Receptacles that start closed and must be opened before looking inside or putting something in.
 OPENABLE = frozenset({"Cabinet", "Drawer", "Fridge", "Microwave", "Safe"})

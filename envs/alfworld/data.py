@@ -57,7 +57,10 @@ def offline_dir(env_cfg: Any, split_name: str | None = None) -> str:
   root = os.environ.get(
     "SDAR_DATA_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "sdar_jax")
   )
+  rooms = off.get("rooms", "full")
   name = f"alfworld_offline_n{off.num_train}_e{off.num_eval}_s{off.seed}"
+  if rooms != "full":
+    name += f"_{rooms}"
   if types != TASK_TYPES:
     name += "_" + "-".join(SHORT_NAMES[t] for t in types)
   out = os.path.join(root, name)
@@ -73,7 +76,13 @@ def offline_dir(env_cfg: Any, split_name: str | None = None) -> str:
       "generating offline ALFWorld %s games into %s (planner-checked, cached) ...", split_, out
     )
     generator.generate_split(
-      out, split_, sizes[split_], off.seed, types, workers=min(2, os.cpu_count() or 1)
+      out,
+      split_,
+      sizes[split_],
+      off.seed,
+      types,
+      workers=min(2, os.cpu_count() or 1),
+      rooms=rooms,
     )
     with open(marker, "w") as f:
       f.write("ok\n")

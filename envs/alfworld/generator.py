@@ -32,6 +32,7 @@ from envs.alfworld import engine as engine_lib
 from envs.alfworld.catalog import (
   LAMPS,
   OBJECTS,
+  ROOM_SIZES,
   ROOMS,
   STATE_RECEPTACLE,
   ObjectKind,
@@ -44,6 +45,7 @@ from envs.alfworld.tasks import TASK_TYPES, extract_task
 
 __all__ = [
   "SPLITS",
+  "ROOM_SIZES",
   "GeneratedGame",
   "scene_layout",
   "sample_spec",
@@ -110,14 +112,24 @@ class GeneratedGame:
     return [s["action"] for s in self.steps]
 
 
-def scene_layout(room_name: str, scene: int) -> Layout:
-  """The receptacles of scene `scene` of `room_name` (a function of the scene alone, like a floor plan)."""
+def _check_rooms(rooms: str) -> None:
+  if rooms not in ROOM_SIZES:
+    raise ValueError(f"rooms={rooms!r}: expected one of {ROOM_SIZES} (env.offline.rooms)")
+
+
+def scene_layout(room_name: str, scene: int, rooms: str = "full") -> Layout:
+  """The receptacles of scene `scene` of `room_name` (a function of the scene alone, like a floor
+  plan); `rooms="small"` keeps at most one receptacle of each class."""
+  _check_rooms(rooms)
   room = ROOMS[room_name]
   rng = random.Random(f"layout:{room_name}:{scene}")
   receptacles: list[Receptacle] = []
   for rtype, (low, high) in room.receptacles.items():
     prefix, suffix = receptacle_id_stem(rtype)
-    for n in range(1, rng.randint(low, high) + 1):
+    count = rng.randint(low, high)
+    if rooms == "small":
+      count = min(count, 1)
+    for n in range(1, count + 1):
       receptacles.append(
         Receptacle(f"{prefix}_bar_{n}{suffix}", rtype, f"loc_bar_{len(receptacles) + 1}")
       )
@@ -157,8 +169,11 @@ def _name(type_name: str) -> str:
   return type_name.lower()
 
 
-def sample_spec(task_type: str, split: str, rng: random.Random) -> GameSpec | None:
-  """Draws one game of `task_type` for `split`; None when the draw is not feasible (the caller redraws)."""
+def sample_spec(
+  task_type: str, split: str, rng: random.Random, rooms: str = "full"
+) -> GameSpec | None:
+  """Draws one game of `task_type` for `split` in a room of size `rooms` (ROOM_SIZES); None when
+  the draw is not feasible (the caller redraws)."""
   if task_type not in TASK_TYPES:
     raise ValueError(f"unknown task type {task_type!r}; expected one of {TASK_TYPES}")
   if split not in SPLITS:
@@ -166,7 +181,7 @@ def sample_spec(task_type: str, split: str, rng: random.Random) -> GameSpec | No
   room_name = rng.choice(_rooms_for(task_type))
   room = ROOMS[room_name]
   scene = rng.choice(scene_numbers(room, unseen=(split == "valid_unseen")))
-  layout = scene_layout(room_name, scene)
+  layout = scene_layout(room_name, scene, rooms)
   present = layout.types()
   by_type: dict[str, list[Receptacle]] = {}
   for r in layout.receptacles:
@@ -206,8 +221,9 @@ def sample_spec(task_type: str, split: str, rng: random.Random) -> GameSpec | No
 
   distractor_kinds = [OBJECTS[n] for n in room.objects if n != goal_kind.name]
   distractor_kinds = [k for k in distractor_kinds if any(t in present for t in k.places)]
+  low, high = (2, 4) if rooms == "small" else (4, 12)
   for kind in rng.sample(
-    distractor_kinds, rng.randint(min(4, len(distractor_kinds)), min(12, len(distractor_kinds)))
+    distractor_kinds, rng.randint(min(low, len(distractor_kinds)), min(high, len(distractor_kinds)))
   ):
     for _ in range(rng.choice((1, 1, 1, 2, 2, 3))):
       place(kind.name, [t for t in kind.places if t in present])
@@ -294,14 +310,24 @@ def _game_dir(out_dir: str, split: str, spec: GameSpec, trial: str) -> str:
 
 
 def generate_game(
-  out_dir: str, split: str, task_type: str, index: int, seed: int = 0, engine: Any = None
+  out_dir: str,
+  split: str,
+  task_type: str,
+  index: int,
+  seed: int = 0,
+  engine: Any = None,
+  rooms: str = "full",
 ) -> GeneratedGame:
   """Draws game `index` of `task_type` for `split` until the planner solves it; writes and returns it."""
+  _check_rooms(rooms)
   engine = engine or _worker_engine()
-  rng = random.Random(f"{seed}:{split}:{task_type}:{index}")
+  # Full rooms keep the seed string of earlier versions, so their games are unchanged.
+  rng = random.Random(
+    f"{seed}:{split}:{task_type}:{index}" + ("" if rooms == "full" else f":{rooms}")
+  )
   trial = f"trial_{split}_s{seed}_{index:05d}"
   for _ in range(MAX_ATTEMPTS):
-    spec = sample_spec(task_type, split, rng)
+    spec = sample_spec(task_type, split, rng, rooms)
     if spec is None:
       continue
     game_dir = _game_dir(out_dir, split, spec, trial)
@@ -339,8 +365,9 @@ def _worker_engine() -> Any:
   return _ENGINE
 
 
-def _generate_job(job: tuple[str, str, str, int, int]) -> GeneratedGame:
-  return generate_game(*job)
+def _generate_job(job: tuple[str, str, str, int, int, str]) -> GeneratedGame:
+  out_dir, split, task_type, index, seed, rooms = job
+  return generate_game(out_dir, split, task_type, index, seed, rooms=rooms)
 
 
 def generate_split(
@@ -352,19 +379,22 @@ def generate_split(
   engine: Any = None,
   progress: bool = True,
   workers: int = 1,
+  rooms: str = "full",
 ) -> list[GeneratedGame]:
   """Generates and checks `n_per_type` games of each task type for `split`; writes them under `out_dir`.
 
   `workers` > 1 spreads the games over that many processes; the output does not depend on it.
+  `rooms`: "full" or "small" (ROOM_SIZES).
   """
   from tqdm import tqdm
 
-  jobs = [(out_dir, split, t, i, seed) for t in task_types for i in range(n_per_type)]
+  _check_rooms(rooms)
+  jobs = [(out_dir, split, t, i, seed, rooms) for t in task_types for i in range(n_per_type)]
   bar = tqdm(total=len(jobs), desc=f"alfworld {split}", disable=not progress, leave=False)
   if workers <= 1:
     games = []
     for job in jobs:
-      games.append(generate_game(*job, engine=engine))
+      games.append(generate_game(*job[:5], engine=engine, rooms=rooms))
       bar.update(1)
   else:
     import concurrent.futures
@@ -406,12 +436,15 @@ def generate(
   task_types: Iterable[str] = TASK_TYPES,
   progress: bool = True,
   workers: int = 1,
+  rooms: str = "full",
 ) -> dict[str, list[GeneratedGame]]:
   """All three splits: `n_per_type` train games and `n_eval_per_type` per validation split, per task type."""
   engine = engine_lib.start_engine() if workers <= 1 else None
   sizes = {"train": n_per_type, "valid_seen": n_eval_per_type, "valid_unseen": n_eval_per_type}
   return {
-    split: generate_split(out_dir, split, n, seed, list(task_types), engine, progress, workers)
+    split: generate_split(
+      out_dir, split, n, seed, list(task_types), engine, progress, workers, rooms
+    )
     for split, n in sizes.items()
   }
 
@@ -429,6 +462,12 @@ def main(argv: Sequence[str] | None = None) -> None:
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--task-types", nargs="*", default=list(TASK_TYPES), choices=TASK_TYPES)
   parser.add_argument(
+    "--rooms",
+    default="full",
+    choices=ROOM_SIZES,
+    help="room size (small: one receptacle per class)",
+  )
+  parser.add_argument(
     "--workers", type=int, default=1, help="generator processes (output does not depend on it)"
   )
   args = parser.parse_args(argv)
@@ -439,6 +478,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args.seed,
     args.task_types,
     workers=args.workers,
+    rooms=args.rooms,
   )
   for split, games in result.items():
     print(
