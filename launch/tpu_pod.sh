@@ -107,8 +107,8 @@ install_checkout() {
   on_workers "set -e; mkdir -p $REPO && tar xzf /tmp/sdar-jax.tgz -C $REPO && cd $REPO && \
 (command -v python3.11 >/dev/null || (sudo apt-get update -q && sudo apt-get install -y -q \
 python3.11 python3.11-venv)) && python3.11 -m venv .venv && .venv/bin/pip install -q -U pip && \
-.venv/bin/pip install -q -r requirements.txt 'jax[tpu]==0.10.2' && \
-.venv/bin/pip install -q --no-deps -e ."
+.venv/bin/pip install -q -r requirements.txt 'jax[tpu]==0.10.2' \
+'gcsfs==2026.10.1' 'google-cloud-storage==3.17.1' && .venv/bin/pip install -q --no-deps -e ."
 }
 
 train="cd $REPO && set -o pipefail && .venv/bin/python -m sdar_jax.train --distributed"

@@ -397,6 +397,7 @@ def _lower_sampler(sampler, mesh, params, rows: int, prompt_len: int, new_tokens
     batch(rows, prompt_len),  # prompt mask
     batch(rows),  # row -> prefilled prompt
     batch(rows, dtype=jnp.bool_),  # real rows
+    batch(rows),  # row ids (each row's random stream)
     scalar(jnp.int32),  # max_new_tokens
     scalar(jnp.float32),  # temperature
     scalar(jnp.float32),  # top_p

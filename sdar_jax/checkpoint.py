@@ -8,6 +8,10 @@ Layout of one checkpoint, `<directory>/<step>/`:
   the sdar-jax version, the step;
 * ``extra``  JSON: host-side state the trainer wants back (replay queue, env-iterator positions).
 
+`<directory>` may be local or a gs:// URL (`sdar_jax.paths`; orbax reaches it through etils.epath
+and TensorStore's GCS driver). Every process of a multi-process run calls `save` and `restore`:
+orbax coordinates them (each process writes its own shards, the primary one the metadata).
+
 Atomicity: orbax writes a step into ``<step>.orbax-checkpoint-tmp-*`` and, once every item is on
 disk, writes ``commit_success.txt`` and renames the folder to ``<step>`` (AtomicRenameTemporaryPath
 on local / POSIX file systems; on GCS it uses the commit file instead of the rename). A save that
@@ -35,9 +39,11 @@ from typing import Any, Mapping
 import jax
 import optax
 import orbax.checkpoint as ocp
+from etils import epath
 from jax.sharding import Mesh
 
 import sdar_jax
+from sdar_jax import paths
 from sdar_jax import sharding as sharding_lib
 from sdar_jax.models import ModelConfig, param_shapes, save_pretrained
 from sdar_jax.train_state import TrainState, init_train_state, train_state_shardings
@@ -140,7 +146,8 @@ class CheckpointManager:
       raise ValueError(f"checkpoint keep={keep}: keep at least 1 checkpoint (or None for all).")
     if save_interval_steps < 1:
       raise ValueError(f"checkpoint save_interval_steps={save_interval_steps} must be >= 1.")
-    self.directory = os.path.abspath(os.fspath(directory))
+    # A URL (gs://...) stays a URL: orbax reaches it through epath and TensorStore.
+    self.directory = paths.resolve(directory)
     self.read_only = read_only
     if read_only:
       logging.getLogger("absl").addFilter(_READ_ONLY_NOTICE)  # idempotent
@@ -159,7 +166,9 @@ class CheckpointManager:
         create=create,
         cleanup_tmp_directories=True,
       )
-    self._manager = ocp.CheckpointManager(self.directory, item_names=_ITEMS, options=options)
+    self._manager = ocp.CheckpointManager(
+      epath.Path(self.directory), item_names=_ITEMS, options=options
+    )
 
   # ------------------------------------------------------------------------------------ save
   def save(
@@ -336,13 +345,18 @@ def export_hf(
   transformers loads: every tokenizer file of `tokenizer_dir` (chat_template.jinja included) and
   the generation_config.json of `source_dir` (the model the run started from) when it has one.
   Sharded parameters are gathered first; on a multi-host run every process must call this (the
-  gather is collective) and process 0 writes. Returns the directory (None elsewhere)."""
+  gather is collective) and the primary process writes. `out_dir` may be remote (gs://): the
+  directory is written locally, then copied up (`sdar_jax.paths.staged_output`). Returns the
+  directory (None elsewhere)."""
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils
 
     params = multihost_utils.process_allgather(params, tiled=True)
-  if jax.process_index() != 0:
+  if not paths.is_primary_process():
     return None
-  return save_pretrained(
-    model_config, params, out_dir, tokenizer_dir=tokenizer_dir, source_dir=source_dir
-  )
+  out_dir = paths.resolve(out_dir)
+  with paths.staged_output(out_dir) as local_dir:
+    save_pretrained(
+      model_config, params, local_dir, tokenizer_dir=tokenizer_dir, source_dir=source_dir
+    )
+  return out_dir

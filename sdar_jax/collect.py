@@ -35,6 +35,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+
+from sdar_jax import paths
 from sdar_jax.metrics import read_history
 
 RUN_STATUS = "run_status.json"
@@ -81,17 +83,16 @@ def success_auc(curve: Sequence[tuple[float, float]]) -> float:
 
 
 def read_status(run_dir: str) -> dict[str, Any] | None:
-  path = os.path.join(run_dir, RUN_STATUS)
+  path = paths.join(run_dir, RUN_STATUS)
   try:
-    with open(path) as f:
-      return json.load(f)
+    return json.loads(paths.read_text(path))
   except (OSError, ValueError):
     return None
 
 
 def _last_activity(run_dir: str) -> float | None:
-  path = os.path.join(run_dir, "metrics.jsonl")
-  return os.path.getmtime(path) if os.path.exists(path) else None
+  path = paths.join(run_dir, "metrics.jsonl")
+  return paths.getmtime(path) if paths.exists(path) else None
 
 
 def wall_seconds(run_dir: str, status: Mapping[str, Any] | None = None) -> float | None:
@@ -168,9 +169,9 @@ class RunRecord:
 
 def is_run_dir(path: str) -> bool:
   return (
-    os.path.isfile(os.path.join(path, "config.json"))
-    and os.path.isfile(os.path.join(path, "metrics.jsonl"))
-    and not os.path.exists(os.path.join(path, EVAL_MARKER))
+    paths.isfile(paths.join(path, "config.json"))
+    and paths.isfile(paths.join(path, "metrics.jsonl"))
+    and not paths.exists(paths.join(path, EVAL_MARKER))
   )
 
 
@@ -178,7 +179,7 @@ def find_runs(root: str) -> list[str]:
   """The run directories under `root` (itself included), sorted; a run's own subdirectories
   (checkpoints, eval/, ...) are not searched."""
   found = []
-  for dirpath, dirnames, _ in os.walk(root):
+  for dirpath, dirnames in paths.walk_dirs(root):
     if is_run_dir(dirpath):
       found.append(dirpath)
       dirnames[:] = []
@@ -187,23 +188,33 @@ def find_runs(root: str) -> list[str]:
   return sorted(found)
 
 
+def _run_name(path: str, root: str | None) -> str:
+  """`path` relative to `root` ("." for the root itself), else its last component."""
+  if not paths.is_remote(path):
+    return os.path.relpath(path, root) if root else os.path.basename(os.path.normpath(path))
+  path, root = path.rstrip("/"), (root or "").rstrip("/")
+  if root and path == root:
+    return "."
+  if root and path.startswith(root + "/"):
+    return path[len(root) + 1 :]
+  return path.rsplit("/", 1)[-1]
+
+
 def read_run(path: str, root: str | None = None) -> RunRecord:
   """The run in `path` (its config.json is required)."""
-  config_path = os.path.join(path, "config.json")
+  config_path = paths.join(path, "config.json")
   try:
-    with open(config_path) as f:
-      config = json.load(f)
+    config = json.loads(paths.read_text(config_path))
   except FileNotFoundError:
     raise FileNotFoundError(
       f"{path} is not a run directory: it has no config.json. Fix: pass the workdir of a "
       "`python -m sdar_jax.train` run (or a directory above such runs)."
     ) from None
-  name = os.path.relpath(path, root) if root else os.path.basename(os.path.normpath(path))
   return RunRecord(
     path=path,
-    name=name,
+    name=_run_name(path, root),
     config=config,
-    rows=read_metrics(os.path.join(path, "metrics.jsonl")),
+    rows=read_metrics(paths.join(path, "metrics.jsonl")),
     status=read_status(path),
   )
 
@@ -349,28 +360,30 @@ def plot_sweep(runs: Sequence[RunRecord], out_path: str) -> str | None:
     if groups:
       ax.legend(fontsize=7, title="gate", title_fontsize=7)
   fig.tight_layout()
-  fig.savefig(out_path, dpi=110)
-  plt.close(fig)
+  try:
+    with paths.staged_output(out_path) as local_png:
+      fig.savefig(local_png, dpi=110)
+  finally:
+    plt.close(fig)
   return out_path
 
 
 def collect_sweep(root: str, out_dir: str | None = None) -> dict[str, str]:
   """Writes sweep.csv, sweep.md and sweep.png (when any run has a validation success) for the
   runs under `root` into `out_dir` (default `root`); returns {kind: path}."""
-  paths = find_runs(root)
-  if not paths:
+  run_dirs = find_runs(root)
+  if not run_dirs:
     raise FileNotFoundError(
       f"no runs under {root}: no directory there holds both config.json and metrics.jsonl. Fix: "
       "pass the --root the sweep's runs were written to (launch/sweep.py --root)."
     )
-  runs = [read_run(p, root) for p in paths]
+  runs = [read_run(p, root) for p in run_dirs]
   rows = sweep_rows(runs)
   out_dir = out_dir or root
-  os.makedirs(out_dir, exist_ok=True)
+  paths.makedirs(out_dir)
   written = {}
-  written["csv"] = os.path.join(out_dir, "sweep.csv")
-  with open(written["csv"], "w") as f:
-    f.write(csv_text(rows, SWEEP_COLUMNS))
+  written["csv"] = paths.join(out_dir, "sweep.csv")
+  paths.write_text(written["csv"], csv_text(rows, SWEEP_COLUMNS))
   md = [
     f"# Sweep: {len(runs)} runs under `{root}`\n",
     (
@@ -381,38 +394,32 @@ def collect_sweep(root: str, out_dir: str | None = None) -> dict[str, str]:
     ),
     markdown_table(rows, SWEEP_COLUMNS),
   ]
-  png = plot_sweep(runs, os.path.join(out_dir, "sweep.png"))
+  png = plot_sweep(runs, paths.join(out_dir, "sweep.png"))
   if png:
     written["png"] = png
-    md.append(f"\n![final success against beta and lambda]({os.path.basename(png)})\n")
-  written["md"] = os.path.join(out_dir, "sweep.md")
-  with open(written["md"], "w") as f:
-    f.write("\n".join(md))
+    md.append("\n![final success against beta and lambda](sweep.png)\n")
+  written["md"] = paths.join(out_dir, "sweep.md")
+  paths.write_text(written["md"], "\n".join(md))
   return written
 
 
 # ----------------------------------------------------------------------------- launching runs
 def _write_status(run_dir: str, status: Mapping[str, Any]) -> None:
-  os.makedirs(run_dir, exist_ok=True)
-  path = os.path.join(run_dir, RUN_STATUS)
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    json.dump(status, f, indent=2)
-  os.replace(tmp, path)
+  paths.write_text(paths.join(run_dir, RUN_STATUS), json.dumps(status, indent=2))
 
 
 def run_state(run_dir: str) -> str:
   """What a launcher finds in `run_dir`: "finished" (the run record says so, or its metrics
   reached train.total_steps), "partial" (something was started there: the trainer resumes it from
   its latest checkpoint) or "new"."""
-  if not os.path.isdir(run_dir):
+  if not paths.isdir(run_dir):
     return "new"
   if (read_status(run_dir) or {}).get("finished"):
     return "finished"
-  if os.path.isfile(os.path.join(run_dir, "config.json")) and read_run(run_dir).finished:
+  if paths.isfile(paths.join(run_dir, "config.json")) and read_run(run_dir).finished:
     return "finished"
   started = ("config.json", "metrics.jsonl", "checkpoints", "warm_start_policy", RUN_STATUS)
-  return "partial" if any(os.path.exists(os.path.join(run_dir, p)) for p in started) else "new"
+  return "partial" if any(paths.exists(paths.join(run_dir, p)) for p in started) else "new"
 
 
 def run_and_record(

@@ -1,7 +1,8 @@
 """Gate diagnostics: how the teacher-student gap and the SDAR gate are distributed, and which
 tokens of a response the teacher endorses.
 
-Two products, both written by the trainer without any setting:
+Two products, both written by the trainer without any setting (by the primary process only, into a
+local or gs:// workdir: sdar_jax.paths):
 
 * Per-iteration histograms of the gap Δ = lT − lθ (teacher minus current student log-prob of each
   sampled response token) and of the gate g over the response tokens of the iteration's updates.
@@ -43,8 +44,6 @@ import html
 import json
 import logging
 import math
-import os
-import shutil
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -53,6 +52,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sdar_jax import paths
 from sdar_jax.metrics import read_history
 
 log = logging.getLogger(__name__)
@@ -181,12 +181,12 @@ def record_update_histograms(
   `<workdir>/diagnostics/histograms.jsonl`, sends them to TensorBoard through `logger`
   (a `MetricsLogger`; nothing without TensorBoard) and, with `plots`, draws
   `histograms_step_<step>.png` and `histograms.png`. Returns the histograms ({} for an algorithm
-  without a teacher)."""
+  without a teacher). Only the primary process writes (`sdar_jax.paths`); `workdir` may be
+  remote."""
   hists = pop_update_histograms(per_batch)
-  if not hists:
+  if not hists or not paths.is_primary_process():
     return hists
-  out_dir = os.path.join(workdir, DIAGNOSTICS_DIR)
-  os.makedirs(out_dir, exist_ok=True)
+  out_dir = paths.join(workdir, DIAGNOSTICS_DIR)
   row: dict[str, Any] = {"step": int(step)}
   for h in hists.values():
     row[h.name] = {
@@ -195,18 +195,18 @@ def record_update_histograms(
       "below": h.below,
       "above": h.above,
     }
-  path = os.path.join(out_dir, "histograms.jsonl")
-  with open(path, "a") as f:
-    f.write(json.dumps(row) + "\n")
+  path = paths.join(out_dir, "histograms.jsonl")
+  paths.append_text(path, json.dumps(row) + "\n")
   if logger is not None and hasattr(logger, "log_histogram"):
     for h in hists.values():
       if h.total:
         logger.log_histogram(f"diagnostics/{h.name}", step, **h.tensorboard_fields())
   if plots:
     try:
-      png = os.path.join(out_dir, f"histograms_step_{step}.png")
-      plot_histograms(hists, step, png, history=read_histogram_rows(path, up_to_step=step))
-      shutil.copyfile(png, os.path.join(out_dir, "histograms.png"))
+      png = paths.join(out_dir, f"histograms_step_{step}.png")
+      with paths.staged_output(png) as local_png:
+        plot_histograms(hists, step, local_png, history=read_histogram_rows(path, up_to_step=step))
+        paths.copy_file(local_png, paths.join(out_dir, "histograms.png"))
     except Exception as e:  # noqa: BLE001 (a plot must never stop training)
       log.warning("could not draw the gate histograms of step %d: %s", step, e)
   return hists
@@ -518,9 +518,9 @@ def with_teacher_prompts(trainer, loop):
 def token_view_path(trainer) -> str:
   """`<workdir>/eval/step_<N>/tokens.html`; an evaluation-only run: `<workdir>/tokens.html`."""
   if trainer.eval_only:
-    return os.path.join(trainer.workdir, TOKEN_VIEW_FILE)
+    return paths.join(trainer.workdir, TOKEN_VIEW_FILE)
   step = trainer.loop_state.iteration
-  return os.path.join(trainer.workdir, "eval", f"step_{step}", TOKEN_VIEW_FILE)
+  return paths.join(trainer.workdir, "eval", f"step_{step}", TOKEN_VIEW_FILE)
 
 
 def write_token_view(trainer, episodes: Sequence[Any]) -> str | None:
@@ -592,11 +592,9 @@ def _write_token_view(trainer, episodes: Sequence[Any]) -> str | None:
         "would give."
       )
   page = render_token_view(shown, title=f"Token view, step {step}", facts=facts, note=note)
+  if not paths.is_primary_process():  # every process scored the episode (collectives)
+    return None
   path = token_view_path(trainer)
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  tmp = path + ".tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
-    f.write(page)
-  os.replace(tmp, path)
+  paths.write_text(path, page)
   log.info("token view of validation task %d written to %s", episode.task_id, path)
   return path

@@ -32,13 +32,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import sys
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from sdar_jax import train
+from sdar_jax import paths, train
 
 if TYPE_CHECKING:
   from sdar_jax.trainer import Trainer
@@ -87,10 +86,16 @@ def plan_evaluation(
       f"eval.num_tasks={config.eval.num_tasks}: no validation episode to play. Fix: pass "
       "--config.eval.num_tasks=N (N >= 1)."
     )
-  workdir = os.path.abspath(workdir)
-  ckpt_dir = os.path.abspath(config.checkpoint.get("dir") or os.path.join(workdir, "checkpoints"))
+  for what, where in (("--workdir", workdir), ("--output", output)):
+    try:
+      if where:
+        paths.check_remote_workdir(where, what)  # gs:// without gcsfs: the package to install
+    except (ValueError, ImportError) as e:
+      raise EvaluationError(str(e)) from None
+  workdir = paths.resolve(workdir)
+  ckpt_dir = paths.resolve(config.checkpoint.get("dir") or paths.join(workdir, "checkpoints"))
   steps: list[int] = []
-  if os.path.isdir(ckpt_dir):
+  if paths.isdir(ckpt_dir):
     with CheckpointManager(ckpt_dir, read_only=True) as ckpt:
       steps = ckpt.all_steps()
   if steps:
@@ -102,7 +107,7 @@ def plan_evaluation(
         "pass one of them, or leave --step out for the latest."
       )
     params_from: tuple[str, int] | None = (ckpt_dir, int(step))
-    out = os.path.abspath(output or os.path.join(workdir, "eval", f"step_{step}"))
+    out = paths.resolve(output or paths.join(workdir, "eval", f"step_{step}"))
     if out == workdir:
       raise EvaluationError(
         f"--output={output}: that is the training run itself; an evaluation never writes into a "
@@ -117,9 +122,9 @@ def plan_evaluation(
         "evaluate the config's weights (model.path)."
       )
     params_from = None
-    out = os.path.abspath(output or workdir)
-  if os.path.isfile(os.path.join(out, "config.json")) and not os.path.isfile(
-    os.path.join(out, EVAL_RECORD)
+    out = paths.resolve(output or workdir)
+  if paths.isfile(paths.join(out, "config.json")) and not paths.isfile(
+    paths.join(out, EVAL_RECORD)
   ):
     raise EvaluationError(
       f"{out} holds a training run (its config.json) and no checkpoint to evaluate there; an "
@@ -168,22 +173,25 @@ def evaluated_source(config, params_from: tuple[str, int] | None) -> dict[str, A
 
 def start_eval_record(out_dir: str, source: dict[str, Any]) -> None:
   """Marks `out_dir` as an evaluation's (before anything else is written there) and removes the
-  results of a previous evaluation in it: evaluating again replaces them."""
-  config_json = os.path.join(out_dir, "config.json")
-  if os.path.exists(config_json) and not os.path.exists(os.path.join(out_dir, EVAL_RECORD)):
+  results of a previous evaluation in it: evaluating again replaces them. Only the primary
+  process writes (`sdar_jax.paths`); `out_dir` may be remote."""
+  config_json = paths.join(out_dir, "config.json")
+  if paths.exists(config_json) and not paths.exists(paths.join(out_dir, EVAL_RECORD)):
     raise FileExistsError(
       f"{out_dir} holds a training run (its config.json); an evaluation never writes into "
       "a run's files. Fix: evaluate into another directory (e.g. <workdir>/eval/step_<N>)."
     )
+  if not paths.is_primary_process():
+    return
   for name in ("metrics.jsonl", "metrics.png"):
-    if os.path.exists(os.path.join(out_dir, name)):
-      os.remove(os.path.join(out_dir, name))
+    paths.remove(paths.join(out_dir, name))
   _write_eval_record(out_dir, source, started=_now())
 
 
 def _write_eval_record(out_dir: str, source: dict[str, Any], **fields: Any) -> None:
-  with open(os.path.join(out_dir, EVAL_RECORD), "w") as f:
-    json.dump({"evaluated": source, **fields}, f, indent=2)
+  if paths.is_primary_process():
+    record = json.dumps({"evaluated": source, **fields}, indent=2)
+    paths.write_text(paths.join(out_dir, EVAL_RECORD), record)
 
 
 def _now() -> str:
@@ -215,10 +223,10 @@ def main(argv: Sequence[str]) -> None:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   configure_logging()
   FLAGS = flags.FLAGS
-  if FLAGS.distributed:
-    import jax
+  if FLAGS.distributed:  # every process plays its share of the episodes (sdar_jax.multihost)
+    from sdar_jax import multihost
 
-    jax.distributed.initialize()
+    multihost.initialize()
   config = FLAGS.config
   try:
     validate(config)

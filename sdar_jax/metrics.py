@@ -5,7 +5,9 @@ appended to, so a resumed run continues the same file, after `drop_rows_after` r
 iterations the restored checkpoint does not contain (a run killed between logging a row and saving
 its checkpoint logs that step again). `plot_history` turns it into a grid of curves
 (`metrics.png`): success rate, reward, the SDAR gate and gap, losses. TensorBoard event files go to
-the same directory when `logging.tensorboard` is on and tensorboardX is installed.
+the same directory when `logging.tensorboard` is on and tensorboardX is installed. The directory may
+be remote (gs://, through `sdar_jax.paths`; TensorBoard writes locally and is copied up), and only
+the primary process writes (`sdar_jax.paths.is_primary_process`).
 """
 
 from __future__ import annotations
@@ -13,10 +15,11 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+
+from sdar_jax import paths
 
 log = logging.getLogger(__name__)
 
@@ -58,13 +61,19 @@ class MetricsLogger:
       "sdar/teacher_gap_mean",
       "val/success_rate",
     ),
+    write: bool | None = None,
   ):
-    os.makedirs(logdir, exist_ok=True)
-    self.logdir = logdir
-    self.path = os.path.join(logdir, "metrics.jsonl") if jsonl else None
+    """write: whether this process writes files (default: only the primary process does; the
+    others compute and return the same rows, and `path` is None there)."""
+    self.logdir = paths.resolve(logdir)
+    self.write = paths.is_primary_process() if write is None else write
+    self.path = paths.join(self.logdir, "metrics.jsonl") if jsonl and self.write else None
     self.console_keys = tuple(console_keys)
     self._tb = None
-    if tensorboard:
+    self._tb_mirror: paths.LocalMirror | None = None
+    if self.write:
+      paths.makedirs(self.logdir)
+    if tensorboard and self.write:
       try:
         from tensorboardX import SummaryWriter
       except ImportError:
@@ -74,7 +83,8 @@ class MetricsLogger:
           "set --config.logging.tensorboard=False."
         )
       else:
-        self._tb = SummaryWriter(logdir)
+        self._tb_mirror = paths.LocalMirror(self.logdir)  # event files are written locally
+        self._tb = SummaryWriter(self._tb_mirror.local)
 
   def log(self, step: int, metrics: Mapping[str, Any], echo: bool = True) -> dict[str, float]:
     row = {"step": int(step)}
@@ -83,13 +93,13 @@ class MetricsLogger:
       if x is not None:
         row[name] = x
     if self.path:
-      with open(self.path, "a") as f:
-        f.write(json.dumps(row) + "\n")
+      paths.append_text(self.path, json.dumps(row) + "\n")
     if self._tb is not None:
       for name, x in row.items():
         if name != "step" and math.isfinite(x):
           self._tb.add_scalar(name, x, step)
       self._tb.flush()
+      self._tb_mirror.sync()
     if echo:
       log.info("[step %d] %s", step, self.summary(row))
     return row
@@ -101,6 +111,7 @@ class MetricsLogger:
     if self._tb is not None:
       self._tb.add_histogram_raw(name, global_step=step, **fields)
       self._tb.flush()
+      self._tb_mirror.sync()
 
   def summary(self, metrics: Mapping[str, Any]) -> str:
     """The console keys present in `metrics`, as "name=value" pairs."""
@@ -113,30 +124,28 @@ class MetricsLogger:
   def drop_rows_after(self, step: int) -> int:
     """Removes the rows of steps > `step` (and a torn last line) from metrics.jsonl, atomically;
     returns how many lines were dropped. A resumed run calls it with the restored step."""
-    if not self.path or not os.path.exists(self.path):
+    if not self.path or not paths.exists(self.path):
       return 0
     kept, dropped = [], 0
-    with open(self.path) as f:
-      for line in f:
-        try:
-          row = json.loads(line)
-          keep = int(row["step"]) <= step
-        except (ValueError, KeyError, TypeError):
-          keep = False  # a line torn by a kill mid-write
-        if keep:
-          kept.append(line if line.endswith("\n") else line + "\n")
-        elif line.strip():
-          dropped += 1
+    for line in paths.read_text(self.path).splitlines(keepends=True):
+      try:
+        row = json.loads(line)
+        keep = int(row["step"]) <= step
+      except (ValueError, KeyError, TypeError):
+        keep = False  # a line torn by a kill mid-write
+      if keep:
+        kept.append(line if line.endswith("\n") else line + "\n")
+      elif line.strip():
+        dropped += 1
     if dropped:
-      tmp = self.path + ".tmp"
-      with open(tmp, "w") as f:
-        f.writelines(kept)
-      os.replace(tmp, self.path)
+      paths.write_text(self.path, "".join(kept))
     return dropped
 
   def close(self) -> None:
     if self._tb is not None:
       self._tb.close()
+      self._tb_mirror.close()
+      self._tb = None
 
 
 def read_history(path: str) -> list[dict[str, Any]]:
@@ -144,16 +153,15 @@ def read_history(path: str) -> list[dict[str, Any]]:
   one); lines that do not parse (a write cut by a kill) are skipped, a missing file gives [].
   Also reads the gate histograms' histograms.jsonl (`sdar_jax.diagnostics`)."""
   rows: dict[int, dict[str, Any]] = {}
-  if not os.path.exists(path):
+  if not paths.exists(path):
     return []
-  with open(path) as f:
-    for line in f:
-      try:
-        row = json.loads(line)
-        step = int(row["step"])
-      except (ValueError, KeyError, TypeError):
-        continue
-      rows.setdefault(step, {}).update(row)
+  for line in paths.read_text(path).splitlines():
+    try:
+      row = json.loads(line)
+      step = int(row["step"])
+    except (ValueError, KeyError, TypeError):
+      continue
+    rows.setdefault(step, {}).update(row)
   return [rows[k] for k in sorted(rows)]
 
 
@@ -175,7 +183,8 @@ def plot_history(
   out_path: str | None = None,
   panels: Sequence[tuple[str, Sequence[str]]] = PLOT_PANELS,
 ) -> str | None:
-  """Draws the panels that have data into a PNG next to the JSONL (returns its path)."""
+  """Draws the panels that have data into a PNG next to the JSONL (returns its path; either may
+  be remote: the PNG is drawn locally and copied up)."""
   import matplotlib
 
   matplotlib.use("Agg")
@@ -201,9 +210,12 @@ def plot_history(
   for ax in list(axes.flat)[len(present) :]:
     ax.axis("off")
   fig.tight_layout()
-  out_path = out_path or os.path.join(os.path.dirname(jsonl_path), "metrics.png")
-  fig.savefig(out_path, dpi=110)
-  plt.close(fig)
+  out_path = out_path or paths.join(paths.resolve(jsonl_path).rsplit("/", 1)[0], "metrics.png")
+  try:
+    with paths.staged_output(out_path) as local_png:
+      fig.savefig(local_png, dpi=110)
+  finally:
+    plt.close(fig)
   return out_path
 
 
@@ -252,16 +264,20 @@ def mean_over_updates(per_update: list[tuple[Mapping[str, Any], float]]) -> dict
   return out
 
 
-def teacher_old_gap_metrics(batches) -> dict[str, float]:
+def teacher_old_gap_metrics(batches, rows=np.asarray, combine=None) -> dict[str, float]:
   """Teacher minus old (behaviour) log-prob over every response token of the iteration's
   mini-batches, token-weighted (Σ gap / Σ tokens, not a mean of per-mini-batch means), and its
-  root mean square (the reference's "std" of this gap is this RMS)."""
+  root mean square (the reference's "std" of this gap is this RMS). Several processes: `rows`
+  reads this process's rows of a batch array and `combine` sums [Σ gap, Σ gap², tokens] over the
+  processes (`sdar_jax.multihost.host_rows`, `sum_over_processes`)."""
   total = sq = tokens = 0.0
   for b in batches:
-    mask = np.asarray(b.response_mask, np.float64) > 0
-    gap = np.asarray(b.teacher_logp, np.float64) - np.asarray(b.old_logp, np.float64)
+    mask = np.asarray(rows(b.response_mask), np.float64) > 0
+    gap = np.asarray(rows(b.teacher_logp), np.float64) - np.asarray(rows(b.old_logp), np.float64)
     gap = np.where(mask, gap, 0.0)
     total, sq, tokens = total + gap.sum(), sq + (gap * gap).sum(), tokens + mask.sum()
+  if combine is not None:
+    total, sq, tokens = combine([total, sq, tokens])
   tokens = max(tokens, 1.0)
   return {
     "rollout/teacher_old_gap_mean": float(total / tokens),

@@ -16,7 +16,7 @@ from typing import Any
 import jax
 
 import envs
-from sdar_jax import sharding
+from sdar_jax import multihost, sharding
 from sdar_jax.chat_templates import ChatTemplate, resolve_chat_template
 from sdar_jax.config_validation import model_config_from
 from sdar_jax.models import ModelConfig, init_params, load_pretrained
@@ -194,7 +194,8 @@ def build_agent_loops(
   loops = AgentLoops(train_games=train_split.task_names if train_split else [])
   try:
     if train_split is not None:
-      n_train = env.tasks_per_step * env.group_size
+      # this process's share of the episodes (sdar_jax.multihost; one process: all of them)
+      n_train = multihost.max_share_size(env.tasks_per_step * env.group_size, env.group_size)
       loops.pool = envs.EnvPool(
         env.name,
         n_train,
@@ -214,7 +215,7 @@ def build_agent_loops(
       loops.eval_tasks = validation_tasks(
         len(loops.eval_games), config.eval.num_tasks, seed=env.seed + 1000
       )
-      n_eval = len(loops.eval_tasks)
+      n_eval = multihost.max_share_size(len(loops.eval_tasks))
       loops.eval_pool = envs.EnvPool(
         env.name,
         n_eval,

@@ -36,6 +36,11 @@ Random numbers: row i of the padded batch draws step t with one uniform from
 `fold_in(fold_in(rng, i), t)` (inverse-CDF sampling, `_categorical`), so a row's samples do not
 depend on the batch bucket or the device mesh (they do depend on the row's index in the batch).
 
+Several processes (sdar_jax.multihost): `generate` is a collective that every process calls
+with its own prompts (none is allowed); they become that process's rows of one global batch, and
+prompt i of process p draws as row (the prompts of processes 0..p-1) + i of the batch one process
+would have built, so the samples do not depend on the number of processes.
+
 Length: one compiled loop (prefill, prefix sharing, decode, sampling rules, the in-loop stop
 automaton) and its host-side tables; the model step itself is models/qwen.py's decode_step.
 
@@ -59,7 +64,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import Mesh, NamedSharding
 
-from sdar_jax import sharding
+from sdar_jax import multihost, sharding
 from sdar_jax.batch import batch_bucket, new_tokens_bucket, next_power_of_two, prompt_bucket
 from sdar_jax.models.config import ModelConfig
 from sdar_jax.models.qwen import (
@@ -299,6 +304,10 @@ class Sampler:
     self.max_prompt_len = int(max_prompt_len or config.max_position_embeddings)
     self.num_compilations = 0
     self._divisor = 1 if mesh is None else sharding.batch_divisor(mesh)
+    # Several processes: every call is a collective over the global mesh (see the module doc).
+    self.collective = mesh is not None and multihost.is_multiprocess()
+    if self.collective:  # fails now, with the fix, if the batch rows cannot split by process
+      multihost.process_rows(sharding.batch_sharding(mesh, 1), (self._divisor,))
     self._device_cache: dict[Any, Any] = {}
     self._run_jit = sharding.with_kernel_mesh(
       jax.jit(
@@ -331,6 +340,7 @@ class Sampler:
     prompt_mask,
     row_source,
     real_rows,
+    row_ids,
     max_new,
     temperature,
     top_p,
@@ -374,7 +384,7 @@ class Sampler:
     )
     layers = unstack_layers(config, params)  # once per call, not per step
 
-    row_keys = jax.vmap(lambda i: jax.random.fold_in(rng, i))(jnp.arange(B))
+    row_keys = jax.vmap(lambda i: jax.random.fold_in(rng, i))(row_ids)
     step_keys = lambda step: jax.vmap(jax.random.fold_in, (0, None))(row_keys, step)
 
     def record(step, token, logp, state, out):
@@ -422,6 +432,9 @@ class Sampler:
     carry = (jnp.int32(1), cache, token, position, state, out)
     out = lax.while_loop(cond, body, carry)[-1]
     tokens, logps, _, length, reason = out
+    # Rows stay where their prompts were placed (each process reads back its own rows).
+    tokens, logps = (self._constrain(x, ("batch", None)) for x in (tokens, logps))
+    length, reason = (self._constrain(x, ("batch",)) for x in (length, reason))
     return tokens, logps, length, reason
 
   # ------------------------------------------------------------------------------- host side
@@ -475,7 +488,7 @@ class Sampler:
     are prefilled once when `share_prefix` (the result does not depend on it)."""
     prompts = self._check_prompts(prompts)
     n = len(prompts)
-    if n == 0 or sampling.max_new_tokens == 0:
+    if sampling.max_new_tokens == 0 or (n == 0 and not self.collective):
       return GenerationResult([[] for _ in prompts], [[] for _ in prompts], ["length"] * n)
     if rng is None:
       if not sampling.greedy:
@@ -490,20 +503,72 @@ class Sampler:
     for i, p in enumerate(prompts):
       source.append(first_index.setdefault(p, len(first_index)) if share_prefix else i)
     unique = list(first_index) if share_prefix else prompts
+    if self.collective:
+      return self._generate_process_rows(params, prompts, unique, source, sampling, rng)
     U = batch_bucket(len(unique), self._divisor)
     B = batch_bucket(n, self._divisor)
     P = prompt_bucket(max(len(p) for p in unique))
     N = new_tokens_bucket(sampling.max_new_tokens)
-    tokens = np.zeros((U, P), np.int32)
-    mask = np.zeros((U, P), np.int32)
-    for i, p in enumerate(unique):
-      tokens[i, P - len(p) :] = p
-      mask[i, P - len(p) :] = 1
-    mask[len(unique) :, -1] = 1  # dummy rows: one real token keeps them well defined
+    tokens, mask = _left_padded(unique, U, P)
     row_source = np.zeros((B,), np.int32)
     row_source[:n] = source
     real_rows = np.arange(B) < n
+    row_ids = np.arange(B, dtype=np.int32)
+    out = self._launch(
+      params,
+      [self._put_batch(a) for a in (tokens, mask, row_source, real_rows, row_ids)],
+      N,
+      sampling,
+      rng,
+    )
+    tokens_out, logps_out, length, reason = jax.device_get(out)
+    shapes = {"batch": B, "prefill_rows": U, "prompt_len": P, "new_tokens": N}
+    return _result(tokens_out, logps_out, length, reason, n, len(unique), shapes)
 
+  def _generate_process_rows(
+    self,
+    params: Params,
+    prompts: list[tuple[int, ...]],
+    unique: list[tuple[int, ...]],
+    source: list[int],
+    sampling: SamplingParams,
+    rng: jax.Array,
+  ) -> GenerationResult:
+    """`generate` of several processes: this process's prompts in its rows of the global batch
+    (every process calls it; the batch is sized for the busiest process)."""
+    n = len(prompts)
+    longest = max((len(p) for p in unique), default=1)
+    sizes = multihost.allgather_ints([n, len(unique), longest])  # [processes, 3]
+    if not sizes[:, 0].any():
+      return GenerationResult([], [], [])
+    processes, index = sizes.shape[0], jax.process_index()
+    B = batch_bucket(processes * int(sizes[:, 0].max()), self._divisor)
+    U = batch_bucket(processes * int(sizes[:, 1].max()), self._divisor)
+    P = prompt_bucket(int(sizes[:, 2].max()))
+    N = new_tokens_bucket(sampling.max_new_tokens)
+    row_sharding = sharding.batch_sharding(self.mesh, 1)
+    prompt_sharding = sharding.batch_sharding(self.mesh, 2)
+    my_rows = multihost.process_rows(row_sharding, (B,))
+    my_prompt_rows = multihost.process_rows(prompt_sharding, (U, P))
+    tokens, mask = _left_padded(unique, len(my_prompt_rows), P)
+    row_source = np.full((len(my_rows),), my_prompt_rows[0], np.int32)
+    row_source[:n] = my_prompt_rows[np.asarray(source, np.int64)]
+    real_rows = np.arange(len(my_rows)) < n
+    # the one-process row index: the lower processes' prompts come first
+    row_ids = (int(sizes[:index, 0].sum()) + np.arange(len(my_rows))).astype(np.int32)
+    placed = [
+      multihost.put_rows(tokens, prompt_sharding, (U, P)),
+      multihost.put_rows(mask, prompt_sharding, (U, P)),
+      *(multihost.put_rows(a, row_sharding, (B,)) for a in (row_source, real_rows, row_ids)),
+    ]
+    out = self._launch(params, placed, N, sampling, rng)
+    tokens_out, logps_out, length, reason = (multihost.get_rows(x, my_rows) for x in out)
+    shapes = {"batch": B, "prefill_rows": U, "prompt_len": P, "new_tokens": N}
+    return _result(tokens_out, logps_out, length, reason, n, len(unique), shapes)
+
+  def _launch(self, params: Params, placed: list, N: int, sampling: SamplingParams, rng):
+    """The compiled prefill + decode on placed (prompt tokens, prompt mask, row source, real
+    rows, row ids); returns (tokens, log-probs, lengths, finish codes) on the devices."""
     V = self.config.vocab_size
     is_stop = self._device_table(
       ("stop_ids", sampling.stop_token_ids),
@@ -522,12 +587,9 @@ class Sampler:
 
     if self.mesh is not None:
       params = sharding.shard_params(params, self.config, self.mesh)
-    out = self._run_jit(
+    return self._run_jit(
       params,
-      self._put_batch(tokens),
-      self._put_batch(mask),
-      self._put_batch(row_source),
-      self._put_batch(real_rows),
+      *placed,
       np.int32(sampling.max_new_tokens),
       np.float32(sampling.temperature or 1.0),
       np.float32(sampling.top_p),
@@ -540,16 +602,31 @@ class Sampler:
       use_top_p=not sampling.greedy and sampling.top_p < 1.0,
       use_stop_strings=use_strings,
     )
-    tokens_out, logps_out, length, reason = jax.device_get(out)
-    return GenerationResult(
-      tokens=[tokens_out[i, : length[i]].tolist() for i in range(n)],
-      logprobs=[logps_out[i, : length[i]].tolist() for i in range(n)],
-      finish_reasons=[FINISH_REASONS[int(reason[i])] for i in range(n)],
-      num_prefill_rows=len(unique),
-      shapes={"batch": B, "prefill_rows": U, "prompt_len": P, "new_tokens": N},
-    )
 
   __call__ = generate
+
+
+def _left_padded(prompts: Sequence[tuple[int, ...]], rows: int, length: int):
+  """[rows, length] prompt tokens and mask, each prompt left-padded; rows past the prompts are
+  dummies with one real token (which keeps them well defined)."""
+  tokens = np.zeros((rows, length), np.int32)
+  mask = np.zeros((rows, length), np.int32)
+  for i, p in enumerate(prompts):
+    tokens[i, length - len(p) :] = p
+    mask[i, length - len(p) :] = 1
+  mask[len(prompts) :, -1] = 1
+  return tokens, mask
+
+
+def _result(tokens_out, logps_out, length, reason, n: int, prefill_rows: int, shapes):
+  """The GenerationResult of the first `n` rows of the loop's host outputs."""
+  return GenerationResult(
+    tokens=[tokens_out[i, : length[i]].tolist() for i in range(n)],
+    logprobs=[logps_out[i, : length[i]].tolist() for i in range(n)],
+    finish_reasons=[FINISH_REASONS[int(reason[i])] for i in range(n)],
+    num_prefill_rows=prefill_rows,
+    shapes=shapes,
+  )
 
 
 # --------------------------------------------------------------------------- functional wrapper

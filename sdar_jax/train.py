@@ -115,6 +115,17 @@ def _define_flags() -> None:
     "Multi-host (TPU pod slice, multi-node GPU): call "
     "jax.distributed.initialize() before anything touches the devices.",
   )
+  flags.DEFINE_string(
+    "coordinator_address",
+    None,
+    "With --distributed: host:port of process 0's coordinator (default: JAX finds the job).",
+  )
+  flags.DEFINE_integer(
+    "num_processes", None, "With --distributed: how many processes run (default: JAX finds it)."
+  )
+  flags.DEFINE_integer(
+    "process_id", None, "With --distributed: this process's index, 0 .. num_processes - 1."
+  )
   flags.DEFINE_bool(
     "dry_run",
     False,
@@ -149,10 +160,18 @@ def main(argv: Sequence[str]) -> None:
   from sdar_jax.config_validation import ConfigError, validate
   from sdar_jax.sharding import make_mesh
 
-  if flags.FLAGS.distributed:
-    import jax
+  if flags.FLAGS.distributed:  # every process plays its share (sdar_jax.multihost)
+    from sdar_jax import multihost
 
-    jax.distributed.initialize()
+    multihost.initialize(
+      flags.FLAGS.coordinator_address, flags.FLAGS.num_processes, flags.FLAGS.process_id
+    )
+  elif any(
+    flags.FLAGS[name].present for name in ("coordinator_address", "num_processes", "process_id")
+  ):
+    raise app.UsageError(
+      "--coordinator_address, --num_processes and --process_id need --distributed."
+    )
   config = flags.FLAGS.config
   try:
     model_config = validate(config)

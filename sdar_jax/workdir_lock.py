@@ -8,8 +8,15 @@ The lock is `<workdir>/.sdar_jax.lock`, a small JSON file (host, pid, start time
 under an `fcntl.flock` exclusive lock. The kernel drops a flock when its process dies, so a lock
 left behind by a killed run is recovered by the next run on any host that shares the lock (a local
 filesystem); a file whose recorded pid is dead on this host is taken over even where flock is not
-enforced. Remote object stores (gs://) and several processes writing one run (pods) are not
-covered by this lock.
+enforced.
+
+Where this lock has no meaning it is not taken, and `acquire()` says so in the log:
+
+* a remote workdir (gs://, `sdar_jax.paths.is_remote`): an object store offers no lock that a
+  killed holder releases (a lease would have to expire, and a preempted TPU slice resumes at once),
+  so nothing refuses a second run on the same gs:// workdir: give every run its own workdir;
+* a process other than the primary one of a multi-process run (`sdar_jax.paths.is_primary_process`):
+  the processes of one run share its workdir, and the primary process's lock stands for the run.
 """
 
 from __future__ import annotations
@@ -17,11 +24,16 @@ from __future__ import annotations
 import errno
 import fcntl
 import json
+import logging
 import os
 import socket
 import sys
 import time
 from typing import Any, Self
+
+from sdar_jax import paths
+
+log = logging.getLogger(__name__)
 
 LOCK_NAME = ".sdar_jax.lock"
 
@@ -60,10 +72,11 @@ class WorkdirLock:
   """
 
   def __init__(self, workdir: str | os.PathLike, purpose: str = "training"):
-    self.workdir = os.path.abspath(os.fspath(workdir))
-    self.path = os.path.join(self.workdir, LOCK_NAME)
+    self.workdir = paths.resolve(workdir)
+    self.path = paths.join(self.workdir, LOCK_NAME)
     self.purpose = purpose
     self._fd: int | None = None
+    self.skipped = False  # acquire() took no lock (a remote workdir, or not the primary process)
 
   @property
   def held(self) -> bool:
@@ -84,7 +97,20 @@ class WorkdirLock:
     )
 
   def acquire(self) -> Self:
-    if self._fd is not None:
+    if self._fd is not None or self.skipped:
+      return self
+    if paths.is_remote(self.workdir):
+      self.skipped = True
+      log.warning(
+        "workdir %s is remote: no workdir lock is taken (object stores have none that a killed "
+        "run releases), so a second run on this workdir would not be refused. Give every run its "
+        "own workdir.",
+        self.workdir,
+      )
+      return self
+    if not paths.is_primary_process():
+      self.skipped = True
+      log.info("workdir lock: held by the primary process of this run, not by this one")
       return self
     os.makedirs(self.workdir, exist_ok=True)
     fd = self._lock_file()

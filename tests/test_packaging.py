@@ -21,7 +21,7 @@ RUNTIME_DIRS = ("sdar_jax", "envs", "configs", "launch")
 FIRST_PARTY = {"sdar_jax", "envs", "configs", "tests", "bench", "_common"}
 # Imported only inside a function, for a feature that is off unless asked for; installed with the
 # runtime requirements anyway (a dependency of textworld's jericho).
-OPTIONAL_IMPORTS = {"spacy"}
+OPTIONAL_IMPORTS = {"spacy", "fsspec"}  # fsspec: only for gs:// workdirs (the gcs extra pins it)
 TEST_ONLY = {"transformers", "torch", "safetensors", "pytest"}
 
 
@@ -78,11 +78,17 @@ def test_dependencies_come_from_requirements_txt_and_extras_pin_jax():
     for r in map(Requirement, importlib.metadata.requires("jax"))
     if r.name == "libtpu" and r.marker is not None and r.marker.evaluate({"extra": "tpu"})
   ]
+  gcs = extras.pop("gcs")
   assert extras == {
     "gpu": [f"jax[cuda12]{jax_pin}"],
     "tpu": [f"jax[tpu]{jax_pin}"],
     "tpu-plan": libtpu,
   }
+  # gs:// workdirs: exact pins, the same ones launch/tpu_pod.sh --install puts on every worker.
+  assert sorted(Requirement(r).name for r in gcs) == ["gcsfs", "google-cloud-storage"]
+  assert all("==" in r for r in gcs)
+  launcher = (REPO / "launch" / "tpu_pod.sh").read_text()
+  assert all(f"'{r}'" in launcher for r in gcs)
 
 
 def test_every_runtime_import_is_pinned_directly():

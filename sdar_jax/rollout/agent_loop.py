@@ -22,6 +22,7 @@ import jax
 from tqdm import tqdm
 
 from envs.base import EnvAdapter, EpisodeView
+from sdar_jax import multihost
 from sdar_jax.chat_templates import ChatTemplate
 from sdar_jax.perf import RolloutTimings
 from sdar_jax.rollout.trajectory import Episode, Turn
@@ -193,7 +194,8 @@ class AgentLoop:
   ) -> list[Episode]:
     """Plays one episode per entry of `tasks` on envs 0..len(tasks)-1 and returns them.
     `timings`, when given, gets the seconds blocked on the envs and in the sampler and the
-    generated tokens added to it (`sdar_jax.perf`)."""
+    generated tokens added to it (`sdar_jax.perf`). With several processes every process calls
+    it with its own share of the episodes (possibly none) and the same `rng`."""
     sampling = sampling or self.sampling
     timings = RolloutTimings() if timings is None else timings
     n = len(tasks)
@@ -211,9 +213,12 @@ class AgentLoop:
       self._record_env_result(episodes[i], views, i, result, first=True)
 
     bar = tqdm(total=self.max_turns, desc=desc, leave=False, disable=not self.progress)
+    collective = getattr(self.sampler, "collective", False)  # several processes sample together
     for turn in range(self.max_turns):
       active = [i for i in range(n) if not episodes[i].done]
-      if not active:
+      # A turn runs while any process has an active episode (one with none joins the sampler's
+      # collective with no prompts; sdar_jax.multihost).
+      if not (multihost.any_process(bool(active)) if collective else active):
         break
       prompts = [
         self._build_prompts(views[i], (episodes[i].group_id, turn), f"env {i} turn {turn}")

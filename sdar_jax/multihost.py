@@ -1,0 +1,477 @@
+"""Multi-process runs: JAX's multi-controller runtime, each process's share of an iteration, its
+rows of the global arrays, and the small host-side exchanges between the processes.
+
+A run over several processes (the hosts of a TPU slice, the nodes of a GPU cluster, or local CPU
+processes from `launch/local.sh -n N`) runs the same program in every process, and every jitted
+computation over the mesh is entered by all of them with arrays of the same global shapes:
+
+* Tasks. Every process draws the same tasks (the task sampler is seeded alike) and plays its own
+  contiguous share of whole GRPO groups (`episode_share`) on its own env pool, with the global
+  parameters: the sampler is one jitted computation over the whole mesh, each process's prompts
+  sit in its own rows of the global batch (`put_rows`) and it reads back those rows
+  (`get_rows`). A row draws its random numbers by its index in the batch one process would have
+  built (the prompts of the lower processes first), so the episodes do not depend on the number
+  of processes.
+* Samples. Turn-samples stay with the process that played them (a group's advantages need only
+  its own episodes). `global_minibatches` packs them into one global block and gathers, inside a
+  jitted function, exactly the mini-batches a single process would pack from all of them in
+  process order: the same updates, whatever the number of processes.
+* Metrics. Those of the episodes come from every process's episode summaries
+  (`episode_summaries`), sums over batch rows from every process's rows (`sum_over_processes`),
+  and the update's own metrics are replicated outputs of the update: every process computes the
+  row a single process would log, and the primary process writes it (sdar_jax.paths). The
+  perf/* timings are each process's own (the primary's are logged).
+* Checkpoints are saved and restored by all processes together (orbax: each writes its shards).
+
+Requirements: every process has the same number of devices, and each row of a batch lives on the
+devices of one process only (the mesh axes that span processes shard the batch: the 'batch' rule,
+data and fsdp); `process_rows` says what to change otherwise. One process: every function here is
+the identity or the single-process code path, and no collective runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import pickle
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+
+from sdar_jax import sharding as sharding_lib
+from sdar_jax.batch import (
+  TurnBatch,
+  TurnSample,
+  new_tokens_bucket,
+  next_power_of_two,
+  prompt_bucket,
+)
+
+log = logging.getLogger(__name__)
+
+_MIN_MESSAGE = 1024  # bytes: the smallest padded message of `allgather`
+
+__all__ = [
+  "allgather",
+  "allgather_ints",
+  "any_process",
+  "episode_share",
+  "episode_summaries",
+  "fetch",
+  "get_rows",
+  "global_minibatches",
+  "host_rows",
+  "initialize",
+  "is_multiprocess",
+  "max_share_size",
+  "process_rows",
+  "put_rows",
+  "rows_by_process",
+  "sum_over_processes",
+  "token_view_candidates",
+  "total",
+]
+
+
+# ------------------------------------------------------------------------------- start-up
+def _cpu_only() -> bool:
+  platforms = os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms or ""
+  return [p.strip() for p in platforms.split(",") if p.strip()] == ["cpu"]
+
+
+def initialize(
+  coordinator_address: str | None = None,
+  num_processes: int | None = None,
+  process_id: int | None = None,
+) -> None:
+  """Starts JAX's distributed runtime (before anything touches the devices). With no arguments
+  JAX finds the job itself (TPU slices, SLURM, ...); `launch/local.sh -n N` passes all three. On
+  CPU (JAX_PLATFORMS=cpu) the cross-process collectives are gloo's."""
+  if num_processes is not None and num_processes < 1:
+    raise ValueError(f"num_processes={num_processes}: use 1 or more processes.")
+  if process_id is not None and num_processes is not None and not 0 <= process_id < num_processes:
+    raise ValueError(
+      f"process_id={process_id} is not in [0, num_processes={num_processes}). Fix: number the "
+      "processes 0 .. num_processes - 1."
+    )
+  if _cpu_only():
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  kwargs = {
+    "coordinator_address": coordinator_address,
+    "num_processes": num_processes,
+    "process_id": process_id,
+  }
+  jax.distributed.initialize(**{k: v for k, v in kwargs.items() if v is not None})
+  log.info(
+    "process %d of %d: %d local device(s), %d in all",
+    jax.process_index(),
+    jax.process_count(),
+    jax.local_device_count(),
+    jax.device_count(),
+  )
+
+
+def is_multiprocess() -> bool:
+  return jax.process_count() > 1
+
+
+# ----------------------------------------------------------------------------------- shares
+def episode_share(num_episodes: int, group_size: int = 1) -> slice:
+  """This process's episodes among an iteration's `num_episodes` (groups of `group_size`
+  consecutive episodes, never split): groups [p·n/P, (p+1)·n/P) of the n groups for process p of
+  P, so the processes' shares follow each other in order. One process: all of them."""
+  if group_size < 1 or num_episodes % group_size:
+    raise ValueError(
+      f"{num_episodes} episodes do not form whole groups of {group_size}. Fix: pass the "
+      "episodes of whole GRPO groups."
+    )
+  groups, count, index = num_episodes // group_size, jax.process_count(), jax.process_index()
+  return slice(index * groups // count * group_size, (index + 1) * groups // count * group_size)
+
+
+def max_share_size(num_episodes: int, group_size: int = 1) -> int:
+  """The most episodes any process's `episode_share` holds (the size of its env pool)."""
+  groups, count = num_episodes // group_size, jax.process_count()
+  return -(-groups // count) * group_size
+
+
+# ------------------------------------------------------------------------- host exchanges
+def allgather_ints(values: Sequence[int]) -> np.ndarray:
+  """[processes, len(values)] int32: every process's `values`, in process order (one device
+  all-gather; a collective)."""
+  from jax.experimental import multihost_utils
+
+  local = np.asarray(values, np.int32).reshape(-1)
+  return np.asarray(multihost_utils.process_allgather(local)).reshape(jax.process_count(), -1)
+
+
+def allgather(value: Any) -> list[Any]:
+  """`value` of every process, in process order (pickled, through two device all-gathers): each
+  process gets the same list. One process: [value]."""
+  if jax.process_count() == 1:
+    return [value]
+  from jax.experimental import multihost_utils
+
+  data = np.frombuffer(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+  sizes = allgather_ints([data.size])[:, 0]
+  # a power of two of bytes: the all-gather compiles once per size, not once per message
+  padded = np.zeros(max(_MIN_MESSAGE, next_power_of_two(int(sizes.max()))), np.uint8)
+  padded[: data.size] = data
+  everyone = np.asarray(multihost_utils.process_allgather(padded))
+  return [pickle.loads(everyone[i, : int(n)].tobytes()) for i, n in enumerate(sizes)]
+
+
+def any_process(flag: bool) -> bool:
+  """Whether `flag` holds on any process (a collective: every process must ask)."""
+  if jax.process_count() == 1:
+    return bool(flag)
+  return bool(allgather_ints([int(bool(flag))]).any())
+
+
+def sum_over_processes(values: Sequence[float]) -> list[float]:
+  """The element-wise sums of every process's `values` (float64 on the host); one process:
+  `values` as floats."""
+  if jax.process_count() == 1:
+    return [float(v) for v in values]
+  parts = allgather([float(v) for v in values])
+  return [float(sum(column)) for column in zip(*parts)]
+
+
+def episode_summaries(episodes: Sequence[Any]) -> list[Any]:
+  """Every process's episodes in process order, each turn without its prompts, log-probs and
+  observation (what the rollout metrics and the failure count read: rewards, outcomes, infos,
+  response ids, validity, truncation). One process: `episodes` themselves."""
+  if jax.process_count() == 1:
+    return list(episodes)
+  import dataclasses
+
+  light = [
+    dataclasses.replace(
+      ep,
+      turns=[
+        dataclasses.replace(t, prompt_ids=[], teacher_prompt_ids=None, logprobs=[], observation="")
+        for t in ep.turns
+      ],
+    )
+    for ep in episodes
+  ]
+  return [ep for part in allgather(light) for ep in part]
+
+
+def token_view_candidates(episodes: Sequence[Any]) -> list[Any]:
+  """Episodes among which `diagnostics.pick_episode` picks the one it would pick from every
+  process's episodes (the first won one in process order, else the first finished one): each
+  process's first won and first finished episode, in process order, whole. One process:
+  `episodes`. A collective."""
+  if jax.process_count() == 1:
+    return list(episodes)
+  from sdar_jax.diagnostics import pick_episode
+
+  won = pick_episode([ep for ep in episodes if ep.won])
+  first = pick_episode(episodes)
+  mine = [won] if won is not None else []
+  if first is not None and first is not won:
+    mine.append(first)
+  return [ep for part in allgather(mine) for ep in part]
+
+
+# ------------------------------------------------------------------------ rows of a batch
+@functools.lru_cache(maxsize=256)
+def rows_by_process(sharding: NamedSharding, shape: tuple[int, ...]) -> tuple[np.ndarray, ...]:
+  """For an array of `shape` placed with `sharding`: the indices of the rows (first dimension)
+  held by each process's devices, ascending, one array per process. Raises when a row is held
+  by two processes (the batch is not sharded over the processes) or the processes hold
+  different numbers of rows."""
+  shape = tuple(int(s) for s in shape)
+  owner = np.full(shape[0], -1, np.int64)
+  all_rows = np.arange(shape[0])
+  for device, index in sharding.devices_indices_map(shape).items():
+    rows = all_rows[index[0]]
+    clash = (owner[rows] >= 0) & (owner[rows] != device.process_index)
+    if clash.any():
+      raise ValueError(
+        f"a batch of {shape[0]} rows placed as {sharding.spec} on mesh "
+        f"{dict(sharding.mesh.shape)} puts row {int(rows[clash][0])} on two processes: in a "
+        f"multi-process run ({jax.process_count()} processes) each row must live on one "
+        "process. Fix: shard the batch over the processes: make mesh.data x mesh.fsdp a multiple "
+        "of the process count, with the axes inside one process (tensor) last."
+      )
+    owner[rows] = device.process_index
+  per_process = tuple(np.flatnonzero(owner == p) for p in range(jax.process_count()))
+  if len({len(rows) for rows in per_process}) != 1:
+    raise ValueError(
+      f"a batch of {shape[0]} rows placed as {sharding.spec} on mesh {dict(sharding.mesh.shape)} "
+      f"gives the processes {[len(r) for r in per_process]} rows: every process needs the same "
+      "number. Fix: give every process the same number of devices and a batch that divides over "
+      "mesh.data x mesh.fsdp."
+    )
+  return per_process
+
+
+def process_rows(sharding: NamedSharding, shape: tuple[int, ...]) -> np.ndarray:
+  """The rows of an array of `shape` placed with `sharding` that this process's devices hold
+  (ascending); see `rows_by_process`."""
+  return rows_by_process(sharding, tuple(shape))[jax.process_index()]
+
+
+def put_rows(local: np.ndarray, sharding: NamedSharding, shape: tuple[int, ...]) -> jax.Array:
+  """The global array of `shape` whose rows `process_rows(sharding, shape)` are `local`, in
+  order, on every process (a collective: every process passes its own rows)."""
+  shape = tuple(int(s) for s in shape)
+  rows = process_rows(sharding, shape)
+  local = np.asarray(local)
+  if local.shape != (len(rows),) + shape[1:]:
+    raise ValueError(
+      f"this process holds {len(rows)} rows of the {shape} array, got local data of shape "
+      f"{local.shape}; pass shape {(len(rows),) + shape[1:]}."
+    )
+
+  def piece(index):
+    wanted = np.arange(shape[0])[index[0]]
+    return local[np.searchsorted(rows, wanted)][(slice(None),) + tuple(index[1:])]
+
+  return jax.make_array_from_callback(shape, sharding, piece)
+
+
+def get_rows(x: jax.Array, rows: np.ndarray | None = None) -> np.ndarray:
+  """Rows `rows` (default: this process's rows of `x`'s own sharding) of the global array `x`, as
+  a host array, read from this process's shards only."""
+  rows = process_rows(x.sharding, x.shape) if rows is None else np.asarray(rows)
+  out = np.zeros((len(rows),) + tuple(x.shape[1:]), x.dtype)
+  covered = np.zeros(out.shape, bool)
+  all_rows = np.arange(x.shape[0])
+  for shard in x.addressable_shards:
+    shard_rows = all_rows[shard.index[0]]
+    hit = np.isin(shard_rows, rows)
+    if not hit.any():
+      continue
+    at = np.searchsorted(rows, shard_rows[hit])
+    data = np.asarray(shard.data)[hit]
+    out[(at,) + tuple(shard.index[1:])] = data
+    covered[(at,) + tuple(shard.index[1:])] = True
+  if not covered.all():
+    raise ValueError(
+      f"this process's devices do not hold all of rows {rows.tolist()} of an array of shape "
+      f"{x.shape} placed as {x.sharding}."
+    )
+  return out
+
+
+def fetch(x: Any) -> np.ndarray:
+  """All of a (global) array on the host; an array spread over several processes is gathered
+  (a collective: every process must fetch it)."""
+  if not isinstance(x, jax.Array) or x.is_fully_addressable or x.is_fully_replicated:
+    return np.asarray(x)
+  from jax.experimental import multihost_utils
+
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def host_rows(x: Any) -> np.ndarray:
+  """A batch array on the host: all of it with one process, this process's rows otherwise (sum
+  what is computed from them with `sum_over_processes`)."""
+  if jax.process_count() == 1 or not isinstance(x, jax.Array) or x.is_fully_addressable:
+    return np.asarray(x)
+  return get_rows(x)
+
+
+def total(x: Any) -> float:
+  """The sum of all entries of a (global) array, e.g. a mini-batch's response tokens."""
+  if jax.process_count() == 1:
+    return float(np.asarray(x).sum())
+  return sum_over_processes([host_rows(x).sum(dtype=np.float64)])[0]
+
+
+# ------------------------------------------------------------------------- mini-batches
+def _widen(batch: TurnBatch, rows: int, Ps: int, R: int, Pt: int, pad_id: int) -> TurnBatch:
+  """A packed (numpy) batch with `rows` rows at the wider lengths Ps / R / Pt: prompts stay
+  right-aligned at Ps (Pt), responses start there; new cells are padding."""
+
+  def place(x, width, prompt_pad, fill, dtype):
+    out = np.full((rows, width), fill, dtype)
+    if x is not None:
+      out[: x.shape[0], prompt_pad : prompt_pad + x.shape[1]] = x
+    return out
+
+  def get(name):
+    return None if batch is None else getattr(batch, name)
+
+  def prompt_pad(tokens, width):  # a token row is prompt + response: the extra prompt padding
+    return width if tokens is None else width - (tokens.shape[1] - batch.response_len)
+
+  advantages = np.zeros((rows,), np.float32)
+  if batch is not None:
+    advantages[: batch.batch_size] = batch.advantages
+  student = get("student_tokens")
+  widened = {
+    "student_tokens": place(student, Ps + R, prompt_pad(student, Ps), pad_id, np.int32),
+    "student_mask": place(get("student_mask"), Ps + R, prompt_pad(student, Ps), 0, np.int32),
+    "response_mask": place(get("response_mask"), R, 0, 0, np.float32),
+    "old_logp": place(get("old_logp"), R, 0, 0, np.float32),
+    "advantages": advantages,
+  }
+  if Pt:
+    teacher = get("teacher_tokens")
+    widened["teacher_tokens"] = place(teacher, Pt + R, prompt_pad(teacher, Pt), pad_id, np.int32)
+    widened["teacher_mask"] = place(
+      get("teacher_mask"), Pt + R, prompt_pad(teacher, Pt), 0, np.int32
+    )
+  return TurnBatch(**widened)
+
+
+@functools.lru_cache(maxsize=8)
+def _select_fn(out_sharding: NamedSharding) -> Callable:
+  """Jitted: the rows `index` of a block (-1 = a padding row), cut to one mini-batch's lengths."""
+
+  def select(block: TurnBatch, index, *, Ps_block, Ps, R, Pt_block, Pt, pad_id):
+    keep = index >= 0
+
+    def rows(x, fill):
+      y = jnp.take(x, jnp.maximum(index, 0), axis=0)
+      return jnp.where(keep.reshape((-1,) + (1,) * (y.ndim - 1)), y, jnp.asarray(fill, y.dtype))
+
+    picked = {
+      "student_tokens": rows(block.student_tokens, pad_id)[:, Ps_block - Ps : Ps_block + R],
+      "student_mask": rows(block.student_mask, 0)[:, Ps_block - Ps : Ps_block + R],
+      "response_mask": rows(block.response_mask, 0)[:, :R],
+      "old_logp": rows(block.old_logp, 0)[:, :R],
+      "advantages": rows(block.advantages, 0),
+    }
+    if Pt:
+      picked["teacher_tokens"] = rows(block.teacher_tokens, pad_id)[:, Pt_block - Pt : Pt_block + R]
+      picked["teacher_mask"] = rows(block.teacher_mask, 0)[:, Pt_block - Pt : Pt_block + R]
+    return TurnBatch(**picked)
+
+  return jax.jit(
+    select,
+    static_argnames=("Ps_block", "Ps", "R", "Pt_block", "Pt", "pad_id"),
+    out_shardings=out_sharding,
+  )
+
+
+def global_minibatches(
+  step_fn: Any,
+  samples: Sequence[TurnSample],
+  mini_batch_size: int,
+  with_teacher: bool,
+  pad_id: int = 0,
+) -> list[TurnBatch]:
+  """The iteration's mini-batches placed on `step_fn`'s mesh: what `plan_minibatches` and
+  `pack_batch` make of every process's turn-samples taken in process order (one process: of
+  `samples`, the single-process code path).
+
+  Several processes: each packs its own samples at the iteration's widest lengths into its rows
+  of one global block; every process computes the same plan from all processes' sample lengths
+  (one exchange), and a jitted gather takes each mini-batch's rows out of the block, cut to the
+  mini-batch's own bucketed lengths. The result equals the single-process mini-batch array for
+  array, row for row; the samples themselves never leave the devices."""
+  from sdar_jax.rollout import pack_batch, plan_minibatches
+
+  if jax.process_count() == 1 or step_fn.mesh is None:
+    return [
+      step_fn.shard_batch(pack_batch(mb, mini_batch_size, with_teacher, pad_id))
+      for mb in plan_minibatches(samples, mini_batch_size)
+    ]
+  lengths = np.zeros((len(samples), 3), np.int64)
+  for i, s in enumerate(samples):
+    teacher = len(s.teacher_prompt_ids) if with_teacher and s.teacher_prompt_ids else 0
+    lengths[i] = (len(s.prompt_ids), len(s.response_ids), teacher)
+  per_process = allgather(lengths)
+  everyone = np.concatenate(per_process)
+  if not len(everyone):
+    return []
+  if with_teacher and not everyone[:, 2].all():
+    raise ValueError(
+      "The algorithm needs teacher log-probs but some samples have no teacher prompt; the rollout "
+      "must build teacher prompts (AgentLoop(with_teacher=True))."
+    )
+  chunks = [
+    (start, min(start + mini_batch_size, len(everyone)))
+    for start in range(0, len(everyone), mini_batch_size)
+  ]
+  shapes = []
+  for start, end in chunks:
+    longest = everyone[start:end].max(axis=0)
+    shapes.append(
+      (
+        prompt_bucket(int(longest[0])),
+        new_tokens_bucket(int(longest[1])),
+        prompt_bucket(int(longest[2])) if with_teacher else 0,
+      )
+    )
+  Ps, R, Pt = (max(column) for column in zip(*shapes))
+
+  out_sharding = sharding_lib.batch_sharding(step_fn.mesh, 1, step_fn.rules)
+  counts = [len(part) for part in per_process]
+  divisor = sharding_lib.batch_divisor(step_fn.mesh, step_fn.rules)
+  block_rows = -(-jax.process_count() * max(counts) // divisor) * divisor
+  owners = rows_by_process(out_sharding, (block_rows,))
+  mine = owners[jax.process_index()]
+  if len(mine) < max(counts):
+    raise ValueError(
+      f"a block of {block_rows} rows gives each process {len(mine)} rows, fewer than the "
+      f"{max(counts)} turn-samples of the busiest process; the batch axes must split the rows "
+      "evenly over the processes."
+    )
+  packed = pack_batch(samples, len(mine), with_teacher, pad_id) if samples else None
+  local = _widen(packed, len(mine), Ps, R, Pt, pad_id)
+  block = jax.tree.map(
+    lambda x: put_rows(x, out_sharding, (block_rows,) + x.shape[1:]),
+    local,
+  )
+  # Global sample g (process q's j-th) sits in block row owners[q][j].
+  where = np.concatenate([owners[q][:n] for q, n in enumerate(counts)])
+  select = _select_fn(out_sharding)
+  batches = []
+  for (start, end), (ps, r, pt) in zip(chunks, shapes):
+    index = np.full((mini_batch_size,), -1, np.int32)
+    index[: end - start] = where[start:end]
+    batches.append(
+      select(block, index, Ps_block=Ps, Ps=ps, R=r, Pt_block=Pt, Pt=pt, pad_id=int(pad_id))
+    )
+  return batches
