@@ -23,6 +23,7 @@ __all__ = [
   "Tokenizer",
   "TokenizerFilesNotFoundError",
   "bundled_qwen_tokenizer_dir",
+  "packaged_policy_dir",
   "packaged_tokenizer_dir",
 ]
 
@@ -51,6 +52,21 @@ def packaged_tokenizer_dir(name: str) -> pathlib.Path:
     shipped = sorted(p.name for p in root.iterdir() if (p / "tokenizer.json").is_file())
     raise TokenizerFilesNotFoundError(
       f"no packaged tokenizer {name!r} (no {folder}/tokenizer.json). Fix: one of {shipped}."
+    )
+  return folder
+
+
+def packaged_policy_dir(name: str) -> pathlib.Path:
+  """A model folder shipped inside this package (sdar_jax/assets/policies/<name>: config.json,
+  model.safetensors, tokenizer files), e.g. "alfworld_demo", the offline demo's warm-started
+  policy (written by `python -m sdar_jax.tools.build_demo_policy`)."""
+  root = pathlib.Path(__file__).resolve().parent / "assets" / "policies"
+  folder = root / name
+  if not (folder / "config.json").is_file():
+    shipped = sorted(p.name for p in root.iterdir() if (p / "config.json").is_file())
+    raise FileNotFoundError(
+      f"no packaged policy {name!r} (no {folder}/config.json). Fix: one of {shipped}, or build "
+      f"it: python -m sdar_jax.tools.build_demo_policy --out {folder}"
     )
   return folder
 

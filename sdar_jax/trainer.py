@@ -17,6 +17,8 @@ hold the TrainState plus the iteration and the task sampler's state, so a killed
 where it stopped (metric rows of iterations after the restored checkpoint are dropped first); the
 final policy is exported as Hugging Face safetensors.
 
+The workdir may be local or a gs:// URL (sdar_jax.paths): config.json, metrics, plots,
+diagnostics and the export are written by the primary process, checkpoints by every process.
 A run holds its workdir's lock (sdar_jax.workdir_lock) from start to close. Each iteration logs a
 progress line (elapsed time, ETA) and, every `logging.every` iterations, a metrics row. The first
 failure of each kind of an environment is logged with its env and game file; failures are counted
@@ -37,7 +39,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import os
 import time
 from typing import Any
 
@@ -46,7 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import envs
-from sdar_jax import diagnostics, run_setup, sharding
+from sdar_jax import diagnostics, multihost, paths, run_setup, sharding
 from sdar_jax.checkpoint import CheckpointManager, abstract_train_state, export_hf
 from sdar_jax.evaluate import (  # noqa: F401  (EVAL_RECORD, run_evaluation re-exported)
   EVAL_RECORD,
@@ -65,7 +66,7 @@ from sdar_jax.metrics import (
 )
 from sdar_jax.perf import IterationClock
 from sdar_jax.progress import Progress, ensure_log_handler
-from sdar_jax.rollout import ReplayQueue, episodes_to_samples, pack_batch, plan_minibatches
+from sdar_jax.rollout import ReplayQueue, episodes_to_samples
 from sdar_jax.rollout.trajectory import Episode
 from sdar_jax.run_setup import (  # noqa: F401  (build_chat_template, build_retriever re-exported)
   build_agent_loops,
@@ -78,7 +79,7 @@ from sdar_jax.run_setup import (  # noqa: F401  (build_chat_template, build_retr
 from sdar_jax.sampling import Sampler
 from sdar_jax.train_state import create_train_state
 from sdar_jax.train_step import TrainStep, train_step_from_config
-from sdar_jax.warm_start import warm_start_run
+from sdar_jax.warm_start import built_policy_metrics, warm_start_run
 from sdar_jax.workdir_lock import WorkdirLock
 
 log = logging.getLogger(__name__)
@@ -135,7 +136,14 @@ class Trainer:
       if problems:
         raise ValueError("\n".join(problems))
     self.config = config
-    self.workdir = os.path.abspath(workdir)
+    for what, where in (
+      ("workdir", workdir),
+      ("checkpoint.dir", config.checkpoint.get("dir")),
+      ("logging.dir", config.logging.get("dir")),
+    ):
+      if where:
+        paths.check_remote_workdir(where, what)  # a gs:// run without gcsfs stops here
+    self.workdir = paths.resolve(workdir)  # a gs:// URL stays one
     self.eval_only = eval_only
     self.params_from = params_from
     ensure_log_handler()
@@ -151,8 +159,11 @@ class Trainer:
     config = self.config
     if self.eval_only:
       start_eval_record(self.workdir, evaluated_source(self.config, self.params_from))
-    with open(os.path.join(self.workdir, "config.json"), "w") as f:
-      json.dump(config.to_dict(), f, indent=2, default=str)
+    if paths.is_primary_process():
+      paths.write_text(
+        paths.join(self.workdir, "config.json"),
+        json.dumps(config.to_dict(), indent=2, default=str),
+      )
     self.mesh = sharding.make_mesh(dict(config.mesh))
     self.tokenizer = build_tokenizer(config.model)
     if self.params_from is None:
@@ -194,6 +205,8 @@ class Trainer:
     else:
       if config.get("warm_start") and config.warm_start.steps > 0:
         params, self.warm_start_metrics = warm_start_run(self, params)
+      else:
+        self.warm_start_metrics = built_policy_metrics(config.model.get("path"))
       if self.step_fn.algo_config.kl_coef:  # the frozen initial policy (after any warm start)
         self.ref_params = jax.tree.map(jnp.copy, params)
       self.state = self.step_fn.shard_state(create_train_state(params, self.step_fn.optimizer))
@@ -206,7 +219,7 @@ class Trainer:
     self.ckpt: CheckpointManager | None = None
     if not self.eval_only:
       self.ckpt = CheckpointManager(
-        config.checkpoint.get("dir") or os.path.join(self.workdir, "checkpoints"),
+        config.checkpoint.get("dir") or paths.join(self.workdir, "checkpoints"),
         keep=config.checkpoint.keep,
         async_save=config.checkpoint.async_save,
       )
@@ -240,8 +253,8 @@ class Trainer:
       # A restart before the first checkpoint logs step 0 again; a reloaded warm start does not
       # recompute its metrics, so keep them from the dropped row.
       try:
-        with open(self.logger.path) as f:
-          first = json.loads(f.readline() or "{}")
+        text = paths.read_text(self.logger.path) if paths.exists(self.logger.path) else ""
+        first = json.loads((text.splitlines() or ["{}"])[0])
       except (OSError, ValueError):
         first = {}
       if first.get("step") == 0:
@@ -288,22 +301,24 @@ class Trainer:
   def evaluate(self) -> dict[str, float]:
     """Validation episodes (group size 1, one per game of `eval_tasks`) per eval mode."""
     tasks = self.eval_tasks
+    mine = multihost.episode_share(len(tasks))  # all of them with one process
     metrics = {}
     for mode, (prefix, loop) in enumerate(self.eval_loops):
       if mode == 0:  # the token view's episode needs its teacher prompts (sdar_jax.diagnostics)
         loop = diagnostics.with_teacher_prompts(self, loop)
       episodes = loop.run(
         self.eval_params if self.state is None else self.state.params,
-        tasks,
-        list(range(len(tasks))),
+        tasks[mine],
+        list(range(len(tasks)))[mine],
         self._key(1 + mode),
         policy_version=self.loop_state.iteration,
         desc=prefix,
       )
       self._report_env_failures(episodes, self.eval_games, prefix)
-      metrics.update(rollout_metrics(episodes, prefix, self.env_family.episode_metrics))
+      everyone = multihost.episode_summaries(episodes)  # every process's, for the metrics
+      metrics.update(rollout_metrics(everyone, prefix, self.env_family.episode_metrics))
       if mode == 0:
-        diagnostics.write_token_view(self, episodes)
+        diagnostics.write_token_view(self, multihost.token_view_candidates(episodes))
     return metrics
 
   def _report_env_failures(self, episodes: list[Episode], games: list[str], prefix: str) -> None:
@@ -346,13 +361,20 @@ class Trainer:
     clock = IterationClock()  # the perf/* metrics (sdar_jax.perf)
     t0 = time.perf_counter()
     tasks, groups = self._draw_tasks()
+    mine = multihost.episode_share(len(tasks), self.group_size)  # all of them with one process
     episodes = self.loop.run(
-      self.state.params, tasks, groups, self._key(0), policy_version=it, timings=clock.rollout
+      self.state.params,
+      tasks[mine],
+      groups[mine],
+      self._key(0),
+      policy_version=it,
+      timings=clock.rollout,
     )
     t_rollout = time.perf_counter() - t0
     self._report_env_failures(episodes, self.train_games, "episode")
-    self._check_all_failed(episodes)
-    metrics = rollout_metrics(episodes, "episode", self.env_family.episode_metrics)
+    everyone = multihost.episode_summaries(episodes)  # every process's, for the metrics
+    self._check_all_failed(everyone)
+    metrics = rollout_metrics(everyone, "episode", self.env_family.episode_metrics)
     samples = episodes_to_samples(
       episodes,
       invalid_penalty=self.step_fn.algo_config.invalid_penalty,
@@ -360,10 +382,11 @@ class Trainer:
     )
     self.replay.put(samples)
     samples = self.replay.take(None, current_version=it)
-    metrics["rollout/turn_samples"] = float(len(samples))
-    metrics["rollout/generated_tokens"] = float(sum(len(s.response_ids) for s in samples))
+    metrics["rollout/turn_samples"], metrics["rollout/generated_tokens"] = (
+      multihost.sum_over_processes([len(samples), sum(len(s.response_ids) for s in samples)])
+    )
     metrics["rollout/seconds"] = t_rollout
-    if not samples:
+    if not metrics["rollout/turn_samples"]:
       log.warning(
         "iteration %d: no trainable turn-samples (every env failed, %d in a row); skipping the "
         "update",
@@ -373,10 +396,10 @@ class Trainer:
       return {**metrics, **clock.metrics(samples, it, t_rollout)}
     t1 = time.perf_counter()
     mb_size = self.config.train.mini_batch_size
-    batches = [
-      self.step_fn.shard_batch(pack_batch(mb, mb_size, self.with_teacher, self.pad_id))
-      for mb in plan_minibatches(samples, mb_size)
-    ]
+    # plan_minibatches + pack_batch of every process's samples, placed on the mesh
+    batches = multihost.global_minibatches(
+      self.step_fn, samples, mb_size, self.with_teacher, self.pad_id
+    )
     algo = self.step_fn.algo_config
     if algo.recompute_old_logp:  # θ_old re-scores the sampled tokens
       rescored = [self.step_fn.recompute_old_logp(self.state.params, b) for b in batches]
@@ -386,11 +409,15 @@ class Trainer:
       batches = [
         b.replace(teacher_logp=self.step_fn.score_teacher(self.state.params, b)) for b in batches
       ]
-      metrics.update(teacher_old_gap_metrics(batches))
+      metrics.update(
+        teacher_old_gap_metrics(
+          batches, rows=multihost.host_rows, combine=multihost.sum_over_processes
+        )
+      )
     per_batch = []
     for b in batches:
       self.state, m = self.step_fn(self.state, b, self.ref_params, iteration=it + 1)
-      per_batch.append((jax.device_get(m), float(np.asarray(b.response_mask).sum())))
+      per_batch.append((jax.device_get(m), multihost.total(b.response_mask)))
     # takes the gap / gate histogram counts out of per_batch (files in <workdir>/diagnostics/)
     diagnostics.record_update_histograms(
       per_batch, it + 1, self.workdir, self.logger, self.config.logging.plots
@@ -446,7 +473,7 @@ class Trainer:
       out = export_hf(
         self.model_config,
         self.state.params,
-        os.path.join(self.workdir, "hf_export"),
+        paths.join(self.workdir, "hf_export"),
         tokenizer_dir=self.tokenizer.path,
         source_dir=self.config.model.get("path"),  # its generation_config.json, when it has one
       )

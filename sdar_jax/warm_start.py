@@ -34,8 +34,8 @@ the run-time orchestration are one feature, read in order.
 from __future__ import annotations
 
 import functools
+import json
 import logging
-import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +45,7 @@ import numpy as np
 import optax
 
 from envs.base import EnvFamily
+from sdar_jax import multihost, paths
 from sdar_jax.batch import TurnSample, prompt_bucket
 from sdar_jax.models import ModelConfig, Params
 from sdar_jax.rollout.agent_loop import AgentLoop, EpisodeView
@@ -414,7 +415,9 @@ def teacher_student_gap_on_expert(
       batch.teacher_mask,
       response_len=batch.response_len,
     )
-    mask = np.asarray(batch.response_mask, np.float64)
+    # whole arrays on every process (a gather when a multi-process batch spans the processes)
+    mask, teacher, student = (multihost.fetch(x) for x in (batch.response_mask, teacher, student))
+    mask = np.asarray(mask, np.float64)
     diff = (np.asarray(teacher, np.float64) - np.asarray(student, np.float64)) * mask
     is_search = np.zeros(mask.shape[0])
     is_search[: len(chunk)] = [s.score for s in chunk]
@@ -446,19 +449,45 @@ def setting_problems(section) -> list[str]:
   return problems
 
 
+# What `python -m sdar_jax.tools.build_demo_policy` writes beside a warm-started policy: its
+# warm_start/* metrics (expert success with and without skills, loss, teacher-student gap), measured
+# when it was built.
+BUILT_POLICY_METRICS = "warm_start_metrics.json"
+
+
+def built_policy_metrics(model_path: str | None) -> dict[str, float]:
+  """The warm_start/* metrics of a built policy folder (`BUILT_POLICY_METRICS`), so a run that
+  starts from it (warm_start.steps=0) logs them at step 0 as if it had run that warm start;
+  {} for any other folder."""
+  if not model_path:
+    return {}
+  path = paths.join(model_path, BUILT_POLICY_METRICS)
+  if not paths.exists(path):
+    return {}
+  metrics = json.loads(paths.read_text(path))
+  log.info("starting from the warm-started policy in %s (its build: %s)", model_path, path)
+  return {
+    k: float(v)
+    for k, v in metrics.items()
+    if k.startswith("warm_start/") and isinstance(v, (int, float))
+  }
+
+
 def warm_start_run(trainer: Trainer, params: Params) -> tuple[Params, dict[str, float]]:
   """A run's warm start (warm_start.steps > 0): expert SFT on the env family's expert records
   (ALFWorld: the walkthroughs), or (warm_start.source="expert") on its expert's games with and
   without skills, then the teacher-student gap on held-out expert turns. Once per workdir: the
   result is saved as a Hugging Face directory and reloaded on resume (metrics {} then), so the KL
   reference stays the warm-started policy. Returns (params, warm_start/* metrics)."""
-  from sdar_jax.models import load_pretrained, save_pretrained
+  from sdar_jax.checkpoint import export_hf
+  from sdar_jax.models import load_pretrained
   from sdar_jax.run_setup import build_retriever
 
   config, family, shard_batch = trainer.config, trainer.env_family, trainer.step_fn.shard_batch
-  out = os.path.join(trainer.workdir, "warm_start_policy")
-  if os.path.exists(os.path.join(out, "config.json")):
-    _, params = load_pretrained(out, dtype=config.model.param_dtype, mesh=trainer.mesh)
+  out = paths.join(trainer.workdir, "warm_start_policy")
+  if paths.exists(paths.join(out, "config.json")):  # complete: config.json is written last
+    with paths.local_copy(out) as local_dir:  # a download when the workdir is remote
+      _, params = load_pretrained(local_dir, dtype=config.model.param_dtype, mesh=trainer.mesh)
     return params, {}
   w = config.warm_start
   end = trainer.tokenizer.eos_token_ids[0]
@@ -511,5 +540,7 @@ def warm_start_run(trainer: Trainer, params: Params) -> tuple[Params, dict[str, 
     losses[0],
     losses[-1],
   )
-  save_pretrained(trainer.model_config, params, out)
+  # Every process calls it (a multi-host gather); the primary one writes, through a local folder
+  # when the workdir is remote.
+  export_hf(trainer.model_config, params, out)
   return params, metrics

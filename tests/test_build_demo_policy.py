@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 
 from sdar_jax.models import load_pretrained
@@ -19,12 +20,31 @@ def test_build_writes_a_loadable_policy_with_its_metrics(tmp_path, monkeypatch):
     "warm_start.expert_holdout": 0.5,
     "eval.num_tasks": 2,
   }
-  metrics = build_demo_policy.build(out, steps=2, overrides=small)
-  config, params = load_pretrained(str(out))
+  metrics = build_demo_policy.build(out, steps=1, overrides=small, stages=2, seed=5)
+  config, first = load_pretrained(str(out))
   assert (config.family, config.num_layers, config.hidden_size) == ("qwen3", 4, 128)
   assert Tokenizer.from_dir(out).vocab_size <= config.vocab_size  # tokenizer files travel along
   saved = json.loads((out / "warm_start_metrics.json").read_text())
   assert saved == json.loads(json.dumps(metrics)) and saved["warm_start/steps"] == 2
   assert saved["warm_start/expert_samples"] > 0 and "warm_start/loss_last" in saved
   assert 0.0 <= saved["val/success_rate"] <= 1.0  # the built policy, validated before any RL
-  assert "warm_start/steps" in (out / "README.md").read_text()
+  log = json.loads((out / "build_log.json").read_text())
+  assert [(s["steps"], s["seed"], s["init"]) for s in log] == [
+    (1, 5, "random weights"),
+    (1, 6, "the previous stage"),
+  ]
+  assert "2. 1 steps, seed 6, from the previous stage" in (out / "README.md").read_text()
+
+  # --init continues the chain: the log grows, the weights move on from the saved ones.
+  more = tmp_path / "more"
+  build_demo_policy.build(more, steps=1, overrides=small, init=out, seed=7)
+  _, second = load_pretrained(str(more))
+  assert json.loads((more / "warm_start_metrics.json").read_text())["warm_start/steps"] == 3
+  assert len(json.loads((more / "build_log.json").read_text())) == 3
+  assert not np.array_equal(np.asarray(first["embed"]), np.asarray(second["embed"]))
+
+  # A run that starts from a built policy logs its warm_start/* metrics at step 0.
+  from sdar_jax.warm_start import built_policy_metrics
+
+  assert built_policy_metrics(str(more))["warm_start/steps"] == 3.0
+  assert built_policy_metrics(str(tmp_path)) == {}

@@ -1,59 +1,116 @@
-"""Builds a warm-started policy for the offline demo once, to reuse across runs and ablation arms.
+"""Builds the demo's warm-started policy: expert SFT from random weights, once, in stages.
 
-    python -m sdar_jax.tools.build_demo_policy --out runs/demo_policy --steps 600
+    python -m sdar_jax.tools.build_demo_policy --out runs/demo_policy --stages 4 --steps 300
+    python -m sdar_jax.tools.build_demo_policy --out runs/more --init runs/demo_policy --stages 2
     python -m sdar_jax.train --config=configs/default.py --config.model.path=runs/demo_policy \
-        --config.warm_start.steps=0 --workdir=runs/demo_from_policy
+        --workdir=runs/demo_from_policy
 
-A model trained from scratch needs many supervised steps on the expert's turns before it acts
-well enough for RL to have a signal (the output format, copying an admissible action, taking the
-target when an observation shows it, delivering, reading the skill block). That is longer than a
-demo's budget on a CPU, and every arm of an ablation would pay it again; built once, the policy is
-the common starting point (as RL runs start from a supervised checkpoint). The build is the demo's
-own warm start (`configs/default.py` with `--steps` supervised steps and `train.total_steps=0`)
-run by the trainer on more generated train games (64 per task type); it writes a Hugging Face
-folder with the policy, the tokenizer files and `warm_start_metrics.json` (the expert's success
-with and without skills, the loss, the teacher-student gap on held-out skill-following expert
-turns, all measured before RL) with the policy's validation success (`eval.num_tasks` episodes).
-Measured on a loaded 2-core CPU: 600 steps took 32 minutes and
-left validation success at 0 (loss 7.41 -> 0.23, gap +0.009 per token).
+A model trained from scratch needs thousands of supervised steps on the expert's turns before it
+acts well enough for RL to have a signal (the output format, copying an admissible action, taking
+the target when an observation shows it, delivering, reading the skill block). That is longer than
+a demo's budget on a CPU, and every arm of an ablation would pay it again; built once, the policy
+is the common starting point (as RL runs start from a supervised checkpoint). The one the demo
+uses is committed in sdar_jax/assets/policies/alfworld_demo; its README.md lists the commands
+that built it.
+
+Each stage is the demo config's own warm start (`configs/default.py` with `warm_start.steps` =
+--steps and `train.total_steps=0`) run by the trainer on more train games (128 per task type),
+continuing from the previous stage's weights (a fresh AdamW state each stage); stages after the
+first reuse the first one's expert games. After every stage the folder is rewritten whole: the
+policy (Hugging Face safetensors), the tokenizer files, `warm_start_metrics.json` (the expert's
+success with and without skills, the loss, the teacher-student gap on held-out skill-following
+expert turns, the total supervised steps) with the policy's validation success, `build_log.json`
+(every stage since random weights: steps, seed, overrides, metrics) and a README. An interrupted
+build loses at most the stage in progress; `--init <the folder>` continues it.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import contextlib
 import json
 import os
 import pathlib
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 DEFAULT_OUT_DIR = "runs/demo_policy"
-# The build's differences from configs/default.py (the demo itself plays 24 games per task type).
+BUILD_LOG = "build_log.json"
+# The build's differences from configs/default.py (the demo itself plays 24 games per task type and
+# starts from the committed policy).
 BUILD_OVERRIDES = {
   "train.total_steps": 0,
-  "warm_start.steps": 600,
-  "env.offline.num_train": 64,
+  "warm_start.steps": 300,
+  "env.offline.num_train": 128,
+  "eval.num_tasks": 24,
+  "model.path": None,
+  "model.random_init": True,
   "checkpoint.export_hf": False,
   "logging.plots": False,
 }
+
+
+@contextlib.contextmanager
+def _reuse_expert_games() -> Iterator[None]:
+  """Within the block, the warm start plays the expert once and reuses its samples afterwards."""
+  from sdar_jax import warm_start
+
+  original, cache = warm_start.expert_warm_start_data, []
+
+  def once(*args: Any, **kwargs: Any):
+    if not cache:
+      cache.append(original(*args, **kwargs))
+    return cache[0]
+
+  warm_start.expert_warm_start_data = once
+  try:
+    yield
+  finally:
+    warm_start.expert_warm_start_data = original
 
 
 def build(
   out_dir: str | os.PathLike = DEFAULT_OUT_DIR,
   steps: int | None = None,
   overrides: dict | None = None,
+  *,
+  init: str | os.PathLike | None = None,
+  stages: int = 1,
+  seed: int = 0,
 ) -> dict:
-  """Runs the warm start and writes the policy folder; returns the warm-start metrics.
-  `overrides`: further dotted config keys (tests shrink the game set with them)."""
+  """Runs `stages` warm-start stages of `steps` supervised steps each (from random weights, or
+  from the policy folder `init`), rewriting `out_dir` after each; returns the last stage's
+  metrics. Stage k uses train.seed = `seed` + k. `overrides`: further dotted config keys."""
+  if stages < 1:
+    raise ValueError(f"stages={stages}: must be >= 1 (each stage is --steps supervised steps)")
+  log = _read_log(init) if init else []
+  previous = str(init) if init else None
+  metrics: dict = {}
+  with _reuse_expert_games():
+    for k in range(stages):
+      metrics, stage = _stage(previous, steps, overrides or {}, seed + k)
+      log.append(stage)
+      metrics["warm_start/steps"] = sum(s["steps"] for s in log)
+      _write(out_dir, metrics, log)
+      previous = str(out_dir)
+      print(f"stage {len(log)}: {json.dumps(_brief(metrics))}", flush=True)
+  return metrics
+
+
+def _stage(init: str | None, steps: int | None, extra: dict, seed: int) -> tuple[dict, dict]:
   from configs import common, default
   from sdar_jax import trainer
   from sdar_jax.metrics import read_history
 
   config = default.get_config()
-  overrides = {**BUILD_OVERRIDES, **(overrides or {})}
+  overrides = {**BUILD_OVERRIDES, **extra, "train.seed": seed}
   if steps is not None:
     overrides["warm_start.steps"] = steps
+  if init:
+    overrides.update({"model.path": str(init), "model.random_init": False})
   common.override(config, overrides)
   with tempfile.TemporaryDirectory(prefix="sdar-demo-policy-") as workdir:
     trainer.run(config, workdir)
@@ -62,51 +119,117 @@ def build(
       k: v
       for row in rows
       for k, v in row.items()
-      if k.startswith(("warm_start/", "val/success_rate", "val/valid_action_ratio"))
+      if k.startswith(("warm_start/", "val/valid_action_ratio"))
+      or (k.startswith("val/") and k.endswith("success_rate"))
     }
-    metrics["warm_start/steps"] = overrides["warm_start.steps"]
-    metrics["env/offline_num_train"] = overrides["env.offline.num_train"]
-    out = pathlib.Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix=".tmp-policy-", dir=out.parent.as_posix()))
-    try:
-      for item in pathlib.Path(workdir, "warm_start_policy").iterdir():
-        shutil.copy(item, tmp / item.name)
-      for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(pathlib.Path(config.model.tokenizer_dir) / name, tmp / name)
-      (tmp / "warm_start_metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
-      (tmp / "README.md").write_text(_readme(metrics))
-      if out.exists():
-        shutil.rmtree(out)
-      tmp.rename(out)
-    except BaseException:
-      shutil.rmtree(tmp, ignore_errors=True)
-      raise
-  return metrics
+    metrics["env/offline_num_train"] = config.env.offline.num_train
+    # The weights go into a staging folder beside the output while the workdir still exists.
+    policy = pathlib.Path(tempfile.mkdtemp(prefix="sdar-stage-"))
+    for item in pathlib.Path(workdir, "warm_start_policy").iterdir():
+      shutil.copy(item, policy / item.name)
+  for name in ("tokenizer.json", "tokenizer_config.json"):
+    shutil.copy(pathlib.Path(config.model.tokenizer_dir) / name, policy / name)
+  metrics["_staged"] = str(policy)
+  stage = {
+    "steps": int(overrides["warm_start.steps"]),
+    "seed": seed,
+    "init": "random weights" if not init else "the previous stage",
+    "overrides": dict(extra),
+    "metrics": _brief(metrics),
+  }
+  return metrics, stage
 
 
-def _readme(metrics: dict) -> str:
+def _write(out_dir: str | os.PathLike, metrics: dict, log: list) -> None:
+  from sdar_jax.warm_start import BUILT_POLICY_METRICS
+
+  staged = pathlib.Path(metrics.pop("_staged"))
+  out = pathlib.Path(out_dir)
+  out.parent.mkdir(parents=True, exist_ok=True)
+  try:
+    (staged / BUILT_POLICY_METRICS).write_text(json.dumps(metrics, indent=1) + "\n")
+    (staged / BUILD_LOG).write_text(json.dumps(log, indent=1) + "\n")
+    (staged / "README.md").write_text(_readme(metrics, log))
+    tmp = out.with_name(f".{out.name}.new")
+    if tmp.exists():
+      shutil.rmtree(tmp)
+    shutil.copytree(staged, tmp)
+    if out.exists():
+      shutil.rmtree(out)
+    tmp.rename(out)  # the folder is replaced whole: a reader sees the old stage or the new one
+  finally:
+    shutil.rmtree(staged, ignore_errors=True)
+
+
+def _read_log(folder: str | os.PathLike) -> list:
+  path = pathlib.Path(folder) / BUILD_LOG
+  return json.loads(path.read_text()) if path.exists() else []
+
+
+def _brief(metrics: dict) -> dict:
+  keys = ("loss_last", "expert_plain_success", "expert_skills_success", "gap_on_expert")
+  return {
+    k: round(v, 4) if isinstance(v, float) else v
+    for k, v in metrics.items()
+    if k.endswith(keys) or k.startswith("val/") or k == "warm_start/steps"
+  }
+
+
+def _readme(metrics: dict, log: list) -> str:
   lines = [
-    "# alfworld_demo",
+    "# A warm-started policy for the offline demo",
     "",
-    "A warm-started policy for the offline demo (use it with `--config.model.path` and",
-    "`--config.warm_start.steps=0`), written by `python -m sdar_jax.tools.build_demo_policy`. Qwen3",
-    "architecture, 4 layers, hidden 128, the compact ALFWorld tokenizer (its files are copied",
-    "here). Measured at build time, before any RL:",
+    "Qwen3 architecture, 4 layers, hidden 128, on the compact ALFWorld tokenizer (its files are",
+    "copied here), trained from random weights by supervised steps on the search expert's turns",
+    "(`python -m sdar_jax.tools.build_demo_policy`; start a run from it with",
+    "`--config.model.path=<this folder>`). Measured after the last stage, before any RL:",
     "",
   ]
   lines += [
     f"- {k}: {v:.4g}" if isinstance(v, float) else f"- {k}: {v}" for k, v in metrics.items()
   ]
+  lines += ["", "Stages (each continues from the one before, with a fresh optimizer state):", ""]
+  for n, stage in enumerate(log, 1):
+    extra = " ".join(f"--set {k}={v}" for k, v in stage["overrides"].items())
+    lines.append(
+      f"{n}. {stage['steps']} steps, seed {stage['seed']}, from {stage['init']}"
+      + (f" ({extra})" if extra else "")
+      + f": {json.dumps(stage['metrics'])}"
+    )
   return "\n".join(lines) + "\n"
+
+
+def _parse_set(values: Sequence[str]) -> dict:
+  """--set KEY=VALUE items as overrides; VALUE is a Python literal (64, 3e-3, True) or a string."""
+  overrides = {}
+  for item in values:
+    key, sep, value = item.partition("=")
+    if not sep or not key:
+      raise SystemExit(f"--set {item!r}: expected KEY=VALUE, e.g. --set env.offline.num_train=64")
+    try:
+      overrides[key] = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+      overrides[key] = value
+  return overrides
 
 
 def main(argv: Sequence[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--out", default=DEFAULT_OUT_DIR, help="policy folder to (re)write")
-  parser.add_argument("--steps", type=int, default=None, help="supervised steps (default 600)")
+  parser.add_argument("--steps", type=int, default=None, help="supervised steps per stage (300)")
+  parser.add_argument("--stages", type=int, default=1, help="stages, each --steps steps")
+  parser.add_argument("--init", default=None, help="continue from this policy folder")
+  parser.add_argument("--seed", type=int, default=0, help="train.seed of the first stage")
+  parser.add_argument("--set", action="append", default=[], help="KEY=VALUE config override")
   args = parser.parse_args(argv)
-  metrics = build(args.out, args.steps)
+  metrics = build(
+    args.out,
+    args.steps,
+    _parse_set(args.set),
+    init=args.init,
+    stages=args.stages,
+    seed=args.seed,
+  )
   print(json.dumps(metrics, indent=1))
 
 
