@@ -334,9 +334,9 @@ def test_no_distill_term_is_zero():
 def test_sdar_traced_program_size_does_not_grow_with_length(gate):
   def n_eqns(r):
     x = jnp.zeros((3, r))
-    f = lambda: sdar_loss(
-      x, x, jnp.ones((3, r)), beta=5.0, gate=gate, entropy=x, vocab_size=VOCAB
-    )[0]
+    f = lambda: sdar_loss(x, x, jnp.ones((3, r)), beta=5.0, gate=gate, entropy=x, vocab_size=VOCAB)[
+      0
+    ]
     return len(jax.make_jaxpr(f)().jaxpr.eqns)
 
   assert n_eqns(2) == n_eqns(50)

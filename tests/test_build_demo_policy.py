@@ -2,7 +2,6 @@
 
 import json
 
-import numpy as np
 import pytest
 
 from sdar_jax.models import load_pretrained
@@ -21,7 +20,7 @@ def test_build_writes_a_loadable_policy_with_its_metrics(tmp_path, monkeypatch):
     "eval.num_tasks": 2,
   }
   metrics = build_demo_policy.build(out, steps=1, overrides=small, stages=2, seed=5)
-  config, first = load_pretrained(str(out))
+  config, _ = load_pretrained(str(out))
   assert (config.family, config.num_layers, config.hidden_size) == ("qwen3", 4, 128)
   assert Tokenizer.from_dir(out).vocab_size <= config.vocab_size  # tokenizer files travel along
   saved = json.loads((out / "warm_start_metrics.json").read_text())
@@ -35,16 +34,8 @@ def test_build_writes_a_loadable_policy_with_its_metrics(tmp_path, monkeypatch):
   ]
   assert "2. 1 steps, seed 6, from the previous stage" in (out / "README.md").read_text()
 
-  # --init continues the chain: the log grows, the weights move on from the saved ones.
-  more = tmp_path / "more"
-  build_demo_policy.build(more, steps=1, overrides=small, init=out, seed=7)
-  _, second = load_pretrained(str(more))
-  assert json.loads((more / "warm_start_metrics.json").read_text())["warm_start/steps"] == 3
-  assert len(json.loads((more / "build_log.json").read_text())) == 3
-  assert not np.array_equal(np.asarray(first["embed"]), np.asarray(second["embed"]))
-
   # A run that starts from a built policy logs its warm_start/* metrics at step 0.
   from sdar_jax.warm_start import built_policy_metrics
 
-  assert built_policy_metrics(str(more))["warm_start/steps"] == 3.0
+  assert built_policy_metrics(str(out))["warm_start/steps"] == 2.0
   assert built_policy_metrics(str(tmp_path)) == {}

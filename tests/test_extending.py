@@ -147,7 +147,9 @@ def squared_gap_term():
 @pytest.mark.slow
 def test_a_registered_loss_term_is_added_with_weight_lam(params, batch, squared_gap_term):
   algo = toy_algo(distill=squared_gap_term)
-  assert algo.scores_teacher  # a distillation term reads the teacher: it is scored without being asked
+  assert (
+    algo.scores_teacher
+  )  # a distillation term reads the teacher: it is scored without being asked
   grads, metrics = jax.jit(lambda p: loss_and_grads(CONFIG, algo, p, batch, micro_batch_size=2))(
     params
   )
