@@ -32,7 +32,7 @@ from sdar_jax.config_validation import (
   validate,
 )
 from sdar_jax.models import ModelConfig, init_params, save_pretrained
-from sdar_jax.tokenizer import Tokenizer, bundled_qwen_tokenizer_dir
+from sdar_jax.tokenizer import Tokenizer, bundled_qwen_tokenizer_dir, packaged_policy_dir
 from sdar_jax.train import unknown_override_keys
 from sdar_jax.trainer import build_chat_template
 
@@ -369,10 +369,15 @@ def test_real_preset_without_weights_is_refused_unless_random_init():
 
 
 def test_tiny_demo_model_asks_for_random_init():
+  """The demo starts from its committed warm-started policy; without it (model.path=None) the
+  tiny architecture trains random weights only when asked to."""
   config = default.get_config()
-  assert config.model.random_init
-  config.model.random_init = False
+  assert config.model.path == str(packaged_policy_dir("alfworld_demo"))
+  assert not config.model.random_init and config.warm_start.steps == 0
+  config.model.path = None
   assert "model.path=None" in _problems(config, num_devices=1)
+  config.model.random_init = True
+  validate(config, num_devices=1)
 
 
 def _tiny_model_dir(config, directory, **save_options) -> str:

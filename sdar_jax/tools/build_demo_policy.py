@@ -39,9 +39,12 @@ from typing import Any
 
 DEFAULT_OUT_DIR = "runs/demo_policy"
 BUILD_LOG = "build_log.json"
-# The build's differences from configs/default.py (the demo itself plays 24 games per task type and
-# starts from the committed policy).
+# The build's differences from configs/default.py (the demo itself plays look-at-in-light only, up to
+# 15 turns, and starts from the committed policy).
 BUILD_OVERRIDES = {
+  # The expert plays both task types of the small rooms, 10 turns at most.
+  "env.task_types": "pick_and_place_simple,look_at_obj_in_light",
+  "env.max_turns": 10,
   "train.total_steps": 0,
   "warm_start.steps": 300,
   "env.offline.num_train": 128,
