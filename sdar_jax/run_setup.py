@@ -65,10 +65,35 @@ def setting_problems(config) -> list[str]:
   ):
     if value not in names:
       problems.append(f"{key}={value!r}: unknown name. Fix: use one of {sorted(names)}")
-  if config.train.max_staleness != 0:
+  problems.extend(staleness_problems(config))
+  return problems
+
+
+def staleness_problems(config, processes: int | None = None) -> list[str]:
+  """What asynchronous training (train.max_staleness > 0, sdar_jax.trainer) cannot run with:
+  re-scored old log-probs, and several processes (`processes`, default `jax.process_count()`)."""
+  k = config.train.max_staleness
+  if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+    fix = "use 0 (synchronous on-policy, the paper) or how many policy versions samples may lag"
+    return [f"train.max_staleness={k!r}: must be a whole number >= 0. Fix: {fix}"]
+  if k == 0:
+    return []
+  problems = []
+  if config.algo.get("recompute_old_logp", False):
     problems.append(
-      f"train.max_staleness={config.train.max_staleness}: asynchronous training is not "
-      "implemented yet (only synchronous on-policy updates). Fix: use 0"
+      f"train.max_staleness={k} with algo.recompute_old_logp=True: asynchronous samples were "
+      "drawn by an older policy version than the parameters the update starts from, so "
+      "re-scoring them there would not give their behaviour log-probs. Fix: set "
+      "algo.recompute_old_logp=False (the sampler's log-probs are the exact behaviour "
+      "log-probs), or train.max_staleness=0"
+    )
+  processes = jax.process_count() if processes is None else processes
+  if processes > 1:
+    problems.append(
+      f"train.max_staleness={k} with {processes} processes: asynchronous training runs in one "
+      "process only (with several, every sampler call and update is a collective that all "
+      "processes enter in lockstep, which a rollout thread per process would break). Fix: set "
+      "train.max_staleness=0, or run one process"
     )
   return problems
 

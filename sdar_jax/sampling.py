@@ -55,6 +55,7 @@ import collections
 import dataclasses
 import functools
 import logging
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -309,6 +310,10 @@ class Sampler:
     if self.collective:  # fails now, with the fix, if the batch rows cannot split by process
       multihost.process_rows(sharding.batch_sharding(mesh, 1), (self._divisor,))
     self._device_cache: dict[Any, Any] = {}
+    # Held by each `generate`: a run's rollout thread (asynchronous training) and its main thread
+    # (evaluation) share one Sampler; the trainer also holds it around each update so that two
+    # multi-device programs never run at once (sdar_jax.trainer).
+    self.lock = threading.RLock()
     self._run_jit = sharding.with_kernel_mesh(
       jax.jit(
         self._run,
@@ -485,7 +490,19 @@ class Sampler:
     share_prefix: bool = True,
   ) -> GenerationResult:
     """Samples continuations of `prompts` (token-id lists of any lengths). Identical prompts
-    are prefilled once when `share_prefix` (the result does not depend on it)."""
+    are prefilled once when `share_prefix` (the result does not depend on it). One call at a
+    time per Sampler (`lock`); the result is on the host when it returns."""
+    with self.lock:
+      return self._generate(params, prompts, sampling, rng, share_prefix)
+
+  def _generate(
+    self,
+    params: Params,
+    prompts: Sequence[Sequence[int]],
+    sampling: SamplingParams,
+    rng: jax.Array | None,
+    share_prefix: bool,
+  ) -> GenerationResult:
     prompts = self._check_prompts(prompts)
     n = len(prompts)
     if sampling.max_new_tokens == 0 or (n == 0 and not self.collective):

@@ -162,7 +162,12 @@ def main(argv: Sequence[str]) -> None:
 
   if flags.FLAGS.distributed:  # every process plays its share (sdar_jax.multihost)
     from sdar_jax import multihost
+    from sdar_jax.run_setup import staleness_problems
 
+    processes = flags.FLAGS.num_processes
+    refused = staleness_problems(flags.FLAGS.config, processes) if processes else []
+    if refused:  # before joining the other processes, which would wait for this one
+      sys.exit("Invalid config: " + "\n  - ".join(refused))
     multihost.initialize(
       flags.FLAGS.coordinator_address, flags.FLAGS.num_processes, flags.FLAGS.process_id
     )

@@ -12,6 +12,19 @@ One iteration (docs/design.md, "One iteration, as data"):
    are re-scored at θ_old, with teacher_source="rollout" the teacher log-probs of every mini-batch
    are scored once at θ_old, then one compiled update per mini-batch.
 
+Asynchronous training (`train.max_staleness = k > 0`, one process): a rollout thread
+(sdar_jax.rollout.worker) plays iterations i+1 .. i+k while the main thread updates on iteration
+i's samples. Each queued rollout gets a copy of the parameters of the iteration that queued it
+(the update donates the TrainState's buffers), so a trained sample is at most k policy versions
+old; the replay queue drops (and `rollout/dropped_stale` counts) any staler sample. The
+importance ratios use the sampler's behaviour log-probs, so `algo.recompute_old_logp` is refused
+with it, as are several processes. Tasks and rollout keys stay functions of (seed, iteration);
+a checkpoint saves the task sampler as it was before the first queued rollout drew its tasks,
+and the queued rollouts themselves are discarded (a resumed run plays them again, with the
+restored parameters). The main thread holds the sampler's lock around its device programs, so
+the rollout thread's env steps, not its generations, overlap the update. `max_staleness=0` is
+the serial loop above.
+
 Evaluation plays the validation split with group size 1 at `rollout.val_temperature`; checkpoints
 hold the TrainState plus the iteration and the task sampler's state, so a killed run resumes
 where it stopped (metric rows of iterations after the restored checkpoint are dropped first); the
@@ -35,6 +48,7 @@ sdar_jax.warm_start, the metric reductions in sdar_jax.metrics.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import json
@@ -64,10 +78,11 @@ from sdar_jax.metrics import (
   teacher_old_gap_metrics,
   validation_summary,
 )
-from sdar_jax.perf import IterationClock
+from sdar_jax.perf import IterationClock, RolloutTimings
 from sdar_jax.progress import Progress, ensure_log_handler
 from sdar_jax.rollout import ReplayQueue, episodes_to_samples
 from sdar_jax.rollout.trajectory import Episode
+from sdar_jax.rollout.worker import RolloutWorker, StoppablePool
 from sdar_jax.run_setup import (  # noqa: F401  (build_chat_template, build_retriever re-exported)
   build_agent_loops,
   build_chat_template,
@@ -109,6 +124,24 @@ class LoopState:
   task_rng: dict[str, Any] | None = None  # numpy bit-generator state of the task sampler
   replay: dict[str, int] | None = None
   all_failed_iterations: int = 0  # consecutive iterations in which every env failed
+
+
+@dataclasses.dataclass
+class _Rollout:
+  """One iteration's episodes with the rollout's wall time and timings (sdar_jax.perf)."""
+
+  episodes: list[Episode]
+  seconds: float
+  timings: RolloutTimings
+
+
+@dataclasses.dataclass
+class _Queued:
+  """Asynchronous training: a rollout handed to the rollout thread, with the task sampler's
+  state from before its tasks were drawn (what a checkpoint saves while it is pending)."""
+
+  task_rng: dict[str, Any]
+  rollout: concurrent.futures.Future
 
 
 # ------------------------------------------------------------------------------------ trainer
@@ -227,6 +260,10 @@ class Trainer:
     self._failure_kinds: dict[str, str] = {}  # first error of each kind, with its env and game
     self.task_rng = np.random.default_rng(config.train.seed)
     self.rng = jax.random.key(config.train.seed + 1)  # rollout keys: see _key
+    # Asynchronous training (train.max_staleness > 0): the rollout thread, made at the first
+    # iteration, and the rollouts handed to it by iteration.
+    self._worker: RolloutWorker | None = None
+    self._queued: dict[int, _Queued] = {}
 
   # ---------------------------------------------------------------------------- resume
   def maybe_restore(self) -> bool:
@@ -270,7 +307,14 @@ class Trainer:
       )
 
   def save(self, force: bool = False) -> None:
-    self.loop_state.task_rng = self.task_rng.bit_generator.state
+    """Checkpoints the TrainState and the loop state. Rollouts queued for later iterations are
+    not saved (a resumed run plays them again): the task sampler's state saved is the one from
+    before the first of them drew its tasks, so the resumed run draws the same tasks."""
+    self.loop_state.task_rng = (
+      self._queued[min(self._queued)].task_rng
+      if self._queued
+      else self.task_rng.bit_generator.state
+    )
     self.loop_state.replay = self.replay.state_dict()
     self.ckpt.save(
       self.loop_state.iteration,
@@ -282,21 +326,23 @@ class Trainer:
     )
 
   # ---------------------------------------------------------------------------- phases
-  def _draw_tasks(self) -> tuple[list[int], list[int]]:
+  def _draw_tasks(self, iteration: int) -> tuple[list[int], list[int]]:
+    """The tasks of `iteration` (draws must come in iteration order) and their group ids."""
     n_games = len(self.train_games)
     picks = self.task_rng.choice(
       n_games, size=self.tasks_per_step, replace=self.tasks_per_step > n_games
     )
-    base = self.loop_state.iteration * self.tasks_per_step
+    base = iteration * self.tasks_per_step
     tasks = [int(t) for t in picks for _ in range(self.group_size)]
     groups = [base + k for k in range(self.tasks_per_step) for _ in range(self.group_size)]
     return tasks, groups
 
-  def _key(self, purpose: int) -> jax.Array:
-    """The rollout key of this iteration for `purpose` (0 = training episodes, 1+ = eval modes):
-    a function of (seed, iteration, purpose) only, so a resumed run samples what an
-    uninterrupted one would have."""
-    return jax.random.fold_in(jax.random.fold_in(self.rng, self.loop_state.iteration), purpose)
+  def _key(self, purpose: int, iteration: int | None = None) -> jax.Array:
+    """The rollout key of `iteration` (default: the current one) for `purpose` (0 = training
+    episodes, 1+ = eval modes): a function of (seed, iteration, purpose) only, so a resumed run
+    samples what an uninterrupted one would have."""
+    iteration = self.loop_state.iteration if iteration is None else iteration
+    return jax.random.fold_in(jax.random.fold_in(self.rng, iteration), purpose)
 
   def evaluate(self) -> dict[str, float]:
     """Validation episodes (group size 1, one per game of `eval_tasks`) per eval mode."""
@@ -356,21 +402,93 @@ class Trainer:
         "raise --config.train.max_failed_iterations."
       )
 
+  def _play(
+    self,
+    iteration: int,
+    params,
+    policy_version: int,
+    tasks: list[int],
+    groups: list[int],
+    timings: RolloutTimings | None = None,
+  ) -> _Rollout:
+    """The training episodes of `iteration` played with `params` (`policy_version`): on the
+    main thread (synchronous) or on the rollout thread (asynchronous)."""
+    timings = RolloutTimings() if timings is None else timings
+    t0 = time.perf_counter()
+    mine = multihost.episode_share(len(tasks), self.group_size)  # all of them with one process
+    episodes = self.loop.run(
+      params,
+      tasks[mine],
+      groups[mine],
+      self._key(0, iteration),
+      policy_version=policy_version,
+      timings=timings,
+    )
+    return _Rollout(episodes, time.perf_counter() - t0, timings)
+
+  def _asynchronous(self) -> bool:
+    return self.config.train.max_staleness > 0
+
+  def _device_turn(self):
+    """Asynchronous training: the sampler's lock, held by the main thread around its device
+    programs (updates, evaluation) so that they never run at the same time as a generation of
+    the rollout thread (two multi-device programs could interleave their collectives and wait on
+    each other). The rollout thread's env steps and prompt building still overlap them."""
+    return self.sampler.lock if self._asynchronous() else contextlib.nullcontext()
+
+  def _rollout_worker(self) -> RolloutWorker:
+    if self._worker is None:
+      self._worker = RolloutWorker(
+        setup=lambda: sharding.set_kernel_mesh(self.mesh, self.model_config)  # thread-local
+      )
+      self.loop.pool = StoppablePool(self.pool, self._worker.stop)  # stops at close
+    return self._worker
+
+  def _queued_rollout(self, it: int) -> _Rollout:
+    """Asynchronous training: the rollout of iteration `it` from the rollout thread, once the
+    rollouts of iterations it+1 .. it+max_staleness (up to the last iteration) are queued
+    behind it. Each is played with the parameters of the iteration that queued it, so a sample
+    trained at iteration i was sampled by policy version i - max_staleness at the oldest (the
+    first iterations of a run, or after a resume, are fresher). Tasks are drawn here, on the main
+    thread, in iteration order, and each rollout's key is its iteration's (`_key`)."""
+    last = min(it + self.config.train.max_staleness, self.config.train.total_steps - 1)
+    params = None
+    for j in range(it, last + 1):
+      if j in self._queued:
+        continue
+      if params is None:  # a copy: each update donates the TrainState's buffers
+        with self._device_turn():
+          params = jax.block_until_ready(jax.tree.map(jnp.copy, self.state.params))
+      before = self.task_rng.bit_generator.state
+      tasks, groups = self._draw_tasks(j)
+      future = self._rollout_worker().submit(self._play, j, params, it, tasks, groups)
+      self._queued[j] = _Queued(before, future)
+    rollout = self._queued[it].rollout.result()  # re-raises the rollout thread's exception
+    del self._queued[it]
+    return rollout
+
+  def _stop_rollouts(self) -> None:
+    """Stops the rollout thread (queued rollouts are discarded; `_queued` keeps their task
+    sampler state for a checkpoint)."""
+    if self._worker is not None:
+      for queued in self._queued.values():
+        queued.rollout.cancel()
+      self._worker.close()
+      self._worker = None
+      self.loop.pool = self.pool
+
   def train_iteration(self) -> dict[str, float]:
     it = self.loop_state.iteration
     clock = IterationClock()  # the perf/* metrics (sdar_jax.perf)
-    t0 = time.perf_counter()
-    tasks, groups = self._draw_tasks()
-    mine = multihost.episode_share(len(tasks), self.group_size)  # all of them with one process
-    episodes = self.loop.run(
-      self.state.params,
-      tasks[mine],
-      groups[mine],
-      self._key(0),
-      policy_version=it,
-      timings=clock.rollout,
-    )
-    t_rollout = time.perf_counter() - t0
+    if self._asynchronous():
+      waited = time.perf_counter()
+      rollout = self._queued_rollout(it)
+      waited = time.perf_counter() - waited  # what the rollout thread did not hide
+      clock.rollout = rollout.timings
+    else:  # this iteration's rollout, now, with the current parameters
+      tasks, groups = self._draw_tasks(it)
+      rollout = self._play(it, self.state.params, it, tasks, groups, timings=clock.rollout)
+    episodes, t_rollout = rollout.episodes, rollout.seconds
     self._report_env_failures(episodes, self.train_games, "episode")
     everyone = multihost.episode_summaries(episodes)  # every process's, for the metrics
     self._check_all_failed(everyone)
@@ -381,7 +499,11 @@ class Trainer:
       norm_adv_by_std=self.step_fn.algo_config.norm_adv_by_std,
     )
     self.replay.put(samples)
-    samples = self.replay.take(None, current_version=it)
+    dropped = self.replay.dropped_stale
+    samples = self.replay.take(None, current_version=it)  # none staler than max_staleness
+    if self._asynchronous():
+      metrics["rollout/dropped_stale"] = float(self.replay.dropped_stale - dropped)
+      metrics["rollout/wait_seconds"] = waited
     metrics["rollout/turn_samples"], metrics["rollout/generated_tokens"] = (
       multihost.sum_over_processes([len(samples), sum(len(s.response_ids) for s in samples)])
     )
@@ -406,9 +528,11 @@ class Trainer:
       batches = [b for b, _ in rescored]
       metrics["rollout/max_abs_logp_diff_sampler_vs_recompute"] = max(d for _, d in rescored)
     if self.with_teacher and algo.teacher_source == "rollout":
-      batches = [
-        b.replace(teacher_logp=self.step_fn.score_teacher(self.state.params, b)) for b in batches
-      ]
+      with self._device_turn():
+        batches = [
+          b.replace(teacher_logp=self.step_fn.score_teacher(self.state.params, b)) for b in batches
+        ]
+        jax.block_until_ready([b.teacher_logp for b in batches])
       metrics.update(
         teacher_old_gap_metrics(
           batches, rows=multihost.host_rows, combine=multihost.sum_over_processes
@@ -416,8 +540,10 @@ class Trainer:
       )
     per_batch = []
     for b in batches:
-      self.state, m = self.step_fn(self.state, b, self.ref_params, iteration=it + 1)
-      per_batch.append((jax.device_get(m), multihost.total(b.response_mask)))
+      with self._device_turn():  # the rollout thread may generate between mini-batches
+        self.state, m = self.step_fn(self.state, b, self.ref_params, iteration=it + 1)
+        m = jax.device_get(m)
+      per_batch.append((m, multihost.total(b.response_mask)))
     # takes the gap / gate histogram counts out of per_batch (files in <workdir>/diagnostics/)
     diagnostics.record_update_histograms(
       per_batch, it + 1, self.workdir, self.logger, self.config.logging.plots
@@ -460,7 +586,8 @@ class Trainer:
         it, cfg.train.eval_every, total
       )
       if evaluated:
-        metrics.update(self.evaluate())
+        with self._device_turn():  # the rollout thread keeps stepping its envs meanwhile
+          metrics.update(self.evaluate())
       duration = progress.tick()
       log.info("%s | %s", progress.line(it, duration), self.logger.summary(metrics))
       if evaluated or _due(it, cfg.logging.every, total):
@@ -468,6 +595,7 @@ class Trainer:
         self.plot_metrics()
       if _due(it, cfg.checkpoint.every, total):
         self.save(force=True)
+    self._stop_rollouts()  # idle by now: no rollout is queued past the last iteration
     self.ckpt.wait_until_finished()
     if cfg.checkpoint.export_hf:
       out = export_hf(
@@ -498,6 +626,8 @@ class Trainer:
         resource = getattr(self, name, None)
         if resource is not None:
           stack.callback(resource.close)
+      if getattr(self, "_worker", None) is not None:
+        stack.callback(self._stop_rollouts)  # first: the rollout thread plays on `pool`
 
 
 def _jsonable(value):

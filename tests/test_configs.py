@@ -463,11 +463,11 @@ def test_unknown_room_size_is_refused():
   assert "env.offline.rooms='tiny': unknown room size" in msg and "'small'" in msg, msg
 
 
-def test_asynchronous_training_is_refused():
-  config = common.override(_local(), {"train.max_staleness": 1})
+def test_asynchronous_training_with_recomputed_old_logp_is_refused():
+  config = common.override(_local(), {"train.max_staleness": 1, "algo.recompute_old_logp": True})
   msg = _problems(config)
-  assert "train.max_staleness=1" in msg and "asynchronous training is not implemented yet" in msg
-  assert "Fix: use 0" in msg
+  assert "train.max_staleness=1 with algo.recompute_old_logp=True" in msg
+  assert "Fix: set algo.recompute_old_logp=False" in msg
 
 
 @pytest.mark.parametrize("env", ["webshop", "search_qa"])

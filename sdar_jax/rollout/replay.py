@@ -40,10 +40,12 @@ class ReplayQueue:
       self._items.append(sample)
 
   def _evict_stale(self, current_version: int) -> None:
+    """Drops every sample staler than `max_staleness`, wherever it sits in the queue (samples
+    need not arrive in version order), keeping the others' order."""
     oldest = current_version - self.max_staleness
-    while self._items and self._items[0].policy_version < oldest:
-      self._items.popleft()
-      self.dropped_stale += 1
+    fresh = [s for s in self._items if s.policy_version >= oldest]
+    self.dropped_stale += len(self._items) - len(fresh)
+    self._items = collections.deque(fresh)
 
   def take(self, n: int | None, current_version: int) -> list[TurnSample]:
     """Up to `n` samples (all when None), oldest first, none staler than `max_staleness`."""
