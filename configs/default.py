@@ -20,8 +20,10 @@ hidden objects lie where the skill text says objects of their kind are kept.
    `--config.model.path=None --config.model.random_init=True --config.warm_start.steps=N` runs the
    warm start inside the run instead.
 2. Validation before RL: 48 valid_seen games at temperature 0.4, no skills.
-3. SDAR: 16 iterations of 4 tasks x 4 episodes, GRPO on the episode reward plus the gated
-   teacher distillation; validation every 4 iterations.
+3. SDAR: 16 iterations of 2 tasks x 8 episodes (8 per group: from a near-deterministic warm
+   start, groups of 4 mostly won or lost together and carried no GRPO signal), GRPO on the episode
+   reward plus the gated teacher distillation, updates of 32 turn-samples (about 7 per iteration);
+   validation every 4 iterations.
 
   python -m sdar_jax.train --config=configs/default.py --workdir=/tmp/sdar_demo
   python -m sdar_jax.train --config=configs/default.py:algo=grpo --workdir=/tmp/grpo_demo
@@ -65,8 +67,8 @@ def demo_overrides() -> dict:
     "env.offline.rooms": "small",
     "env.max_turns": 15,
     "env.history": 2,
-    "env.tasks_per_step": 4,
-    "env.group_size": 4,
+    "env.tasks_per_step": 2,
+    "env.group_size": 8,
     # The teacher's skills: the three search habits of the general ALFWorld skills, with the
     # "Places by type:" list cut to the task's objects (~240 tokens instead of ~1,900).
     "env.skills.dir": skills_dir("alfworld_brief"),
@@ -80,13 +82,13 @@ def demo_overrides() -> dict:
     "warm_start.batch_size": 16,
     "warm_start.expert_games": 0,
     "warm_start.expert_holdout": 0.1,
-    # RL: 4 tasks x 4 episodes per iteration (up to 240 turn-samples), updates of 80 turn-samples.
+    # RL: 2 tasks x 8 episodes per iteration (up to 240 turn-samples), updates of 32 turn-samples.
     "rollout.max_new_tokens": 24,
     "rollout.max_prompt_len": 1024,
     "rollout.prompt_truncation": "left",
     "optim.lr": 5e-4,
     "train.total_steps": 16,
-    "train.mini_batch_size": 80,
+    "train.mini_batch_size": 32,
     "train.micro_batch_size": 16,
     "train.eval_every": 4,
     "eval.num_tasks": 48,
