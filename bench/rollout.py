@@ -9,25 +9,29 @@ the compact ALFWorld tokenizer), with random weights; the rollout settings are t
 are generated ALFWorld games of the demo's two task types (planner-checked, into a temporary
 folder unless --data-dir names one), played on the real engine in the run's `EnvPool` (worker
 processes). One rollout = `--games` tasks x `--group` episodes (a GRPO group per task) for up to
-`--turns` turns, as `AgentLoop.run` plays it in training: serially, every env steps, then the
-whole batch decodes.
+`--turns` turns, as `AgentLoop.run` plays it in training, twice: serially (`rollout.overlap=off`:
+every env steps, then the whole batch decodes) and overlapped (`rollout.overlap=halves`: one half
+of the episodes decodes while the other half's envs step). Both play the same episodes (checked).
 
-Every sampler call the agent loop makes is recorded (prompts, sampling parameters, key); "raw
-sampler" replays exactly those calls, so both rows generate the same tokens (checked) and their
-ratio is what the loop costs around the sampler: env resets and steps, prompt building,
-tokenization, detokenization and action parsing.
+Every sampler call the agent loop makes is recorded (prompts, sampling parameters, key, row ids);
+"raw sampler" replays exactly the serial loop's calls, so both rows generate the same tokens
+(checked) and their ratio is what the loop costs around the sampler: env resets and steps, prompt
+building, tokenization, detokenization and action parsing. "raw sampler, halves' calls" replays
+the overlapped loop's calls (twice as many, half as large): what decoding in halves costs by
+itself.
 
 tokens/s = generated response tokens / median wall time of one whole rollout (agent loop) or of
 the replayed calls (raw sampler). env-wait share = seconds blocked on `EnvPool.reset` /
-`EnvPool.step` / the agent loop's wall time (median over repeats), from the same
-`sdar_jax.perf.RolloutTimings` that the trainer's `perf/env_wait_share` reads. One untimed round
-first compiles every shape; then the repeats run round-robin over the two rows, so load from other
-processes hits both alike. The load average is printed before and after.
+`EnvPool.step` (overlapped: `EnvPool.wait`) / the agent loop's wall time (median over repeats),
+from the same `sdar_jax.perf.RolloutTimings` that the trainer's `perf/env_wait_share` reads. One
+untimed round first compiles every shape; then the repeats run round-robin over the rows, so load
+from other processes hits them alike. The load average is printed before and after.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import statistics
 import sys
@@ -55,9 +59,9 @@ class RecordingSampler:
     self.calls: list[tuple] = []
     self.tokens: list[list[list[int]]] = []  # each call's generated tokens
 
-  def generate(self, params, prompts, sampling, rng=None, share_prefix=True):
-    self.calls.append((list(prompts), sampling, rng, share_prefix))
-    out = self.sampler.generate(params, prompts, sampling, rng, share_prefix)
+  def generate(self, params, prompts, sampling, rng=None, share_prefix=True, row_ids=None):
+    self.calls.append((list(prompts), sampling, rng, share_prefix, row_ids))
+    out = self.sampler.generate(params, prompts, sampling, rng, share_prefix, row_ids=row_ids)
     self.tokens.append(out.tokens)
     return out
 
@@ -112,42 +116,55 @@ def main() -> None:
       config, family, recorder, tokenizer, template, with_teacher=False, eval_only=False
     )
     try:
-      loop = loops.loop
-      loop.progress = False
+      serial_loop = loops.loop
+      serial_loop.progress = False
+      halves_loop = copy.copy(serial_loop)  # the same pool, sampler and prompts
+      halves_loop.overlap = "halves"
       n_games = len(loops.train_games)
       tasks = [g % n_games for g in range(args.games) for _ in range(args.group)]
       groups = [g for g in range(args.games) for _ in range(args.group)]
       key = jax.random.key(0)
 
-      def agent_loop():
+      def agent_loop(loop):
+        recorder.calls, recorder.tokens = [], []
         timings = RolloutTimings()
         start = time.perf_counter()
         episodes = loop.run(params, tasks, groups, key, timings=timings)
         return time.perf_counter() - start, timings, episodes
 
-      def raw_sampler():
+      def raw_sampler(calls):
         start = time.perf_counter()
-        outs = [sampler.generate(params, p, s, k, share) for p, s, k, share in calls]
+        outs = [sampler.generate(params, p, s, k, share, row_ids=r) for p, s, k, share, r in calls]
         return time.perf_counter() - start, [o.tokens for o in outs]
 
-      first_s, timings, episodes = agent_loop()  # compiles; its calls are the replayed ones
-      calls, recorded = recorder.calls, recorder.tokens
-      recorder.calls, recorder.tokens = [], []
-      raw_first_s, replayed = raw_sampler()
-      raw_tokens = sum(len(t) for out in replayed for t in out)
-      tokens = timings.generated_tokens
-      loop_s, raw_s, env_shares, sampler_shares = [], [], [], []
+      # Untimed first round: compiles every shape; its calls are the replayed ones.
+      first = {"serial": agent_loop(serial_loop)}
+      calls = {"serial": (recorder.calls, recorder.tokens)}
+      first["halves"] = agent_loop(halves_loop)
+      calls["halves"] = (recorder.calls, recorder.tokens)
+      replays = {mode: raw_sampler(calls[mode][0]) for mode in calls}
+      loop_s = {mode: [] for mode in first}
+      raw_s = {mode: [] for mode in first}
+      env_shares = {mode: [] for mode in first}
+      sampler_shares = {mode: [] for mode in first}
       for _ in range(args.repeats):
-        wall, t, _ = agent_loop()
-        recorder.calls, recorder.tokens = [], []  # the same calls again
-        loop_s.append(wall)
-        env_shares.append(t.env_seconds / wall)
-        sampler_shares.append(t.sampler_seconds / wall)
-        raw_s.append(raw_sampler()[0])
+        for mode, loop in (("serial", serial_loop), ("halves", halves_loop)):
+          wall, t, _ = agent_loop(loop)
+          loop_s[mode].append(wall)
+          env_shares[mode].append(t.env_seconds / wall)
+          sampler_shares[mode].append(t.sampler_seconds / wall)
+        for mode in first:
+          raw_s[mode].append(raw_sampler(calls[mode][0])[0])
     finally:
       loops.close()
 
+  _, timings, episodes = first["serial"]
+  tokens = timings.generated_tokens
   turns = sum(len(ep.turns) for ep in episodes)
+  same = [
+    [(t.response_ids, t.action) for t in a.turns] == [(t.response_ids, t.action) for t in b.turns]
+    for a, b in zip(episodes, first["halves"][2])
+  ]
   print(
     f"jax {jax.__version__} ({jax.device_count()} {jax.devices()[0].platform} devices), "
     f"{os.cpu_count()} CPUs, {args.workers} env workers, load average {load_before:.1f} before, "
@@ -155,21 +172,37 @@ def main() -> None:
   )
   print(
     f"\nrollout: {args.games} ALFWorld games x {args.group} episodes, up to {args.turns} turns: "
-    f"{turns} turns in {len(calls)} sampler calls, {tokens} generated tokens; model "
+    f"{turns} turns in {len(calls['serial'][0])} sampler calls serially "
+    f"({len(calls['halves'][0])} overlapped), {tokens} generated tokens; model "
     f"{model_config.num_layers} layers x hidden {model_config.hidden_size}, vocab "
     f"{model_config.vocab_size}, random weights; median of {args.repeats} interleaved repeats"
   )
-  print(f"{'row':<14} {'median s':>9} {'tokens/s':>9} {'first call s':>13}")
-  loop_med, raw_med = statistics.median(loop_s), statistics.median(raw_s)
-  print(f"{'agent loop':<14} {loop_med:>9.3f} {tokens / loop_med:>9.0f} {first_s:>13.2f}")
-  print(f"{'raw sampler':<14} {raw_med:>9.3f} {raw_tokens / raw_med:>9.0f} {raw_first_s:>13.2f}")
-  print(f"agent loop / raw sampler tokens/s: {raw_med / loop_med:.2f}x")
-  env_share, sampler_share = statistics.median(env_shares), statistics.median(sampler_shares)
+  print(f"{'row':<27} {'median s':>9} {'tokens/s':>9} {'first call s':>13} {'env wait':>9}")
+  med = {mode: statistics.median(loop_s[mode]) for mode in loop_s}
+  raw = {mode: statistics.median(raw_s[mode]) for mode in raw_s}
+  env = {mode: statistics.median(env_shares[mode]) for mode in env_shares}
+  for mode in ("serial", "halves"):
+    name = f"agent loop, {'serial' if mode == 'serial' else 'overlapped'}"
+    print(
+      f"{name:<27} {med[mode]:>9.3f} {tokens / med[mode]:>9.0f} {first[mode][0]:>13.2f} "
+      f"{env[mode]:>9.1%}"
+    )
+  for mode in ("serial", "halves"):
+    name = "raw sampler" + ("" if mode == "serial" else ", halves' calls")
+    print(f"{name:<27} {raw[mode]:>9.3f} {tokens / raw[mode]:>9.0f} {replays[mode][0]:>13.2f}")
+  print(f"agent loop / raw sampler tokens/s (serial): {raw['serial'] / med['serial']:.2f}x")
+  print(f"overlapped / serial agent loop tokens/s: {med['serial'] / med['halves']:.2f}x")
+  for mode in ("serial", "halves"):
+    sampler_share = statistics.median(sampler_shares[mode])
+    print(
+      f"{mode} agent loop wall time: env wait {env[mode]:.1%}, sampler {sampler_share:.1%}, the "
+      f"rest (prompts, tokenization, parsing) {max(0.0, 1 - env[mode] - sampler_share):.1%}"
+    )
   print(
-    f"agent loop wall time: env wait {env_share:.1%}, sampler {sampler_share:.1%}, "
-    f"the rest (prompts, tokenization, parsing) {max(0.0, 1 - env_share - sampler_share):.1%}"
+    "sanity: the raw replays generated the agent loops' tokens: "
+    f"{all(replays[m][1] == calls[m][1] for m in calls)}; overlapped episodes equal the serial "
+    f"ones (tokens, actions): {all(same)}"
   )
-  print(f"sanity: the raw replay generated the agent loop's tokens: {replayed == recorded}")
   print(f"sampler compilations: {sampler.num_compilations}")
 
 

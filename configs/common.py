@@ -134,6 +134,9 @@ def base(model: str = "qwen2.5-3b", algo_name: str = "sdar") -> mlc.ConfigDict:
       max_prompt_len=2048,
       prompt_truncation="error",  # "error" | "left" (keep the last max_prompt_len tokens)
       val_temperature=0.4,  # 0 = greedy
+      # "off": every env steps, then the whole batch decodes; "halves": one half of the episodes
+      # decodes while the other half's envs step (the same episodes; sdar_jax.rollout.agent_loop)
+      overlap="off",
     )
   )
   config.eval = mlc.ConfigDict(

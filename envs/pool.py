@@ -13,6 +13,16 @@ Failure handling, per env:
   now, the others get one at their next step) and all are rebuilt before their next reset.
 The pool and the training run go on.
 
+Non-blocking steps: `step_async(actions, indices)` sends the actions and returns an `EnvRequest`
+at once; `wait(request)` returns its results. Several requests on disjoint envs may be out at
+the same time (the agent loop steps one half of its episodes while it decodes the other); a
+worker answers them in the order they were sent, each result tagged with its env, and while the
+pool waits for one request it also collects the others' results and watches their workers for
+hangs and deaths, with the rules above (a restart fails every env of the worker that has a
+request out). `step` is `wait(step_async(...))`. A request for an env that is still in an earlier
+request waits for the earlier one first. With `num_workers=0` a request runs at once, in
+`step_async` (nothing overlaps).
+
 Workers are started with the "spawn" method by default: forking a process that already runs JAX
 threads is unsafe. Envs are therefore built inside the workers from a registered name and
 keyword arguments (`envs.make(name, **kwargs)`), which is all a worker needs.
@@ -31,7 +41,7 @@ from typing import Any, Mapping, Sequence
 
 from envs.base import StepResult, TextEnv, failed_result, make
 
-__all__ = ["EnvPool"]
+__all__ = ["EnvPool", "EnvRequest"]
 
 _KEEP_INFO_KEYS = (
   "task_type",
@@ -147,6 +157,20 @@ class _Worker:
     self.conn.close()
 
 
+class EnvRequest:
+  """A reset or step sent to some envs of an `EnvPool`; `EnvPool.wait(request)` returns its
+  results, one StepResult per index, in the order of `indices`."""
+
+  def __init__(self, command: str, indices: list[int]):
+    self.command = command
+    self.indices = indices
+    self.results: dict[int, StepResult] = {}
+
+  @property
+  def done(self) -> bool:
+    return len(self.results) == len(self.indices)
+
+
 class EnvPool:
   """`num_envs` environments built by `envs.make(env_name, **kwargs)`, reset and stepped in batches.
 
@@ -192,6 +216,10 @@ class EnvPool:
       None
     ] * num_envs  # episode lost because its worker was restarted
     self.restarts = 0  # worker restarts so far (hangs and crashes)
+    # Per worker: the request each env with a result still to come belongs to (by local index),
+    # and when the worker is declared hung if no result arrives.
+    self._out: list[dict[int, EnvRequest]] = [{} for _ in range(num_workers)]
+    self._deadline: list[float] = [0.0] * num_workers
     if num_workers == 0:
       self._local = [_EnvSlot(env_name, k) for k in kwargs_list]
       self._workers: list[_Worker] = []
@@ -224,19 +252,29 @@ class EnvPool:
       raise ValueError(
         f"got {len(tasks)} tasks for {len(indices)} envs; pass one task per env index"
       )
-    for i in indices:
-      self._lost[i] = None
     return self._run("reset", indices, tasks)
 
   def step(self, actions: Sequence[str], indices: Sequence[int] | None = None) -> list[StepResult]:
     """Steps envs `indices` (default: all) with `actions` (one per index). Returns one StepResult per index."""
+    return self.wait(self.step_async(actions, indices))
+
+  def step_async(self, actions: Sequence[str], indices: Sequence[int] | None = None) -> EnvRequest:
+    """`step` without waiting: sends `actions` to envs `indices` (default: all) and returns the
+    request; `wait(request)` gives its results. Other requests may be sent meanwhile."""
     indices = list(range(self.num_envs)) if indices is None else list(indices)
     actions = list(actions)
     if len(actions) != len(indices):
       raise ValueError(
         f"got {len(actions)} actions for {len(indices)} envs; pass one action per env index"
       )
-    return self._run("step", indices, actions)
+    return self._submit("step", indices, actions)
+
+  def wait(self, request: EnvRequest) -> list[StepResult]:
+    """The results of `request` (a `step_async`), one per index, once all have arrived (or
+    failed: hung or dead workers are restarted as in `step`)."""
+    while not request.done:
+      self._collect()
+    return [request.results[i] for i in request.indices]
 
   def close(self) -> None:
     for worker in self._workers:
@@ -263,75 +301,99 @@ class EnvPool:
     return result
 
   def _run(self, command: str, indices: list[int], arguments: list[Any]) -> list[StepResult]:
+    return self.wait(self._submit(command, indices, arguments))
+
+  def _submit(self, command: str, indices: list[int], arguments: list[Any]) -> EnvRequest:
+    """Sends `command` to envs `indices` and returns the request without waiting for results."""
     for i in indices:
       if not 0 <= i < self.num_envs:
         raise IndexError(f"env index {i} out of range for a pool of {self.num_envs}")
     if len(set(indices)) != len(indices):
       raise ValueError(f"env indices must be distinct, got {indices}")
-    results: dict[int, StepResult] = {}
+    request = EnvRequest(command, indices)
     if self.num_workers == 0:
       for i, arg in zip(indices, arguments):
         slot = self._local[i]
-        results[i] = self._record(i, slot.reset(arg) if command == "reset" else slot.step(arg))
-      return [results[i] for i in indices]
+        result = slot.reset(arg) if command == "reset" else slot.step(arg)
+        request.results[i] = self._record(i, result)
+      return request
 
+    for i in indices:  # an env answers one request at a time
+      earlier = self._out[i % self.num_workers].get(i // self.num_workers)
+      if earlier is not None:
+        self.wait(earlier)
+    if command == "reset":  # a reset starts a new episode, on a rebuilt env if it was lost
+      for i in indices:
+        self._lost[i] = None
     # Envs whose episode was lost to a worker restart answer at once, without a round trip.
     per_worker: dict[int, list[tuple[int, Any]]] = {}
     for i, arg in zip(indices, arguments):
       if command == "step" and self._lost[i] is not None:
-        results[i] = self._failed(i, self._lost[i])
+        request.results[i] = self._failed(i, self._lost[i])
         continue
       per_worker.setdefault(i % self.num_workers, []).append((i // self.num_workers, arg))
-    pending: dict[int, set[int]] = {}
-    deadline: dict[int, float] = {}
     now = time.monotonic()
     for w, payload in per_worker.items():
+      if not self._out[w]:  # an idle worker starts on it now; a busy one after its earlier work
+        self._deadline[w] = now + self.timeout_s
+      for local, _ in payload:
+        self._out[w][local] = request
       try:
         self._workers[w].conn.send((command, payload))
-        pending[w] = {local for local, _ in payload}
-        deadline[w] = now + self.timeout_s
       except (BrokenPipeError, OSError) as e:
-        pending[w] = {local for local, _ in payload}
-        self._restart(w, f"worker process was gone ({e!r})", pending[w], results)
-        pending.pop(w)
+        code = self._workers[w].process.exitcode
+        gone = f"died (exit code {code})" if code is not None else f"was gone ({e!r})"
+        self._restart(w, f"worker process {gone}")
+    return request
 
-    while pending:
-      conn_to_worker = {self._workers[w].conn: w for w in pending}
-      timeout = max(0.0, min(deadline[w] for w in pending) - time.monotonic())
-      ready = mp_connection.wait(list(conn_to_worker), timeout=timeout)
-      for conn in ready:
-        w = conn_to_worker[conn]
-        try:
-          local, result = conn.recv()
-        except (EOFError, OSError):
-          code = self._workers[w].process.exitcode
-          self._restart(w, f"worker process died (exit code {code})", pending.pop(w), results)
-          continue
-        index = local * self.num_workers + w
-        results[index] = self._record(index, result)
-        pending[w].discard(local)
-        deadline[w] = time.monotonic() + self.timeout_s
-        if not pending[w]:
-          pending.pop(w)
-      now = time.monotonic()
-      for w in [w for w in pending if deadline[w] <= now]:
-        self._restart(
-          w, f"env timed out after {self.timeout_s:g}s during {command}", pending.pop(w), results
-        )
-    return [results[i] for i in indices]
+  def _collect(self) -> None:
+    """Waits for the next results of any worker with requests out (until the earliest deadline),
+    files them under their requests, and restarts the workers that died or passed their
+    deadline."""
+    busy = [w for w in range(self.num_workers) if self._out[w]]
+    if not busy:
+      raise RuntimeError("EnvPool.wait on a request with no results to come; this is a bug.")
+    conn_to_worker = {self._workers[w].conn: w for w in busy}
+    timeout = max(0.0, min(self._deadline[w] for w in busy) - time.monotonic())
+    for conn in mp_connection.wait(list(conn_to_worker), timeout=timeout):
+      w = conn_to_worker[conn]
+      try:
+        self._file(w, *conn.recv())
+      except (EOFError, OSError):
+        self._restart(w, f"worker process died (exit code {self._workers[w].process.exitcode})")
+        continue
+      # The worker moved on to its next env: that one gets the whole timeout.
+      self._deadline[w] = time.monotonic() + self.timeout_s
+    now = time.monotonic()
+    for w in busy:
+      # (a worker whose pipe became readable meanwhile answered: the next round reads it)
+      if self._out[w] and self._deadline[w] <= now and not self._workers[w].conn.poll():
+        command = next(iter(self._out[w].values())).command  # the oldest request still out
+        self._restart(w, f"env timed out after {self.timeout_s:g}s during {command}")
 
-  def _restart(
-    self, w: int, reason: str, pending_locals: set[int], results: dict[int, StepResult]
-  ) -> None:
-    """Kills and restarts worker `w`; every env on it loses its episode."""
+  def _file(self, w: int, local: int, result: StepResult) -> None:
+    """Files worker `w`'s result for its env `local` under the request it belongs to."""
+    index = local * self.num_workers + w
+    self._out[w].pop(local).results[index] = self._record(index, result)
+
+  def _restart(self, w: int, reason: str) -> None:
+    """Kills and restarts worker `w`; every env on it loses its episode, and those with a
+    request out get a failed result now (after the results it sent before are filed: with
+    several requests out, earlier ones may still sit unread in its pipe)."""
     worker = self._workers[w]
+    try:
+      while self._out[w] and worker.conn.poll():
+        self._file(w, *worker.conn.recv())
+    except (EOFError, OSError):  # all it sent has been read
+      pass
     worker.kill()
     worker.start()
     self.restarts += 1
+    out, self._out[w] = self._out[w], {}
     for local in range(len(worker.kwargs_list)):
       index = local * self.num_workers + w
-      if local in pending_locals:
-        results[index] = self._failed(index, reason)
+      if local in out:
+        out[local].results[index] = self._failed(index, reason)
         self._lost[index] = reason
       else:
         # Its episode state died with the worker: the next step reports it, a reset rebuilds it.

@@ -15,8 +15,9 @@ The metrics (`perf_metrics` does the arithmetic):
   plus response, / update wall time (packing, any re-scoring passes at θ_old, the mini-batch
   updates). Teacher-branch tokens are not counted, so SDAR and GRPO runs compare on the same
   tokens.
-* `perf/env_wait_share`: seconds the loop was blocked in `EnvPool.reset` / `EnvPool.step` /
-  iteration wall time.
+* `perf/env_wait_share`: seconds the loop was blocked in `EnvPool.reset` / `EnvPool.step` (with
+  `rollout.overlap=halves`: in `EnvPool.wait`, env steps that ran while the other half decoded
+  are not counted) / iteration wall time.
 * `perf/compile_share`: seconds JAX spent tracing, lowering and compiling (its
   `/jax/core/compile/*` monitoring events, top-level computations only, so nested jits are not
   counted twice) / iteration wall time. In [0, 1] while one thread compiles at a time.
@@ -87,7 +88,7 @@ def compile_events() -> int:
 class RolloutTimings:
   """What `AgentLoop.run(..., timings=...)` adds up over a rollout."""
 
-  env_seconds: float = 0.0  # blocked in EnvPool.reset / EnvPool.step
+  env_seconds: float = 0.0  # blocked in EnvPool.reset / EnvPool.step / EnvPool.wait
   sampler_seconds: float = 0.0  # in Sampler.generate (device work and the copy back included)
   generated_tokens: int = 0  # response tokens the sampler returned
   sampler_calls: int = 0

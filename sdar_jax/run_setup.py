@@ -21,6 +21,7 @@ from sdar_jax.chat_templates import ChatTemplate, resolve_chat_template
 from sdar_jax.config_validation import model_config_from
 from sdar_jax.models import ModelConfig, init_params, load_pretrained
 from sdar_jax.rollout import AgentLoop, validation_tasks
+from sdar_jax.rollout.agent_loop import overlap_problem
 from sdar_jax.sampling import Sampler, SamplingParams
 from sdar_jax.tokenizer import Tokenizer
 
@@ -65,6 +66,15 @@ def setting_problems(config) -> list[str]:
   ):
     if value not in names:
       problems.append(f"{key}={value!r}: unknown name. Fix: use one of {sorted(names)}")
+  problem = overlap_problem(config.rollout.get("overlap", "off"))
+  if problem:
+    problems.append(problem)
+  elif config.rollout.get("overlap", "off") != "off" and jax.process_count() > 1:
+    problems.append(
+      f"rollout.overlap={config.rollout.overlap!r} with {jax.process_count()} processes: the "
+      "halves' sampler calls would have to be collectives entered in lockstep. Fix: set "
+      "rollout.overlap='off', or run one process"
+    )
   problems.extend(staleness_problems(config))
   return problems
 
@@ -215,6 +225,7 @@ def build_agent_loops(
     "truncation": rollout.prompt_truncation,
     "retriever": build_retriever(config) if wants_skills else None,
     "enable_thinking": config.model.enable_thinking,
+    "overlap": rollout.get("overlap", "off"),
   }
   loops = AgentLoops(train_games=train_split.task_names if train_split else [])
   try:

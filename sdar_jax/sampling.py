@@ -35,6 +35,9 @@ log-prob (training uses top_p=1, top_k off, where the two coincide).
 Random numbers: row i of the padded batch draws step t with one uniform from
 `fold_in(fold_in(rng, i), t)` (inverse-CDF sampling, `_categorical`), so a row's samples do not
 depend on the batch bucket or the device mesh (they do depend on the row's index in the batch).
+`generate(..., row_ids=...)` names each prompt's stream instead (`fold_in(fold_in(rng, id), t)`):
+the agent loop's overlapped mode passes each half's rows the indices they would have in the
+serial loop's one batch, so both draw the same tokens.
 
 Several processes (sdar_jax.multihost): `generate` is a collective that every process calls
 with its own prompts (none is allowed); they become that process's rows of one global batch, and
@@ -488,12 +491,16 @@ class Sampler:
     sampling: SamplingParams = SamplingParams(),
     rng: jax.Array | None = None,
     share_prefix: bool = True,
+    row_ids: Sequence[int] | None = None,
   ) -> GenerationResult:
     """Samples continuations of `prompts` (token-id lists of any lengths). Identical prompts
-    are prefilled once when `share_prefix` (the result does not depend on it). One call at a
-    time per Sampler (`lock`); the result is on the host when it returns."""
+    are prefilled once when `share_prefix` (the result does not depend on it). `row_ids` (one
+    int in [0, 2**31) per prompt; default: the prompt's row in the batch, see the module doc)
+    name each prompt's random stream; with several processes the caller keeps them distinct over
+    all processes. One call at a time per Sampler (`lock`); the result is on the host when it
+    returns."""
     with self.lock:
-      return self._generate(params, prompts, sampling, rng, share_prefix)
+      return self._generate(params, prompts, sampling, rng, share_prefix, row_ids)
 
   def _generate(
     self,
@@ -502,9 +509,11 @@ class Sampler:
     sampling: SamplingParams,
     rng: jax.Array | None,
     share_prefix: bool,
+    row_ids: Sequence[int] | None = None,
   ) -> GenerationResult:
     prompts = self._check_prompts(prompts)
     n = len(prompts)
+    ids = _check_row_ids(row_ids, n)
     if sampling.max_new_tokens == 0 or (n == 0 and not self.collective):
       return GenerationResult([[] for _ in prompts], [[] for _ in prompts], ["length"] * n)
     if rng is None:
@@ -521,7 +530,7 @@ class Sampler:
       source.append(first_index.setdefault(p, len(first_index)) if share_prefix else i)
     unique = list(first_index) if share_prefix else prompts
     if self.collective:
-      return self._generate_process_rows(params, prompts, unique, source, sampling, rng)
+      return self._generate_process_rows(params, prompts, unique, source, sampling, rng, ids)
     U = batch_bucket(len(unique), self._divisor)
     B = batch_bucket(n, self._divisor)
     P = prompt_bucket(max(len(p) for p in unique))
@@ -531,6 +540,8 @@ class Sampler:
     row_source[:n] = source
     real_rows = np.arange(B) < n
     row_ids = np.arange(B, dtype=np.int32)
+    if ids is not None:  # padding rows keep their index: they never draw a token
+      row_ids[:n] = ids
     out = self._launch(
       params,
       [self._put_batch(a) for a in (tokens, mask, row_source, real_rows, row_ids)],
@@ -550,6 +561,7 @@ class Sampler:
     source: list[int],
     sampling: SamplingParams,
     rng: jax.Array,
+    ids: np.ndarray | None = None,
   ) -> GenerationResult:
     """`generate` of several processes: this process's prompts in its rows of the global batch
     (every process calls it; the batch is sized for the busiest process)."""
@@ -573,6 +585,8 @@ class Sampler:
     real_rows = np.arange(len(my_rows)) < n
     # the one-process row index: the lower processes' prompts come first
     row_ids = (int(sizes[:index, 0].sum()) + np.arange(len(my_rows))).astype(np.int32)
+    if ids is not None:  # the caller's ids, distinct over the processes
+      row_ids[:n] = ids
     placed = [
       multihost.put_rows(tokens, prompt_sharding, (U, P)),
       multihost.put_rows(mask, prompt_sharding, (U, P)),
@@ -621,6 +635,23 @@ class Sampler:
     )
 
   __call__ = generate
+
+
+def _check_row_ids(row_ids: Sequence[int] | None, n: int) -> np.ndarray | None:
+  """`row_ids` as int32, or None; a ValueError naming the problem when they cannot name streams."""
+  if row_ids is None:
+    return None
+  ids = np.asarray(row_ids, np.int64).reshape(-1)
+  if ids.size != n:
+    raise ValueError(
+      f"row_ids has {ids.size} entries for {n} prompts. Fix: pass one id per prompt, or None."
+    )
+  if ids.size and not (0 <= ids.min() and ids.max() < 2**31):
+    raise ValueError(
+      f"row_ids holds {int(ids.min() if ids.min() < 0 else ids.max())}, outside [0, 2**31). "
+      "Fix: use small non-negative ints, e.g. episode indices."
+    )
+  return ids.astype(np.int32)
 
 
 def _left_padded(prompts: Sequence[tuple[int, ...]], rows: int, length: int):

@@ -567,7 +567,7 @@ def test_cli_unknown_gate_lists_valid_gates():
 
 
 def test_cli_indivisible_batch_names_values():
-  out = _cli("--config.env.tasks_per_step=3", "--dry_run")
+  out = _cli("--config.env.tasks_per_step=3", "--config.env.group_size=4", "--dry_run")
   assert out.returncode != 0
   assert "env.tasks_per_step=3" in out.stderr and "3 x 4 = 12" in out.stderr
   assert "data x fsdp = 8 x 1 = 8" in out.stderr

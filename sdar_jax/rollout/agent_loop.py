@@ -9,10 +9,26 @@ truncation, so the teacher never sees context the student lost; docs/reference.m
 sits before the first template token), stored beside the student prompt. Only Skill-GRPO puts
 skills in the student prompt: a block chosen by the keyword rule over the user message, placed
 inside it (docs/reference.md §2.6).
+
+Random keys: at turn t, the k-th episode (in index order) of those still playing samples with
+`fold_in(fold_in(rng, t), k)` (the sampler's row streams; with several processes k counts over
+all processes' episodes), so a turn's draws depend on the call's key, the turn and which
+episodes are still playing, not on how the turn is split into sampler calls: the overlapped mode
+below passes each half's ranks as `row_ids` and draws what the serial loop's one batch draws.
+
+Overlap (`overlap="halves"`, config `rollout.overlap`): the episodes split into two fixed halves
+by index (at the GRPO group boundary nearest the middle); while one half's envs step
+(`EnvPool.step_async`), the other half decodes, then they swap. Each half plays its turns in
+order, with the keys above, so the episodes equal the serial loop's (`overlap="off"`): the same
+tokens and actions; the log-probs are the same computation in a different batch, equal up to
+float rounding. It saves the time the device would wait on the envs (up to the shorter of the
+two per turn) at the price of twice as many, half as large, sampler calls; finished episodes
+simply leave their half's batch.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence
@@ -26,10 +42,36 @@ from sdar_jax import multihost
 from sdar_jax.chat_templates import ChatTemplate
 from sdar_jax.perf import RolloutTimings
 from sdar_jax.rollout.trajectory import Episode, Turn
-from sdar_jax.sampling import Sampler, SamplingParams
+from sdar_jax.sampling import GenerationResult, Sampler, SamplingParams
 from sdar_jax.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
+
+OVERLAP_MODES = ("off", "halves")  # rollout.overlap: serial turns, or two halves in alternation
+
+
+def overlap_problem(overlap: Any) -> str | None:
+  """Why `overlap` is not a `rollout.overlap` mode (a "<key>=<value>: ... Fix: ..." line), or
+  None."""
+  if overlap in OVERLAP_MODES:
+    return None
+  return (
+    f"rollout.overlap={overlap!r}: unknown mode. Fix: use 'off' (serial: every env steps, then "
+    "the whole batch decodes) or 'halves' (one half of the episodes decodes while the other "
+    "half's envs step)"
+  )
+
+
+def split_halves(group_ids: Sequence[int]) -> list[list[int]]:
+  """Episode indices 0..n-1 in two halves of consecutive indices, cut at the GRPO group boundary
+  (a change of group id) nearest the middle, or in the middle when there is none; one half for a
+  single episode."""
+  n = len(group_ids)
+  if n < 2:
+    return [list(range(n))]
+  bounds = [k for k in range(1, n) if group_ids[k] != group_ids[k - 1]] or [n // 2]
+  cut = min(bounds, key=lambda k: (abs(2 * k - n), k))
+  return [list(range(cut)), list(range(cut, n))]
 
 
 class PromptTooLongError(ValueError):
@@ -53,6 +95,8 @@ class AgentLoop:
     retriever: an `envs.skills.SkillRetriever` (needed for a teacher or Skill-GRPO).
     with_teacher: build teacher prompts (skill block + the student prompt).
     skills_in_student: Skill-GRPO: the block goes inside the student's user message.
+    overlap: "off" (serial turns) or "halves" (env steps of one half overlap the other half's
+      decoding; the same episodes, see the module docstring). Needs one process.
   """
 
   def __init__(
@@ -72,7 +116,16 @@ class AgentLoop:
     skills_in_student: bool = False,
     enable_thinking: bool = False,
     progress: bool = True,
+    overlap: str = "off",
   ):
+    if overlap_problem(overlap):
+      raise ValueError(overlap_problem(overlap))
+    if overlap != "off" and getattr(sampler, "collective", False):
+      raise ValueError(
+        f"rollout.overlap={overlap!r} with several processes: their sampler calls are "
+        "collectives entered in lockstep, one per turn. Fix: set rollout.overlap='off', or run "
+        "one process."
+      )
     if truncation not in ("error", "left"):
       raise ValueError(f"rollout.prompt_truncation={truncation!r}; choose 'error' or 'left'.")
     if (with_teacher or skills_in_student) and retriever is None:
@@ -97,6 +150,7 @@ class AgentLoop:
     self.skills_in_student = skills_in_student
     self.enable_thinking = enable_thinking
     self.progress = progress
+    self.overlap = overlap
     self.truncated_prompts = 0  # student prompts cut by truncation="left" so far
 
   # ------------------------------------------------------------------------------- prompts
@@ -214,51 +268,113 @@ class AgentLoop:
 
     bar = tqdm(total=self.max_turns, desc=desc, leave=False, disable=not self.progress)
     collective = getattr(self.sampler, "collective", False)  # several processes sample together
+    play = _Play(episodes, views, params, rng, policy_version, sampling, timings)
+    if self.overlap == "halves":
+      self._run_halves(play, split_halves(group_ids), bar)
+    else:
+      self._run_serial(play, collective, bar)
+    bar.close()
+    for ep in episodes:
+      ep.done = True
+    return episodes
+
+  def _run_serial(self, play: _Play, collective: bool, bar) -> None:
+    """Every turn: all active episodes decode in one batch, then all their envs step."""
+    n, episodes = len(play.episodes), play.episodes
     for turn in range(self.max_turns):
       active = [i for i in range(n) if not episodes[i].done]
       # A turn runs while any process has an active episode (one with none joins the sampler's
       # collective with no prompts; sdar_jax.multihost).
       if not (multihost.any_process(bool(active)) if collective else active):
         break
-      prompts = [
-        self._build_prompts(views[i], (episodes[i].group_id, turn), f"env {i} turn {turn}")
-        for i in active
-      ]
-      rng, key = jax.random.split(rng)
+      decoded = self._decode(play, active, turn)
       start = time.perf_counter()
-      out = self.sampler.generate(params, [p for p, _, _ in prompts], sampling, key)
-      timings.sampler_seconds += time.perf_counter() - start
-      timings.sampler_calls += 1
-      timings.generated_tokens += sum(len(t) for t in out.tokens)
-      texts = self.tokenizer.decode_batch(out.tokens, skip_special_tokens=True)
-      actions = [self.adapter.project(text) for text in texts]
-      start = time.perf_counter()
-      results = self.pool.step([a for a, _ in actions], active)
-      timings.env_seconds += time.perf_counter() - start
-      for k, i in enumerate(active):
-        view = views[i]
-        episodes[i].turns.append(
-          Turn(
-            prompt_ids=prompts[k][0],
-            teacher_prompt_ids=prompts[k][1],
-            response_ids=out.tokens[k],
-            logprobs=out.logprobs[k],
-            action=actions[k][0],
-            valid=actions[k][1],
-            policy_version=policy_version,
-            finish_reason=out.finish_reasons[k],
-            observation=view.observation,
-            prompt_truncated_from=prompts[k][2],
-          )
-        )
-        view.history.append((view.observation, actions[k][0]))
-        self._record_env_result(episodes[i], views, i, results[k], first=False)
+      results = self.pool.step([a for a, _ in decoded.actions], active)
+      play.timings.env_seconds += time.perf_counter() - start
+      self._apply(play, decoded, results)
       bar.set_postfix(active=len(active), won=sum(e.won for e in episodes))
       bar.update(1)
-    bar.close()
-    for ep in episodes:
-      ep.done = True
-    return episodes
+
+  def _run_halves(self, play: _Play, halves: list[list[int]], bar) -> None:
+    """The two halves in alternation: a half waits for its envs' last step, decodes its next
+    turn and sends the actions without waiting, then the other half does the same, so one
+    half's env steps run while the other half decodes. A half decodes turn t after the lower
+    halves decoded theirs (or finished), so its rows take the ranks that follow theirs among the
+    episodes playing turn t: the serial batch's row streams."""
+    episodes = play.episodes
+    turns = [0] * len(halves)  # turns decoded so far, per half
+    ranked: dict[int, int] = {}  # turn -> episodes of the lower halves that decoded it
+    shown = 0  # turns on the progress bar: those the faster half has decoded
+    out: list[tuple[_Decoded, Any] | None] = [None] * len(halves)  # (decoded turn, env request)
+    while True:
+      for h, half in enumerate(halves):
+        if out[h] is not None:
+          decoded, request = out[h]
+          out[h] = None
+          start = time.perf_counter()
+          results = self.pool.wait(request)
+          play.timings.env_seconds += time.perf_counter() - start
+          self._apply(play, decoded, results)
+        active = [i for i in half if not episodes[i].done]
+        if active and turns[h] < self.max_turns:
+          offset = 0 if h == 0 else ranked.get(turns[h], 0)
+          ranked[turns[h]] = offset + len(active)
+          decoded = self._decode(play, active, turns[h], [offset + k for k in range(len(active))])
+          out[h] = (decoded, self.pool.step_async([a for a, _ in decoded.actions], active))
+          turns[h] += 1
+          if turns[h] > shown:
+            bar.set_postfix(won=sum(e.won for e in episodes))
+            bar.update(turns[h] - shown)
+            shown = turns[h]
+      if not any(out):
+        return
+
+  def _decode(
+    self, play: _Play, active: list[int], turn: int, row_ids: list[int] | None = None
+  ) -> _Decoded:
+    """Prompts, one sampler call and the projected actions of episodes `active` at `turn`;
+    `row_ids` name their random streams (default: their ranks in this call, see the module doc)."""
+    episodes, views = play.episodes, play.views
+    prompts = [
+      self._build_prompts(views[i], (episodes[i].group_id, turn), f"env {i} turn {turn}")
+      for i in active
+    ]
+    start = time.perf_counter()
+    out = self.sampler.generate(
+      play.params,
+      [p for p, _, _ in prompts],
+      play.sampling,
+      jax.random.fold_in(play.rng, turn),
+      row_ids=row_ids,
+    )
+    play.timings.sampler_seconds += time.perf_counter() - start
+    play.timings.sampler_calls += 1
+    play.timings.generated_tokens += sum(len(t) for t in out.tokens)
+    texts = self.tokenizer.decode_batch(out.tokens, skip_special_tokens=True)
+    actions = [self.adapter.project(text) for text in texts]
+    return _Decoded(active, prompts, out, actions)
+
+  def _apply(self, play: _Play, decoded: _Decoded, results) -> None:
+    """Records the decoded turn on its episodes and folds in their envs' step results."""
+    prompts, out, actions = decoded.prompts, decoded.out, decoded.actions
+    for k, i in enumerate(decoded.active):
+      view = play.views[i]
+      play.episodes[i].turns.append(
+        Turn(
+          prompt_ids=prompts[k][0],
+          teacher_prompt_ids=prompts[k][1],
+          response_ids=out.tokens[k],
+          logprobs=out.logprobs[k],
+          action=actions[k][0],
+          valid=actions[k][1],
+          policy_version=play.policy_version,
+          finish_reason=out.finish_reasons[k],
+          observation=view.observation,
+          prompt_truncated_from=prompts[k][2],
+        )
+      )
+      view.history.append((view.observation, actions[k][0]))
+      self._record_env_result(play.episodes[i], play.views, i, results[k], first=False)
 
   @staticmethod
   def _record_env_result(ep: Episode, views: list, i: int, result, first: bool) -> None:
@@ -286,3 +402,27 @@ class AgentLoop:
     ep.won = bool(info.get("won", False))
     ep.done = bool(result.done) or ep.won
     ep.info = {k: v for k, v in info.items() if k != "admissible_commands"}
+
+
+@dataclasses.dataclass
+class _Play:
+  """One `AgentLoop.run` call's episodes and what its turns need."""
+
+  episodes: list[Episode]
+  views: list[EpisodeView | None]
+  params: Any
+  rng: jax.Array
+  policy_version: int
+  sampling: SamplingParams
+  timings: RolloutTimings
+
+
+@dataclasses.dataclass
+class _Decoded:
+  """One sampler call's turn: its episodes, their (student, teacher, uncut length) prompts, the
+  generation and the projected (action, valid) pairs."""
+
+  active: list[int]
+  prompts: list[tuple[list[int], list[int] | None, int | None]]
+  out: GenerationResult
+  actions: list[tuple[str, bool]]
