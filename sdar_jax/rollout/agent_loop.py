@@ -10,10 +10,11 @@ sits before the first template token), stored beside the student prompt. Only Sk
 skills in the student prompt: a block chosen by the keyword rule over the user message, placed
 inside it (docs/reference.md §2.6).
 
-Random keys: at turn t, the k-th episode (in index order) of those still playing samples with
-`fold_in(fold_in(rng, t), k)` (the sampler's row streams; with several processes k counts over
-all processes' episodes), so a turn's draws depend on the call's key, the turn and which
-episodes are still playing, not on how the turn is split into sampler calls: the overlapped mode
+Random keys: turn t samples with key_t, where (rng_{t+1}, key_t) = split(rng_t) from the call's
+rng_0, and the k-th episode (in index order) of those still playing draws from key_t's row
+stream k (`sdar_jax.sampling`; with several processes k counts over all processes' episodes),
+so a turn's draws depend on the call's key, the turn and which episodes are still playing, not
+on how the turn is split into sampler calls: the overlapped mode
 below passes each half's ranks as `row_ids` and draws what the serial loop's one batch draws.
 
 Overlap (`overlap="halves"`, config `rollout.overlap`): the episodes split into two fixed halves
@@ -268,7 +269,11 @@ class AgentLoop:
 
     bar = tqdm(total=self.max_turns, desc=desc, leave=False, disable=not self.progress)
     collective = getattr(self.sampler, "collective", False)  # several processes sample together
-    play = _Play(episodes, views, params, rng, policy_version, sampling, timings)
+    turn_keys = []  # key_t of every turn (module doc)
+    for _ in range(self.max_turns):
+      rng, key = jax.random.split(rng)
+      turn_keys.append(key)
+    play = _Play(episodes, views, params, turn_keys, policy_version, sampling, timings)
     if self.overlap == "halves":
       self._run_halves(play, split_halves(group_ids), bar)
     else:
@@ -344,7 +349,7 @@ class AgentLoop:
       play.params,
       [p for p, _, _ in prompts],
       play.sampling,
-      jax.random.fold_in(play.rng, turn),
+      play.turn_keys[turn],
       row_ids=row_ids,
     )
     play.timings.sampler_seconds += time.perf_counter() - start
@@ -411,7 +416,7 @@ class _Play:
   episodes: list[Episode]
   views: list[EpisodeView | None]
   params: Any
-  rng: jax.Array
+  turn_keys: list[jax.Array]  # the sampler key of each turn
   policy_version: int
   sampling: SamplingParams
   timings: RolloutTimings
