@@ -16,9 +16,11 @@ tokens/s = processed positions (8*256 student + 8*256 teacher when on) / median 
 variants are timed in interleaved rounds so that background load hits all of them alike; "cpu s"
 is the median process CPU time (all threads) per step, a load-independent cost figure.
 transformers: eager torch, sdpa attention, full [B, T, V] logits (as a transformers user writes it),
-no attention mask, use_cache=False, zero_grad(set_to_none=True). Ours: one jit of value_and_grad +
-a stop_gradient teacher call (`response_logprobs`: the lm_head runs on the 192 completion slots
-only). Also our full update (`TrainStep`: SDAR loss, AdamW, non-finite guard) with the teacher on
+no attention mask, use_cache=False, zero_grad(set_to_none=True), with torch's default threads and
+pinned to one ("1thr": on a CPU shared with other work the default threads wait on each other and
+can be several times slower; the speed-up line divides by the faster of the two). Ours: one jit
+of value_and_grad + a stop_gradient teacher call (`response_logprobs`: the lm_head runs on the 192
+completion slots only). Also our full update (`TrainStep`: SDAR loss, AdamW, non-finite guard) with the teacher on
 (SDAR) and off (GRPO). Peak memory: ours from XLA's compiled memory analysis (arguments + outputs +
 temporaries - aliased/donated); torch: the peak process RSS during its first step (sampled every
 millisecond) minus the RSS just before it, after malloc_trim (approximate: allocator slack).
@@ -205,7 +207,9 @@ def prepare_ours_update(
 
 
 # ----------------------------------------------------------------------------- torch
-def prepare_torch(model, batch: TurnBatch, teacher: bool) -> dict:
+def prepare_torch(model, batch: TurnBatch, teacher: bool, threads: int | None = None) -> dict:
+  """One transformers step; `threads` pins torch's thread count for the call (on a CPU shared
+  with other work, torch's default threads wait on each other and can be several times slower)."""
   import torch
 
   ps = batch.student_tokens.shape[1] - batch.response_len
@@ -218,7 +222,7 @@ def prepare_torch(model, batch: TurnBatch, teacher: bool) -> dict:
     lp = torch.log_softmax(logits[:, p - 1 : -1].float(), dim=-1)
     return lp.gather(-1, ids[:, p:, None])[..., 0]
 
-  def call():
+  def step():
     model.zero_grad(set_to_none=True)
     logits = model(input_ids=s_ids, use_cache=False).logits
     loss = -(completion_logp(logits, s_ids, ps) * mask).sum()
@@ -228,6 +232,14 @@ def prepare_torch(model, batch: TurnBatch, teacher: bool) -> dict:
       with torch.no_grad():
         tlp = completion_logp(model(input_ids=t_ids, use_cache=False).logits, t_ids, pt)
     return loss.detach(), tlp
+
+  def call():
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or before)
+    try:
+      return step()
+    finally:
+      torch.set_num_threads(before)
 
   gc.collect()
   _trim_heap()
@@ -262,6 +274,8 @@ def compare(args) -> None:
   # torch first, so JAX's buffers and thread pools do not move the RSS under it.
   t_off = prepare_torch(hf, batch, False)
   t_on = prepare_torch(hf, batch, True)
+  t1_off = prepare_torch(hf, batch, False, threads=1)
+  t1_on = prepare_torch(hf, batch, True, threads=1)
   o_on = prepare_ours_grad(config, params, batch, True)
   o_off = prepare_ours_grad(config, params, batch, False)
   sdar = dataclasses.replace(get_preset("sdar"), kl_coef=0.0, teacher_source="step")
@@ -272,8 +286,10 @@ def compare(args) -> None:
   rows = [
     ("sdar-jax", "fwd+bwd + teacher fwd", 2, o_on),
     ("transformers", "fwd+bwd + teacher fwd", 2, t_on),
+    ("transformers 1thr", "fwd+bwd + teacher fwd", 2, t1_on),
     ("sdar-jax", "fwd+bwd (teacher off)", 1, o_off),
     ("transformers", "fwd+bwd (teacher off)", 1, t_off),
+    ("transformers 1thr", "fwd+bwd (teacher off)", 1, t1_off),
     ("sdar-jax", "update SDAR (teacher on)", 2, u_on),
     ("sdar-jax", "update GRPO (teacher off)", 1, u_off),
   ]
@@ -300,22 +316,29 @@ def compare(args) -> None:
     f"{torch.get_num_threads()}, repeats {args.repeats}"
   )
   print(
-    f"{'peer':<14}{'variant':<28}{'median s':>10}{'tokens/s':>10}{'cpu s':>8}{'first s':>9}"
+    f"{'peer':<18}{'variant':<28}{'median s':>10}{'tokens/s':>10}{'cpu s':>8}{'first s':>9}"
     f"{'compile s':>11}{'peak memory':>14}"
   )
   for peer, variant, branches, r in rows:
     tokens = branches * B * T
     compile_s = f"{r['compile']:.2f}" if "compile" in r else "-"
     print(
-      f"{peer:<14}{variant:<28}{r['median']:>10.4f}{tokens / r['median']:>10.0f}"
+      f"{peer:<18}{variant:<28}{r['median']:>10.4f}{tokens / r['median']:>10.0f}"
       f"{r['cpu']:>8.2f}{r['first']:>9.2f}{compile_s:>11}{_mib(r['peak']):>14}"
     )
   print(
     f"parity: student loss ours {float(ours_loss):.4f} vs torch {float(torch_loss):.4f}; "
     f"teacher log-probs max |diff| {tlp_diff:.2e}"
   )
+  fastest_on = min(t_on["median"], t1_on["median"])
+  fastest_off = min(t_off["median"], t1_off["median"])
   print(
-    f"speed-up (fwd+bwd + teacher): {t_on['median'] / o_on['median']:.2f}x; "
+    f"speed-up vs the faster transformers row: fwd+bwd + teacher "
+    f"{fastest_on / o_on['median']:.2f}x, teacher off {fastest_off / o_off['median']:.2f}x "
+    f"(vs default threads {t_on['median'] / o_on['median']:.2f}x / "
+    f"{t_off['median'] / o_off['median']:.2f}x); load average {os.getloadavg()[0]:.1f}"
+  )
+  print(
     f"teacher branch adds {_mib(o_on['peak'] - o_off['peak'])} (ours, grad step), "
     f"{_mib(u_on['peak'] - u_off['peak'])} (ours, update)"
   )

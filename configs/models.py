@@ -101,6 +101,9 @@ def model(name: str) -> mlc.ConfigDict:
       # GPU (bf16), Pallas splash on TPU, XLA on CPU ("chunked" from 2,048 tokens on); "xla" |
       # "chunked" (online softmax over key blocks, no T x T scores) | "cudnn" | "splash".
       attention="auto",
+      # How a sequence runs through the layers: "auto" = unrolled on CPU (faster there), one
+      # lax.scan elsewhere (compile time independent of depth); "scan" | "unroll".
+      layer_loop="auto",
       tiny=tiny_arch(),  # used only when preset == "tiny"
     )
   )

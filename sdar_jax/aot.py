@@ -442,6 +442,8 @@ def plan(
   tpu_slice = parse_topology(topology)
   devices = topology_devices(tpu_slice)
   model_config = model_config_from(config)
+  if model_config.layer_loop == "auto":  # resolve for the TPU target, not for this host's CPU
+    model_config = model_config.replace(layer_loop="scan")
   mesh = sharding.make_mesh(dict(config.mesh), devices=devices)
   shapes = shapes_from_config(config, teacher_prompt_len)
   hbm = tpu_slice.chip.hbm_bytes

@@ -60,6 +60,7 @@ __all__ = [
 # weights mean.
 NON_ARCH_FIELDS = ("max_position_embeddings", "dtype", "param_dtype", "remat", "name")
 NON_ARCH_FIELDS += ("attention", "attention_block")  # how attention is computed, not what
+NON_ARCH_FIELDS += ("layer_loop",)  # how the layers are looped over, not what they compute
 # Every other field changes the function the parameters compute (or their shapes): a checkpoint
 # written for other values of any of them is a different model.
 ARCH_FIELDS = tuple(

@@ -43,10 +43,12 @@ class ConfigError(ValueError):
 def model_config_from(config: Any) -> ModelConfig:
   """The ModelConfig a run uses: the checkpoint's config.json when `model.path` is set (it must
   describe the model named by `model.preset`), the tiny demo architecture for preset "tiny",
-  else the named preset. dtype / param_dtype / remat / attention always come from the config."""
+  else the named preset. dtype / param_dtype / remat / attention / layer_loop always come from the
+  config."""
   model = config.model
   numerics = {"dtype": model.dtype, "param_dtype": model.param_dtype, "remat": bool(model.remat)}
   numerics["attention"] = model.get("attention", "auto")
+  numerics["layer_loop"] = model.get("layer_loop", "auto")
   if model.preset == "tiny":
     named = ModelConfig.tiny(**dict(model.tiny), **numerics, name="tiny")
   elif model.preset in ModelConfig.preset_names():

@@ -136,6 +136,7 @@ def build_policy(config, mesh) -> tuple[ModelConfig, Any]:
       dtype=config.model.dtype,
       remat=config.model.remat,
       attention=config.model.get("attention", "auto"),
+      layer_loop=config.model.get("layer_loop", "auto"),
     )
     return model_config, params
   params = init_params(model_config, jax.random.key(config.train.seed))

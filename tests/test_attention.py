@@ -128,6 +128,42 @@ def test_chunked_attention_gradients_equal_autodiff_of_xla(block):
     assert np.all(np.isfinite(np.asarray(a))), name
 
 
+def _reference_gradients(q, k, v, w, valid):
+  """float64 d(sum(w * out))/d(q, k, v) of `_reference`, through the softmax's Jacobian
+  (dS = P * (dP - sum_s(dP * P))); a query that sees no key has constant scores, so no gradient
+  reaches q or k from it."""
+  q64, k64, v64, w64 = (np.asarray(a, np.float64) for a in (q, k, v, w))
+  B, T, N, H = q.shape
+  K = k.shape[1]
+  G = N // K
+  kv_of = np.arange(N) // G
+  _, probs, sees_any = _reference(q, k, v, valid)
+  dp = np.einsum("btnh,bnsh->bnts", w64, v64[:, kv_of])
+  ds = probs * (dp - np.sum(dp * probs, axis=-1, keepdims=True))
+  ds = np.where(sees_any[:, None, :, None], ds, 0.0) / np.sqrt(H)
+  dq = np.einsum("bnts,bnhs->btnh", ds, k64[:, kv_of])
+  dk = np.einsum("bnts,btnh->bnhs", ds, q64).reshape(B, K, G, H, T).sum(2)
+  dv = np.einsum("bnts,btnh->bnsh", probs, w64).reshape(B, K, G, T, H).sum(2)
+  return dq, dk, dv
+
+
+@pytest.mark.parametrize("heads", [(4, 2), (4, 4), (3, 1)], ids=["gqa", "mha", "mqa"])
+def test_xla_attention_gradients_equal_float64_reference(heads):
+  """`_attention`'s written-out backward pass (normalised after the value product, dS from
+  rowsum(dO * O)) against the float64 softmax Jacobian, on every padding pattern of a batch."""
+  N, K = heads
+  q, k, v = _qkv(3, 5, N, K, 8)
+  valid = _key_valid(T)
+  w = np.random.default_rng(4).normal(size=q.shape).astype(np.float32)
+  mask = jnp.asarray(np.tril(np.ones((T, T), bool))[None] & valid[:, None])
+  got = jax.grad(lambda *a: jnp.sum(qwen._attention(*a, mask) * w), argnums=(0, 1, 2))(q, k, v)
+  want = _reference_gradients(q, k, v, w, valid)
+  sizes = _gradient_sizes(q, k, v, w, valid)
+  for name, a, b, size in zip("qkv", got, want, sizes):
+    tol = 16 * EPS * float(np.max(size)) * (1 + _score_size(q, k))
+    assert np.max(np.abs(np.asarray(a, np.float64) - b)) < tol, name
+
+
 def test_cudnn_path_rotation_equals_reference_at_every_query_that_sees_a_key():
   # The cuDNN path turns left padding into right padding by rotating each row; JAX's reference
   # implementation of the same call (implementation="xla") checks the rotation on CPU.

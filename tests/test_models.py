@@ -11,7 +11,7 @@ import torch
 import transformers
 
 from sdar_jax.models import ModelConfig, forward, init_params, load_pretrained, save_pretrained
-from sdar_jax.models import hf_io
+from sdar_jax.models import hf_io, qwen
 from sdar_jax.models.qwen import decode_step, logits_from_hidden, prefill, unstack_layers
 from tests import hf_fixtures
 
@@ -126,6 +126,65 @@ def test_bf16_forward_within_documented_bound(hf_case):
   assert _real_positions_max_abs(low, ref, mask) < 0.05 * scale
   agree = np.mean(np.argmax(low[sel], -1) == np.argmax(ref[sel], -1))
   assert agree >= 0.9
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layer_loop", ["scan", "unroll"])
+def test_parameter_gradients_match_transformers_float64(layer_loop, tmp_path):
+  """Both layer loops (and the attention's written-out backward pass) give the gradients of a
+  weighted sum of log-probs that float64 autograd of transformers gives, for every tensor. No
+  padding: transformers' eager backward gives NaN through a query that sees no key (ours gives
+  0; tests/test_attention.py checks those rows against float64 NumPy)."""
+  model = hf_fixtures.make_hf_model("qwen3", False, seed=3)
+  path = hf_fixtures.save_hf_model(model, tmp_path / "model")
+  config, params = load_pretrained(path, dtype="float32")
+  config = config.replace(layer_loop=layer_loop)
+  tokens, mask = hf_fixtures.ragged_batch(config.vocab_size, [11] * 4, seed=6)
+  rng = np.random.default_rng(7)
+  w = (rng.normal(size=(*tokens.shape, config.vocab_size)) * mask[..., None]).astype(np.float32)
+
+  def loss(p):
+    return jnp.sum(w * jax.nn.log_softmax(forward(config, p, tokens, mask), axis=-1))
+
+  ours = dict(hf_io.to_hf_tensors(config, jax.grad(loss)(params)))
+
+  model64 = model.double()
+  model64.zero_grad(set_to_none=True)
+  m = torch.tensor(mask, dtype=torch.long)
+  logits = model64(
+    input_ids=torch.tensor(tokens, dtype=torch.long),
+    attention_mask=m,
+    position_ids=(m.cumsum(-1) - 1).clamp(min=0),
+    use_cache=False,
+  ).logits
+  (torch.tensor(w, dtype=torch.float64) * torch.log_softmax(logits, -1)).sum().backward()
+  want = {name: p.grad.numpy() for name, p in model64.named_parameters()}
+  model.float()  # the module fixture is shared: give it back in float32
+
+  assert sorted(ours) == sorted(want)
+  for name, ref in want.items():
+    # float32 rounding of sums over 4 rows x 11 tokens: a few hundred eps of the largest entry.
+    scale = float(np.max(np.abs(ref)))
+    assert np.max(np.abs(ours[name] - ref)) < 2e-4 * scale, name
+
+
+def test_layer_loop_resolves_by_backend_and_bad_names_are_refused():
+  resolve = qwen.layer_loop_implementation
+  config = ModelConfig.tiny()
+  assert resolve(config, "cpu") == "unroll"
+  assert resolve(config, "gpu") == "scan" and resolve(config, "tpu") == "scan"
+  for name in ("scan", "unroll"):
+    assert resolve(config.replace(layer_loop=name), "cpu") == name
+    assert resolve(config.replace(layer_loop=name), "tpu") == name
+  with pytest.raises(ValueError, match=r"layer_loop='python'.*choose one of.*unroll"):
+    ModelConfig.tiny(layer_loop="python")
+  from configs import alfworld, common
+  from sdar_jax import config_validation
+
+  run_config = alfworld.get_config("model=tiny,algo=sdar,local=True")
+  assert config_validation.model_config_from(run_config).layer_loop == "auto"
+  run_config = common.override(run_config, {"model.layer_loop": "scan"})
+  assert config_validation.model_config_from(run_config).layer_loop == "scan"
 
 
 def test_sharded_checkpoint_roundtrip(tmp_path):

@@ -25,6 +25,10 @@ DTYPES = ("float32", "bfloat16", "float16")
 # by backend; "xla" builds the T x T scores; "chunked" is an online softmax over key blocks;
 # "cudnn" is cuDNN's fused kernel (GPU, bf16/fp16); "splash" is Pallas splash attention (TPU).
 ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "chunked", "cudnn", "splash")
+# How a whole sequence runs through the decoder layers (models/qwen.py `layer_loop_implementation`):
+# "scan" is one `lax.scan` over the stacked weights (compile time independent of depth); "unroll"
+# traces every layer (faster on XLA:CPU, see models/qwen.py); "auto" picks by backend.
+LAYER_LOOPS = ("auto", "scan", "unroll")
 
 _ARCHITECTURES = {"Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
 
@@ -53,6 +57,7 @@ class ModelConfig:
   remat: bool = False  # rematerialise each decoder layer in the backward pass
   attention: str = "auto"  # one of ATTENTION_IMPLEMENTATIONS
   attention_block: int = 512  # query / key block length of the "chunked" implementation
+  layer_loop: str = "auto"  # one of LAYER_LOOPS
   name: str = "custom"
 
   def __post_init__(self):
@@ -78,6 +83,11 @@ class ModelConfig:
       raise ValueError(
         f"ModelConfig.attention={self.attention!r} (config key model.attention). Fix: choose "
         f"one of {ATTENTION_IMPLEMENTATIONS}."
+      )
+    if self.layer_loop not in LAYER_LOOPS:
+      raise ValueError(
+        f"ModelConfig.layer_loop={self.layer_loop!r} (config key model.layer_loop). Fix: choose "
+        f"one of {LAYER_LOOPS}."
       )
     if int(self.attention_block) <= 0:
       raise ValueError(

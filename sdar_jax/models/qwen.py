@@ -1,9 +1,10 @@
 """One decoder for Qwen2 / Qwen2.5 and Qwen3, as pure functions of a parameter pytree.
 
 The parameters are a nested dict of arrays; the decoder layers are stacked on a leading `layers`
-axis and run with `lax.scan`, so compile time does not grow with depth. Nothing here holds state:
-`jax.jit` sees plain functions of (params, tokens), which is what the sampler and the train step
-compile (no module graph traversal in any per-step hot path).
+axis and run with `lax.scan` on TPU / GPU, so compile time does not grow with depth, and unrolled
+on CPU, where that is faster (`config.layer_loop`, `layer_loop_implementation`). Nothing here
+holds state: `jax.jit` sees plain functions of (params, tokens), which is what the sampler and the
+train step compile (no module graph traversal in any per-step hot path).
 
 One layer function serves the three uses: `apply` / `forward` (a whole sequence), `prefill`
 (prompts, returning a `KVCache`) and `decode_step` (one token per row against that cache). The
@@ -210,21 +211,77 @@ class KVCache(NamedTuple):
 
 
 # ---------------------------------------------------------------------------------------- layer
+def _group_queries(x: jax.Array, num_kv_heads: int) -> jax.Array:
+  """[B, T, N, H] -> [B, K, T * G, H]: the queries (or their gradients) of each kv head in rows
+  (row = token * G + group), so both attention products are plain batched matmuls; at T = 1 (a
+  decode step) every reshape and transpose here only moves unit axes."""
+  B, T, N, H = x.shape
+  G = N // num_kv_heads
+  return x.reshape(B, T, num_kv_heads, G, H).transpose(0, 2, 1, 3, 4).reshape(B, -1, T * G, H)
+
+
+def _ungroup_queries(x: jax.Array, length: int) -> jax.Array:
+  """The inverse of `_group_queries`: [B, K, T * G, H] -> [B, T, N, H]."""
+  B, K, rows, H = x.shape
+  G = rows // length
+  return x.reshape(B, K, length, G, H).transpose(0, 2, 1, 3, 4).reshape(B, length, K * G, H)
+
+
+def _attention_parts(
+  q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Float32 (output [B, K, T * G, H], unnormalised probabilities [B, K, T * G, S], their row sums
+  [B, K, T * G]) of `_attention`. The softmax is normalised after the product with the values,
+  on [.., H] instead of [.., S]: one pass over the T x S scores fewer."""
+  B, T, N, H = q.shape
+  K, S = k.shape[1], k.shape[3]
+  qg = _group_queries(q, K)
+  scores = jnp.einsum("bkqh,bkhs->bkqs", qg, k, preferred_element_type=jnp.float32) * H**-0.5
+  scores = jnp.where(mask[:, None, :, None], scores.reshape(B, K, T, N // K, S), _MASKED)
+  weights = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True)).reshape(B, K, -1, S)
+  total = jnp.sum(weights, axis=-1)  # >= 1: the maximum's own term is exp(0)
+  out = jnp.einsum(
+    "bkqs,bksh->bkqh", weights.astype(v.dtype), v, preferred_element_type=jnp.float32
+  )
+  return out / total[..., None], weights, total
+
+
+@jax.custom_vjp
 def _attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
   """Grouped-query attention of queries q [B, T, N, H] over keys k [B, K, H, S] and values
   v [B, K, S, H] (the cache layout); mask [B, T, S] says which keys each query sees. Query head n
-  reads kv head n // (N / K); scores and softmax are float32."""
+  reads kv head n // (N / K); scores and softmax are float32.
+
+  The backward pass is written out (the FlashAttention-2 form, on the whole T x S block): from
+  the saved unnormalised probabilities, dS = P * (dP - rowsum(dO * O)), where autodiff of the
+  softmax would make more passes over the T x S arrays (on XLA:CPU those passes, not the
+  matmuls, were most of the attention's time)."""
+  out, _, _ = _attention_parts(q, k, v, mask)
+  return _ungroup_queries(out, q.shape[1]).astype(v.dtype)
+
+
+def _attention_fwd(q, k, v, mask):
+  out, weights, total = _attention_parts(q, k, v, mask)
+  return _ungroup_queries(out, q.shape[1]).astype(v.dtype), (q, k, v, mask, weights, total, out)
+
+
+def _attention_bwd(residuals, d_out):
+  q, k, v, mask, weights, total, out = residuals
   B, T, N, H = q.shape
   K, S = k.shape[1], k.shape[3]
-  G = N // K
-  # Queries grouped by kv head, [B, K, T * G, H]: both products are then plain batched matmuls,
-  # and at T = 1 (a decode step) every reshape and transpose here only moves unit axes.
-  q = q.reshape(B, T, K, G, H).transpose(0, 2, 1, 3, 4).reshape(B, K, T * G, H)
-  scores = jnp.einsum("bkqh,bkhs->bkqs", q, k, preferred_element_type=jnp.float32) * H**-0.5
-  scores = jnp.where(mask[:, None, :, None], scores.reshape(B, K, T, G, S), _MASKED)
-  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(B, K, T * G, S)
-  out = jnp.einsum("bkqs,bksh->bkqh", probs, v).reshape(B, K, T, G, H)
-  return out.transpose(0, 2, 1, 3, 4).reshape(B, T, N, H)
+  d_out = _group_queries(d_out.astype(jnp.float32), K) / total[..., None]  # dO / rowsum
+  delta = jnp.sum(d_out * out, axis=-1)  # rowsum(dO * O) / rowsum, [B, K, T * G]
+  dv = jnp.einsum("bkqs,bkqh->bksh", weights, d_out)
+  dp = jnp.einsum("bkqh,bksh->bkqs", d_out, v.astype(jnp.float32))
+  ds = weights * (dp - delta[..., None])  # = P * (dP - rowsum(dO * O)), P = weights / rowsum
+  ds = jnp.where(mask[:, None, :, None], ds.reshape(B, K, T, N // K, S), 0.0) * H**-0.5
+  ds = ds.reshape(B, K, -1, S)
+  dq = jnp.einsum("bkqs,bkhs->bkqh", ds, k.astype(jnp.float32))
+  dk = jnp.einsum("bkqs,bkqh->bkhs", ds, _group_queries(q, K).astype(jnp.float32))
+  return _ungroup_queries(dq, T).astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
 
 
 # ------------------------------------------------------------------------ sequence attention
@@ -551,6 +608,16 @@ def _pad_axis(ndim: int, axis: int, pad: int) -> tuple[tuple[int, int], ...]:
   return tuple((0, pad) if a == axis else (0, 0) for a in range(ndim))
 
 
+def _matmul(x: jax.Array, w: jax.Array, contract: int = 1) -> jax.Array:
+  """x [..., *w.shape[:contract]] times w, contracting w's first `contract` axes, as one 2-D
+  matmul [tokens, in] x [in, out]: the same sums as the einsum, but XLA:CPU lays out the gradient
+  matmuls of the 2-D form without the transposing copies it gives the batched [B, T, ...] form."""
+  lead = x.shape[: x.ndim - contract]
+  inner = math.prod(w.shape[:contract])
+  y = x.reshape(-1, inner) @ w.reshape(inner, -1)
+  return y.reshape(*lead, *w.shape[contract:])
+
+
 def qkv_projection(
   config: ModelConfig, p: Params, x: jax.Array
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -558,9 +625,9 @@ def qkv_projection(
   k, v [..., K, H], with the q/k/v bias (Qwen2) or the per-head q/k RMSNorm (Qwen3); no RoPE."""
   eps, dt = config.rms_norm_eps, x.dtype
   h = rms_norm(x, p["attn_norm"], eps)
-  q = jnp.einsum("...d,dnh->...nh", h, p["q_proj"].astype(dt))
-  k = jnp.einsum("...d,dkh->...kh", h, p["k_proj"].astype(dt))
-  v = jnp.einsum("...d,dkh->...kh", h, p["v_proj"].astype(dt))
+  q = _matmul(h, p["q_proj"].astype(dt))
+  k = _matmul(h, p["k_proj"].astype(dt))
+  v = _matmul(h, p["v_proj"].astype(dt))
   if config.qkv_bias:
     q = q + p["q_bias"].astype(dt)
     k = k + p["k_bias"].astype(dt)
@@ -577,14 +644,14 @@ def attention_out_and_mlp(
   """The rest of a layer after attention: o_proj of attn [..., N, H] into the residual x [..., D],
   then the gated SiLU MLP block."""
   dt = x.dtype
-  out = jnp.einsum("...nh,nhd->...d", attn, p["o_proj"].astype(dt))
+  out = _matmul(attn, p["o_proj"].astype(dt), contract=2)
   if config.o_bias:
     out = out + p["o_bias"].astype(dt)
   x = x + out
   h = rms_norm(x, p["mlp_norm"], config.rms_norm_eps)
-  gate = jnp.einsum("...d,df->...f", h, p["gate_proj"].astype(dt))
-  up = jnp.einsum("...d,df->...f", h, p["up_proj"].astype(dt))
-  return x + jnp.einsum("...f,fd->...d", jax.nn.silu(gate) * up, p["down_proj"].astype(dt))
+  gate = _matmul(h, p["gate_proj"].astype(dt))
+  up = _matmul(h, p["up_proj"].astype(dt))
+  return x + _matmul(jax.nn.silu(gate) * up, p["down_proj"].astype(dt))
 
 
 def _layer(
@@ -617,6 +684,20 @@ def _layer(
 
 
 # ------------------------------------------------------------------------------ forward / decode
+def layer_loop_implementation(config: ModelConfig, backend: str | None = None) -> str:
+  """How `apply` runs the layers: `config.layer_loop`, with "auto" resolved by `backend` (default:
+  JAX's default backend) to "unroll" on CPU and "scan" elsewhere.
+
+  On XLA:CPU a scan over the layers costs time a Python loop does not: the differentiated scan
+  stacks every layer's residuals (the [L, B, heads, T, T] attention scores among them) into
+  buffers that are zero-filled and then written and read by dynamic slices at every step, and
+  XLA:CPU fuses and schedules across an unrolled body better. On TPU / GPU the scan keeps the
+  compile time independent of depth (at 28-36 layers an unrolled update compiles for minutes)."""
+  if config.layer_loop != "auto":
+    return config.layer_loop
+  return "unroll" if (backend or jax.default_backend()) == "cpu" else "scan"
+
+
 def apply(
   config: ModelConfig,
   params: Params,
@@ -629,7 +710,8 @@ def apply(
   `attention_mask` [B, T] marks real tokens (0 = padding); each token attends causally to the
   real tokens up to itself. k [L, B, K, H, T] and v [L, B, K, T, H] are every layer's keys and
   values in the cache layout (`prefill` keeps them; unused, jit drops them). The layers run as a
-  `lax.scan` over the stacked weights (rematerialised in the backward pass when `config.remat`).
+  `lax.scan` over the stacked weights or unrolled (`layer_loop_implementation`), rematerialised in
+  the backward pass when `config.remat`.
   """
   dt = config.jnp_dtype
   x = jnp.take(params["embed"], tokens, axis=0).astype(dt)
@@ -641,7 +723,14 @@ def apply(
 
   if config.remat:
     body = jax.checkpoint(body, policy=jax.checkpoint_policies.nothing_saveable)
-  x, kv = lax.scan(body, x, params["layers"])
+  if layer_loop_implementation(config) == "scan":
+    x, kv = lax.scan(body, x, params["layers"])
+  else:
+    per_layer = []
+    for layer_params in unstack_layers(config, params):
+      x, layer_kv = body(x, layer_params)
+      per_layer.append(layer_kv)
+    kv = tuple(jnp.stack(a) for a in zip(*per_layer))
   return rms_norm(x, params["final_norm"], config.rms_norm_eps), kv
 
 
