@@ -5,6 +5,10 @@ pytree utilities. Objects built from these (parameters, a batch) are fixtures in
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import os
+import sys
+import types
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +20,19 @@ from sdar_jax.models import ModelConfig, forward
 from sdar_jax.rollout.batching import pack_batch
 from sdar_jax.sampling import GenerationResult, Sampler, SamplingParams
 from sdar_jax.train_state import TrainState, create_train_state
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load_script(relative_path: str, name: str) -> types.ModuleType:
+  """A script of the repository that is not in a package (bench/*.py, launch/*.py) imported as
+  module `name`, registered in sys.modules (dataclasses look their module up there)."""
+  spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, relative_path))
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[name] = module
+  spec.loader.exec_module(module)
+  return module
+
 
 # A tiny Qwen3-architecture model: GQA with 8 query heads over 4 kv heads, two layers.
 TINY_CONFIG = ModelConfig.tiny(

@@ -4,7 +4,6 @@ the table and figure it builds from fake run logs (numbers worked by hand)."""
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import os
 import sys
@@ -13,19 +12,14 @@ import numpy as np
 import pytest
 
 from sdar_jax import collect
+from tests.helpers import load_script
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
 def ablation():
-  spec = importlib.util.spec_from_file_location(
-    "ablation", os.path.join(_REPO, "bench/ablation.py")
-  )
-  module = importlib.util.module_from_spec(spec)
-  sys.modules["ablation"] = module  # its dataclasses resolve their annotations there
-  spec.loader.exec_module(module)
-  yield module
+  yield load_script("bench/ablation.py", "ablation")
   del sys.modules["ablation"]
 
 

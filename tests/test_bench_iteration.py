@@ -3,25 +3,19 @@
 from __future__ import annotations
 
 import ast
-import importlib.util
-import os
+import sys
 
 import pytest
 
 from configs import common, default
 from sdar_jax import config_validation, train
-
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.helpers import load_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-  spec = importlib.util.spec_from_file_location(
-    "bench_iteration", os.path.join(_REPO, "bench/iteration.py")
-  )
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  yield load_script("bench/iteration.py", "bench_iteration")
+  del sys.modules["bench_iteration"]
 
 
 @pytest.mark.parametrize("mode", ["serial", "halves", "async", "async_halves"])

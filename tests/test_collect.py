@@ -4,7 +4,6 @@ hand-computed tables, the run records a launcher keeps, and which runs a launche
 from __future__ import annotations
 
 import csv
-import importlib.util
 import io
 import json
 import math
@@ -13,6 +12,7 @@ import os
 import pytest
 
 from sdar_jax import collect
+from tests.helpers import load_script
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -38,10 +38,7 @@ def write_run(
 
 
 def load_sweep():
-  spec = importlib.util.spec_from_file_location("sweep_cli", os.path.join(_REPO, "launch/sweep.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_script("launch/sweep.py", "sweep_cli")
 
 
 @pytest.fixture

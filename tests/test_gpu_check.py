@@ -3,24 +3,18 @@ at tiny sizes, one table) and the MFU peak it reports against."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
-import sys
 
 import pytest
+
+from tests.helpers import load_script
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _gpu_check_module():
-  spec = importlib.util.spec_from_file_location(
-    "gpu_check", os.path.join(REPO, "bench", "gpu_check.py")
-  )
-  module = importlib.util.module_from_spec(spec)
-  sys.modules["gpu_check"] = module  # dataclasses look their module up there
-  spec.loader.exec_module(module)
-  return module
+  return load_script("bench/gpu_check.py", "gpu_check")
 
 
 def test_plan_names_the_qwen2_5_3b_shapes_and_the_peak():
