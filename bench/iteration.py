@@ -28,13 +28,14 @@ before and after each.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+from sdar_jax.metrics import read_history
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -83,11 +84,6 @@ def summarize(rows: list[dict]) -> dict[str, float]:
   }
 
 
-def read_rows(path: str) -> list[dict]:
-  with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
-
-
 def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--iterations", type=int, default=6, help="training iterations per mode")
@@ -125,7 +121,7 @@ def main() -> int:
         print(f"{mode}: the run failed (exit {code}); its output: {workdir}/train.log")
         return 1
       results[mode] = {
-        **summarize(read_rows(os.path.join(workdir, "metrics.jsonl"))),
+        **summarize(read_history(os.path.join(workdir, "metrics.jsonl"))),
         "wall_s": wall,
         "load": (load, os.getloadavg()[0]),
       }

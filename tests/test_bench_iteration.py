@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import sys
 
 import pytest
@@ -28,18 +27,10 @@ def test_mode_command_names_real_keys_and_a_valid_config(bench, mode):
   assert train.unknown_override_keys(config, cmd) == []
   overrides = dict(a[len("--config.") :].split("=", 1) for a in cmd if a.startswith("--config."))
   assert overrides["train.total_steps"] == "5" and overrides["train.eval_every"] == "0"
-  common.override(config, {k: _literal(v) for k, v in overrides.items()})
+  common.override(config, {k: common._literal(v) for k, v in overrides.items()})
   config_validation.validate(config)
   assert config.rollout.overlap == bench.MODES[mode]["rollout.overlap"]
   assert config.train.max_staleness == bench.MODES[mode]["train.max_staleness"]
-
-
-def _literal(text: str):
-  """ "5" -> 5, "False" -> False, "off" -> "off" (how config_flags types a value of an int/bool)."""
-  try:
-    return ast.literal_eval(text)
-  except (ValueError, SyntaxError):
-    return text
 
 
 def test_summary_drops_the_compiling_iteration(bench):
