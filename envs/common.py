@@ -1,5 +1,5 @@
-"""Text helpers shared by several environments: action-tag projection, history records, success
-rates, and the JAX-free bm25s import.
+"""Helpers shared by several environments: action-tag projection, history records, success
+rates, the JAX-free bm25s import, and the file lock that guards a shared data cache.
 
 Each environment keeps its own module (`envs.<name>.projection`, `.prompts`, ...) with its own
 constants; those modules call these functions with their parameters.
@@ -7,12 +7,16 @@ constants; those modules call these functions with their parameters.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
 import re
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 __all__ = [
+  "file_lock",
   "format_history",
   "import_bm25s",
   "project_each",
@@ -110,3 +114,18 @@ def import_bm25s() -> Any:
   finally:
     del sys.modules["jax"]
   return bm25s
+
+
+# ---------------------------------------------------------------------------------- data cache
+@contextlib.contextmanager
+def file_lock(path: str) -> Iterator[None]:
+  """Holds an exclusive `fcntl.flock` on `path` (created, with its folder, if missing): runs that
+  share a data cache build each entry once, one at a time. The kernel drops the lock if its
+  process dies, so a killed builder never blocks the next run."""
+  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+  with open(path, "w") as handle:
+    fcntl.flock(handle, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(handle, fcntl.LOCK_UN)

@@ -1,9 +1,13 @@
-"""envs.common: the text helpers the environments share (hand-worked expected strings and numbers)."""
+"""envs.common: the text helpers the environments share (hand-worked expected strings and numbers)
+and the lock that guards a shared data cache."""
+
+import os
 
 import pytest
 
 from envs.alfworld.projection import project_action as alfworld_project
 from envs.common import (
+  file_lock,
   format_history,
   project_each,
   project_tagged_action,
@@ -80,3 +84,66 @@ def test_data_source_retriever_replaces_only_the_rules_strategy():
   general_only = rules.skill_text(task_type="unknown_source")
   with_lookup = rules.skill_text(task_type="popqa")
   assert with_lookup.startswith(general_only + "\n\n") and len(with_lookup) > len(general_only)
+
+
+def test_file_lock_excludes_another_holder_until_released(tmp_path):
+  """Another open of the lock file (as another process would) cannot take it while it is held."""
+  import fcntl
+
+  path = str(tmp_path / "cache" / "entry.lock")
+
+  def try_take() -> bool:
+    with open(path, "w") as other:
+      try:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      except BlockingIOError:
+        return False
+      fcntl.flock(other, fcntl.LOCK_UN)
+      return True
+
+  with file_lock(path):
+    assert not try_take()
+  assert try_take()
+
+
+def test_runs_started_together_generate_each_offline_split_once(tmp_path, monkeypatch):
+  """Two runs asking for the same offline ALFWorld cache at once: one generates each split, the
+  other waits and finds it complete (before the lock, the second rewrote games the first was
+  already reading, and one run validated on 47 of its 48 games)."""
+  import threading
+  import time
+
+  import ml_collections
+
+  from envs.alfworld import data, generator
+
+  calls = []
+
+  def slow_generate(out, split, n, seed, types, workers=1, rooms="full"):
+    calls.append(split)
+    time.sleep(0.3)  # long enough for the other run to arrive while this one generates
+    os.makedirs(os.path.join(out, split), exist_ok=True)
+    for i in range(n):
+      open(os.path.join(out, split, f"game-{i}"), "w").close()
+
+  monkeypatch.setattr(generator, "generate_split", slow_generate)
+  monkeypatch.setenv("SDAR_DATA_CACHE", str(tmp_path))
+  env = ml_collections.ConfigDict(
+    {
+      "task_types": "look_at_obj_in_light",
+      "offline": {"num_train": 3, "num_eval": 2, "seed": 0, "rooms": "small"},
+    }
+  )
+  found = []
+
+  def run():
+    out = data.offline_dir(env, "train")
+    found.append(sorted(os.listdir(os.path.join(out, "train"))))
+
+  threads = [threading.Thread(target=run) for _ in range(2)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  assert calls == ["train"]
+  assert found == [["game-0", "game-1", "game-2"]] * 2

@@ -17,6 +17,7 @@ from envs import datasets
 from envs.alfworld.env import collect_game_files
 from envs.alfworld.tasks import SHORT_NAMES, TASK_TYPES
 from envs.base import EnvSplit
+from envs.common import file_lock
 
 __all__ = [
   "data_dir",
@@ -72,20 +73,25 @@ def offline_dir(env_cfg: Any, split_name: str | None = None) -> str:
     marker = os.path.join(out, f"COMPLETE_{split_}")
     if os.path.exists(marker) or os.path.exists(legacy_marker):
       continue
-    log.info(
-      "generating offline ALFWorld %s games into %s (planner-checked, cached) ...", split_, out
-    )
-    generator.generate_split(
-      out,
-      split_,
-      sizes[split_],
-      off.seed,
-      types,
-      workers=min(2, os.cpu_count() or 1),
-      rooms=rooms,
-    )
-    with open(marker, "w") as f:
-      f.write("ok\n")
+    # Runs started together (a sweep, seeds side by side) share the cache: one generates a
+    # split while the others wait, then find its marker (a reader never sees a split half written).
+    with file_lock(out + ".lock"):
+      if os.path.exists(marker) or os.path.exists(legacy_marker):
+        continue
+      log.info(
+        "generating offline ALFWorld %s games into %s (planner-checked, cached) ...", split_, out
+      )
+      generator.generate_split(
+        out,
+        split_,
+        sizes[split_],
+        off.seed,
+        types,
+        workers=min(2, os.cpu_count() or 1),
+        rooms=rooms,
+      )
+      with open(marker, "w") as f:
+        f.write("ok\n")
   return out
 
 

@@ -28,9 +28,7 @@ lower-casing, English stop words and no stemming.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import json
 import os
@@ -44,7 +42,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from envs.common import import_bm25s
+from envs.common import file_lock, import_bm25s
 
 __all__ = [
   "PASSAGE_FORMATS",
@@ -161,17 +159,6 @@ def _tokenize_corpus(bm25s: Any, texts: Sequence[str]) -> Any:
   return bm25s.tokenize(list(texts), stopwords="en", show_progress=False)
 
 
-@contextlib.contextmanager
-def _file_lock(path: str) -> Iterator[None]:
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  with open(path, "w") as handle:
-    fcntl.flock(handle, fcntl.LOCK_EX)
-    try:
-      yield
-    finally:
-      fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 class BM25Retriever:
   """BM25 over passages in memory, or over a JSONL corpus file (see `from_jsonl`)."""
 
@@ -216,7 +203,7 @@ class BM25Retriever:
     root = cache_dir or default_cache_dir()
     folder = os.path.join(root, key)
     if not os.path.isfile(os.path.join(folder, "meta.json")):
-      with _file_lock(os.path.join(root, f"{key}.lock")):
+      with file_lock(os.path.join(root, f"{key}.lock")):
         if not os.path.isfile(os.path.join(folder, "meta.json")):
           cls._build_cache(bm25s, path, folder, key_fields, k1, b)
     self = cls.__new__(cls)
