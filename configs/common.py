@@ -144,6 +144,10 @@ def base(model: str = "qwen2.5-3b", algo_name: str = "sdar") -> mlc.ConfigDict:
       num_tasks=128,  # validation episodes (val_batch_size), group size 1
       split="valid_seen",
       skills="without",  # "without" | "with" | "both": skills in the student prompt at eval
+      # Validation sampling keys: a function of (eval.seed, eval mode, episode, turn) only, the
+      # same at every evaluation of a run and for every train.seed (common random numbers: the
+      # change between two evaluations is the policy's, not a new draw's).
+      seed=0,
     )
   )
   config.checkpoint = mlc.ConfigDict(

@@ -39,7 +39,7 @@ _AT_LEAST = (
   ("rollout", 1, ("max_new_tokens", "max_prompt_len")),
   ("env", 0, ("history",)),
   ("env", 1, ("tasks_per_step", "group_size", "max_turns", "num_workers")),
-  ("eval", 0, ("num_tasks",)),
+  ("eval", 0, ("num_tasks", "seed")),
   ("checkpoint", 0, ("every",)),
   ("checkpoint", 1, ("keep",)),
   ("logging", 1, ("every",)),

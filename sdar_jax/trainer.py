@@ -260,6 +260,7 @@ class Trainer:
     self._failure_kinds: dict[str, str] = {}  # first error of each kind, with its env and game
     self.task_rng = np.random.default_rng(config.train.seed)
     self.rng = jax.random.key(config.train.seed + 1)  # rollout keys: see _key
+    self.eval_rng = jax.random.key(config.eval.get("seed", 0))  # validation keys: see evaluate
     # Asynchronous training (train.max_staleness > 0): the rollout thread, made at the first
     # iteration, and the rollouts handed to it by iteration.
     self._worker: RolloutWorker | None = None
@@ -337,15 +338,18 @@ class Trainer:
     groups = [base + k for k in range(self.tasks_per_step) for _ in range(self.group_size)]
     return tasks, groups
 
-  def _key(self, purpose: int, iteration: int | None = None) -> jax.Array:
-    """The rollout key of `iteration` (default: the current one) for `purpose` (0 = training
-    episodes, 1+ = eval modes): a function of (seed, iteration, purpose) only, so a resumed run
-    samples what an uninterrupted one would have."""
+  def _key(self, iteration: int | None = None) -> jax.Array:
+    """The training rollout key of `iteration` (default: the current one): a function of
+    (train.seed, iteration) only, so a resumed run samples what an uninterrupted one would have."""
     iteration = self.loop_state.iteration if iteration is None else iteration
-    return jax.random.fold_in(jax.random.fold_in(self.rng, iteration), purpose)
+    return jax.random.fold_in(jax.random.fold_in(self.rng, iteration), 0)
 
   def evaluate(self) -> dict[str, float]:
-    """Validation episodes (group size 1, one per game of `eval_tasks`) per eval mode."""
+    """Validation episodes (group size 1, one per game of `eval_tasks`) per eval mode. Their
+    sampling keys depend on `eval.seed` and the mode only, not on the iteration or `train.seed`:
+    every evaluation of a run draws the same random numbers (per episode and turn), so an
+    unchanged policy plays the same episodes and a before/after difference is not blurred by
+    fresh sampling noise."""
     tasks = self.eval_tasks
     mine = multihost.episode_share(len(tasks))  # all of them with one process
     metrics = {}
@@ -356,7 +360,7 @@ class Trainer:
         self.eval_params if self.state is None else self.state.params,
         tasks[mine],
         list(range(len(tasks)))[mine],
-        self._key(1 + mode),
+        jax.random.fold_in(self.eval_rng, mode),
         policy_version=self.loop_state.iteration,
         desc=prefix,
       )
@@ -420,7 +424,7 @@ class Trainer:
       params,
       tasks[mine],
       groups[mine],
-      self._key(0, iteration),
+      self._key(iteration),
       policy_version=policy_version,
       timings=timings,
     )

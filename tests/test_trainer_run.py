@@ -169,6 +169,45 @@ def test_evaluate_latest_checkpoint_reproduces_the_runs_evaluation(trained, monk
   assert _run_files(workdir) == before
 
 
+def test_validation_draws_depend_on_eval_seed_only(trained, tmp_path, monkeypatch):
+  """Common random numbers: the same parameters evaluated at another iteration, or by a run of
+  another train.seed, play the same validation episodes (the same response tokens, and the run's
+  own metrics at step 3); another eval.seed draws other tokens."""
+  import copy
+
+  from sdar_jax import trainer
+  from sdar_jax.rollout.agent_loop import AgentLoop
+
+  workdir, config, _ = trained
+  played = []
+  run = AgentLoop.run
+
+  def spy(self, *args, **kwargs):
+    episodes = run(self, *args, **kwargs)
+    played.append([t.response_ids for ep in episodes for t in ep.turns])
+    return episodes
+
+  monkeypatch.setattr(AgentLoop, "run", spy)
+  trained_row = _rows(os.path.join(workdir, "metrics.jsonl"))[-1]
+  keys = [k for k in trained_row if k.startswith("val/") and "seconds" not in k]
+  checkpoint = (os.path.join(workdir, "checkpoints"), 3)
+  other_seed = copy.deepcopy(config)
+  other_seed.train.seed = config.train.seed + 7
+  t = trainer.Trainer(other_seed, str(tmp_path / "a"), eval_only=True, params_from=checkpoint)
+  try:
+    rows = [t.evaluate()]
+    t.loop_state.iteration = 11  # as if evaluated later in a run
+    rows.append(t.evaluate())
+  finally:
+    t.close()
+  for row in rows:
+    assert {k: row[k] for k in keys} == {k: trained_row[k] for k in keys}
+  other_eval = copy.deepcopy(config)
+  other_eval.eval.seed = 1
+  trainer.run_evaluation(other_eval, str(tmp_path / "b"), params_from=checkpoint)
+  assert len(played) == 3 and played[0] and played[0] == played[1] != played[2]
+
+
 def test_evaluate_a_chosen_step_and_again(trained):
   from sdar_jax import evaluate, trainer
 
