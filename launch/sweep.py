@@ -67,16 +67,24 @@ def commands(
   path, _, arg = config_spec.partition(":")
   module = _module(path)
   out = []
-  if rows:  # configs/paper.py: one run per table row argument
+  if rows:  # configs/paper.py: one run per table row argument, plus the config's own argument
+    given = [kv for kv in (p.strip() for p in arg.split(",")) if kv]
     for row_arg in module.rows():
       point = dict(kv.split("=", 1) for kv in row_arg.split(","))
+      clash = sorted(k for k in (kv.partition("=")[0] for kv in given) if k in point)
+      if clash:
+        raise SystemExit(
+          f"--config={config_spec} with --rows: {', '.join(clash)} is set by every table row. "
+          f"Fix: pick rows with --only {clash[0]}=<value>, and keep in the config argument only "
+          "what the rows leave open (e.g. local=True)."
+        )
       if _matches(point, only):
         out.append(
           [
             sys.executable,
             "-m",
             "sdar_jax.train",
-            f"--config={path}:{row_arg}",
+            f"--config={path}:{','.join([row_arg, *given])}",
             f"--workdir={os.path.join(root, row_arg.replace('=', '-').replace(',', '_'))}",
             *extra,
           ]

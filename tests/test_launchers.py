@@ -209,3 +209,14 @@ def test_sweep_emits_one_tpu_pod_launch_per_run():
 def test_sweep_refuses_emit_with_run():
   with pytest.raises(SystemExit, match="--emit prints jobs"):
     sweep.main(["--config=configs/alfworld.py:local=True", "--emit=slurm", "--run"])
+
+
+def test_sweep_rows_keep_the_config_argument_and_refuse_one_the_rows_set():
+  """--rows runs one job per paper-table row; a config argument the rows leave open (local=True)
+  goes into every row's --config, one they set (model=...) is refused with the --only fix."""
+  cmds = sweep.commands("configs/paper.py:local=True", "runs/p", ["env=alfworld"], True, [])
+  configs = [a for cmd in cmds for a in cmd if a.startswith("--config=")]
+  assert configs and all(c.endswith(",local=True") for c in configs)
+  assert "--config=configs/paper.py:row=sdar,model=qwen2.5-3b,env=alfworld,local=True" in configs
+  with pytest.raises(SystemExit, match=r"model is set by every table row. Fix: .*--only model="):
+    sweep.commands("configs/paper.py:model=qwen3-1.7b", "runs/p", [], True, [])
