@@ -11,6 +11,9 @@ Failure handling, per env:
 - an env that hangs past `timeout_s`, or a worker process that dies: the worker is killed and
   restarted; every env of that worker loses its episode (the ones in the call get an error result
   now, the others get one at their next step) and all are rebuilt before their next reset.
+  A worker's own start (a spawned interpreter importing this package) does not count toward
+  `timeout_s`: the clock of its first request starts when it reports ready, and the start has its
+  own limit, `startup_timeout_s`.
 The pool and the training run go on.
 
 Non-blocking steps: `step_async(actions, indices)` sends the actions and returns an `EnvRequest`
@@ -48,6 +51,7 @@ _KEEP_INFO_KEYS = (
   "gamefile",
   "task",
 )  # copied from an env's last info into its error results
+_READY = "ready"  # a worker's first message: started, imports done, waiting for requests
 
 
 def _describe(exc: BaseException) -> str:
@@ -105,6 +109,7 @@ def _worker_main(
 ) -> None:
   """Worker process loop: answers ("reset"|"step", [(local_index, argument), ...]) one env at a time."""
   slots = [_EnvSlot(name, kwargs) for kwargs in kwargs_list]
+  conn.send(_READY)
   try:
     while True:
       try:
@@ -132,6 +137,7 @@ class _Worker:
     self.start()
 
   def start(self) -> None:
+    self.ready = False  # until its _READY message is read
     self.conn, child_conn = self._ctx.Pipe(duplex=True)
     self.process = self._ctx.Process(
       target=_worker_main, args=(child_conn, self.name, self.kwargs_list), daemon=True
@@ -181,6 +187,8 @@ class EnvPool:
     num_workers: worker processes (default: min(num_envs, CPU count)); 0 runs the envs in this process.
     timeout_s: the longest one env may take for one reset or step before its worker is killed.
     start_method: multiprocessing start method for the workers.
+    startup_timeout_s: the longest a worker process may take to start (interpreter, imports)
+      before it is killed and started again; its first request's `timeout_s` starts after that.
   """
 
   def __init__(
@@ -191,6 +199,7 @@ class EnvPool:
     num_workers: int | None = None,
     timeout_s: float = 120.0,
     start_method: str = "spawn",
+    startup_timeout_s: float = 300.0,
   ):
     if num_envs < 1:
       raise ValueError(f"num_envs must be >= 1, got {num_envs}")
@@ -203,6 +212,9 @@ class EnvPool:
           f"env_kwargs has {len(kwargs_list)} entries for num_envs={num_envs}; "
           "pass one dict for all envs or exactly one per env"
         )
+    for name, value in (("timeout_s", timeout_s), ("startup_timeout_s", startup_timeout_s)):
+      if not value > 0:
+        raise ValueError(f"{name} must be > 0 seconds, got {value!r}")
     if num_workers is None:
       num_workers = min(num_envs, os.cpu_count() or 1)
     if not 0 <= num_workers <= num_envs:
@@ -211,6 +223,7 @@ class EnvPool:
     self.num_envs = num_envs
     self.num_workers = num_workers
     self.timeout_s = float(timeout_s)
+    self.startup_timeout_s = float(startup_timeout_s)
     self._last_info: list[dict[str, Any]] = [{} for _ in range(num_envs)]
     self._lost: list[str | None] = [
       None
@@ -335,7 +348,7 @@ class EnvPool:
     now = time.monotonic()
     for w, payload in per_worker.items():
       if not self._out[w]:  # an idle worker starts on it now; a busy one after its earlier work
-        self._deadline[w] = now + self.timeout_s
+        self._deadline[w] = now + self._time_allowed(w)
       for local, _ in payload:
         self._out[w][local] = request
       try:
@@ -358,18 +371,33 @@ class EnvPool:
     for conn in mp_connection.wait(list(conn_to_worker), timeout=timeout):
       w = conn_to_worker[conn]
       try:
-        self._file(w, *conn.recv())
+        self._receive(w, conn.recv())
       except (EOFError, OSError):
         self._restart(w, f"worker process died (exit code {self._workers[w].process.exitcode})")
         continue
-      # The worker moved on to its next env: that one gets the whole timeout.
+      # The worker started, or moved on to its next env: that one gets the whole timeout.
       self._deadline[w] = time.monotonic() + self.timeout_s
     now = time.monotonic()
     for w in busy:
       # (a worker whose pipe became readable meanwhile answered: the next round reads it)
       if self._out[w] and self._deadline[w] <= now and not self._workers[w].conn.poll():
+        if not self._workers[w].ready:
+          self._restart(w, f"worker process did not start within {self.startup_timeout_s:g}s")
+          continue
         command = next(iter(self._out[w].values())).command  # the oldest request still out
         self._restart(w, f"env timed out after {self.timeout_s:g}s during {command}")
+
+  def _time_allowed(self, w: int) -> float:
+    """Seconds worker `w` has from now for its next answer: `timeout_s` once it has started,
+    `startup_timeout_s` before (then `timeout_s` from its ready message on)."""
+    return self.timeout_s if self._workers[w].ready else self.startup_timeout_s
+
+  def _receive(self, w: int, message: Any) -> None:
+    """One message of worker `w`: its ready signal, or a result (filed under its request)."""
+    if message == _READY:
+      self._workers[w].ready = True
+    else:
+      self._file(w, *message)
 
   def _file(self, w: int, local: int, result: StepResult) -> None:
     """Files worker `w`'s result for its env `local` under the request it belongs to."""
@@ -383,7 +411,7 @@ class EnvPool:
     worker = self._workers[w]
     try:
       while self._out[w] and worker.conn.poll():
-        self._file(w, *worker.conn.recv())
+        self._receive(w, worker.conn.recv())
     except (EOFError, OSError):  # all it sent has been read
       pass
     worker.kill()

@@ -88,12 +88,25 @@ def test_pool_restarts_a_worker_whose_env_hangs():
     # Env 2 was not stepped, but its episode died with the worker: its next step says so.
     lost = pool.step(["x"], indices=[2])[0]
     assert lost.failed and "worker was restarted" in lost.info["env_error"]
-    # After a reset every env plays again (the restarted worker's start counts toward the
-    # timeout: a generous one, so a loaded machine does not fail it).
-    pool.timeout_s = 60.0
+    # After a reset every env plays again (the restarted worker's start does not count toward
+    # the 1 s timeout).
     results = pool.reset(tasks=[1, 1, 2, 3])
     assert not any(r.failed for r in results)
     assert pool.step([WORDS[2]], indices=[2])[0].info["won"]
+
+
+def test_a_workers_start_does_not_count_toward_the_timeout():
+  """A spawned worker takes about a second to start (interpreter, imports); a first reset with a
+  timeout shorter than that still succeeds, since the clock starts at the worker's ready message.
+  A start that takes longer than startup_timeout_s restarts the worker."""
+  with envs.EnvPool("dummy", 2, num_workers=2, timeout_s=0.5) as pool:
+    results = pool.reset(tasks=[0, 1])
+    assert not any(r.failed for r in results) and pool.restarts == 0
+  with envs.EnvPool("dummy", 1, num_workers=1, startup_timeout_s=0.001) as pool:
+    (result,) = pool.reset(tasks=[0])
+    assert result.failed and "did not start within 0.001s" in result.info["env_error"]
+  with pytest.raises(ValueError, match="startup_timeout_s must be > 0 seconds, got 0"):
+    envs.EnvPool("dummy", 1, num_workers=0, startup_timeout_s=0)
 
 
 def test_pool_restarts_a_worker_that_dies():
