@@ -16,7 +16,8 @@ Two sources of expert turns, both given by the environment's `envs.EnvFamily`:
 
 Each expert step becomes one turn-sample exactly as the agent loop would build it: the same prompt
 (task, history window, observation, admissible actions, chat template) and the response
-``<think>...</think>\n<action>ACTION</action><|im_end|>``. A few hundred steps of next-token
+``<think>...</think>\n<action>ACTION</action><|im_end|>`` (Search-QA's actions are tagged blocks of
+their own and are not wrapped). A few hundred steps of next-token
 likelihood give a small model the output format and the first moves, so the RL that follows starts
 from a policy that sometimes wins (a random policy never does, and GRPO then has no signal). The
 reference trains from instruction-tuned checkpoints instead; this is for models that start from
@@ -36,6 +37,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -58,11 +60,28 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def expert_response(task: str, action: str) -> str:
-  """The target text of one expert step: a one-line reasoning, then the action in its tags
-  (short on purpose: the response bucket, and so the cost of every SFT step, follows its length)."""
+_TAGGED_BLOCK = re.compile(r"<(\w+)>.*</\1>", re.DOTALL)
+
+
+def expert_response(task: str, action: str, project=None) -> str:
+  """The target text of one expert step: a one-line reasoning, then the action in ``<action>``
+  tags (ALFWorld, WebShop), or as it is when it is a complete tagged block of its own (Search-QA's
+  ``<search>...</search>`` / ``<answer>...</answer>``, which its prompt asks for without a
+  wrapper). Short on purpose: the response bucket, and so the cost of every SFT step, follows
+  its length. `project`: the environment's output -> (action, valid) projection; the response
+  must project back to `action` with a valid format, else ValueError."""
   del task  # the prompt states it; repeating it would double the target length
-  return f"<think>I follow my plan.</think>\n<action>{action}</action>"
+  body = action if _TAGGED_BLOCK.fullmatch(action.strip()) else f"<action>{action}</action>"
+  response = f"<think>I follow my plan.</think>\n{body}"
+  if project is not None:
+    projected, valid = project(response)
+    if not valid or projected.strip().lower() != action.strip().lower():
+      raise ValueError(
+        f"warm start: the expert action {action!r} does not survive the environment's output "
+        f"projection (its response {response!r} projects to {projected!r}, valid={valid}). "
+        "Fix: the expert records' actions must be what the environment's projection produces."
+      )
+  return response
 
 
 def _record_turns(
@@ -85,7 +104,8 @@ def _record_turns(
       if skip_random and step.get("random", False):
         continue  # its prompt stays in the later turns' history, its action is not a target
       plain, skill = loop.build_prompts(view, sample_id=(r, k), where=f"expert {r} step {k}")
-      response = loop.tokenizer.encode(expert_response(record["task"], step["action"]))
+      text = expert_response(record["task"], step["action"], loop.adapter.project)
+      response = loop.tokenizer.encode(text)
       response.append(end_token_id)
       turns.append((record, plain, skill, response, step["action"]))
   return turns

@@ -261,3 +261,24 @@ def test_expert_games_on_the_real_engine_become_both_kinds_of_samples(tmp_path, 
   steps = 2 * (metrics["warm_start/expert_plain_steps"] + metrics["warm_start/expert_skills_steps"])
   assert len(samples) + len(gap) < steps  # the held-out game's plain turns are in neither
   assert metrics["warm_start/expert_skills_success"] == 1.0
+
+
+def test_expert_response_keeps_each_environments_output_format():
+  """ALFWorld / WebShop actions go in <action> tags; Search-QA's <search>/<answer> blocks stay as
+  they are (its prompt asks for them bare). Each response projects back to its action, valid,
+  under the environment's own projection; one that does not is refused."""
+  from envs.alfworld.projection import project_action as alfworld
+  from envs.search_qa.projection import project_action as search_qa
+  from envs.webshop.projection import project_action as webshop
+
+  for project, action, body in (
+    (alfworld, "go to desk 1", "<action>go to desk 1</action>"),
+    (webshop, "search[blue shoes]", "<action>search[blue shoes]</action>"),
+    (search_qa, "<search>who wrote dune</search>", "<search>who wrote dune</search>"),
+    (search_qa, "<answer>frank herbert</answer>", "<answer>frank herbert</answer>"),
+  ):
+    response = expert_response("", action, project)
+    assert response == f"<think>I follow my plan.</think>\n{body}"
+    assert project(response) == (action, True)
+  with pytest.raises(ValueError, match=r"expert action 'look around' does not survive"):
+    expert_response("", "look around", search_qa)  # Search-QA has no untagged actions
