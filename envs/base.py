@@ -186,6 +186,9 @@ class EnvFamily:
     skill_retriever: optional class (or factory with `envs.skills.SkillRetriever`'s arguments) of
       the teacher's skill retriever; None: `SkillRetriever` (Search-QA: the authors' data_source
       rule, `envs.skills.data_source_rules.DataSourceSkillRetriever`).
+    config_problems: optional check of the environment's own keys of a run config's ``env``
+      section, one "<key>=<value>: <problem>. Fix: <fix>" line per problem (ALFWorld: the
+      offline room size); `env_section_problems` adds them to the generic ones.
   """
 
   name: str
@@ -197,6 +200,7 @@ class EnvFamily:
   play_expert: Callable[..., list[dict[str, Any]]] | None = None
   episode_metrics: Callable[[list[dict[str, Any]]], dict[str, float]] | None = None
   skill_retriever: Callable[..., Any] | None = None
+  config_problems: Callable[[Any], list[str]] | None = None
 
 
 def play_walkthroughs(
@@ -278,7 +282,8 @@ def families_among(names: Sequence[str]) -> tuple[str, ...]:
 def env_section_problems(section: Any, configured: Sequence[str]) -> list[str]:
   """What the registry tells of a run config's ``env`` section, one "<key>=<value>: <problem>.
   Fix: <fix>" line each: a name without a config (`configured`: the environments that have one),
-  a name without an `EnvFamily`, a data_dir that does not exist."""
+  a name without an `EnvFamily`, a data_dir that does not exist, and what the family's own
+  `EnvFamily.config_problems` finds."""
   name, data_dir, problems = section.get("name"), section.get("data_dir"), []
   runnable = families_among(configured)
   if name not in configured:
@@ -288,14 +293,8 @@ def env_section_problems(section: Any, configured: Sequence[str]) -> list[str]:
       f"env.name={name!r}: this environment is not implemented yet (its config keys exist, the "
       f"host loop cannot run it). Fix: use one of {list(runnable)}"
     )
-  from envs.alfworld.catalog import ROOM_SIZES
-
-  rooms = (section.get("offline") or {}).get("rooms", "full")
-  if name == "alfworld" and rooms not in ROOM_SIZES:
-    problems.append(
-      f"env.offline.rooms={rooms!r}: unknown room size. Fix: use 'full' (the catalog's rooms) or "
-      "'small' (one receptacle of each class)"
-    )
+  elif env_family(name).config_problems is not None:
+    problems.extend(env_family(name).config_problems(section))
   if data_dir and not os.path.isdir(os.path.expanduser(data_dir)):
     problems.append(
       f"env.data_dir={data_dir!r}: no such directory. Fix: point it at the prepared data, or "

@@ -18,7 +18,7 @@ expert (`envs.alfworld.expert`) as warm-start data.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 from envs import datasets
 from envs.alfworld import data, expert
@@ -75,6 +75,19 @@ def make_alfworld(
   return AlfworldEnv(game_files, seed=seed, max_steps=max_steps, with_expert_plan=with_expert_plan)
 
 
+def config_problems(section: Any) -> list[str]:
+  """ALFWorld's own keys of a run config's ``env`` section (`EnvFamily.config_problems`)."""
+  from envs.alfworld.catalog import ROOM_SIZES
+
+  rooms = (section.get("offline") or {}).get("rooms", "full")
+  if rooms not in ROOM_SIZES:
+    return [
+      f"env.offline.rooms={rooms!r}: unknown room size. Fix: use 'full' (the catalog's rooms) or "
+      "'small' (one receptacle of each class)"
+    ]
+  return []
+
+
 ALFWORLD_FAMILY = register_family(
   EnvFamily(
     name="alfworld",
@@ -84,5 +97,6 @@ ALFWORLD_FAMILY = register_family(
     expert_records=data.walkthrough_records,
     expert_modes=expert.MODES,
     play_expert=expert.play_episodes,
+    config_problems=config_problems,
   )
 )
