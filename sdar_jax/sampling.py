@@ -378,8 +378,8 @@ class Sampler:
     )
 
     # Prefill the distinct prompts once, into a cache with room for the new tokens; only the
-    # last position needs logits (left padding).
-    h, cache = prefill(config, params, prompt_tokens, prompt_mask, P + new_bucket)
+    # last position needs logits (left padding), so only its hidden state is computed.
+    h, cache = prefill(config, params, prompt_tokens, prompt_mask, P + new_bucket, last_only=True)
     first_logits = logits_from_hidden(config, params, h[:, -1])
     # Broadcast to every sample of each prompt (group prefix sharing).
     first_logits = jnp.take(first_logits, row_source, axis=0)

@@ -80,6 +80,15 @@ def test_prefill_then_decode_steps_match_transformers(hf_case):
   assert cache.size == T + steps and int(cache.index) == T
   got = np.asarray(logits_from_hidden(config, params, hidden[:, -1]))
   np.testing.assert_allclose(got, ref[:, T - 1], atol=1e-4, rtol=0)
+  # last_only (the sampler's prefill): the same cache, and the last position's hidden state only
+  last, last_cache = prefill(config, params, prompt, mask, cache_size=T + steps, last_only=True)
+  assert last.shape[:2] == (len(LENGTHS), 1)
+  # float32 rounding only: bounded by the size of the values compared, not a fixed epsilon
+  want = np.asarray(hidden[:, -1])
+  np.testing.assert_allclose(np.asarray(last[:, 0]), want, atol=1e-5 * np.abs(want).max(), rtol=0)
+  for a, b in zip(jax.tree.leaves(last_cache), jax.tree.leaves(cache)):
+    b = np.asarray(b)
+    np.testing.assert_allclose(np.asarray(a), b, atol=1e-5 * max(np.abs(b).max(), 1.0), rtol=0)
   step = jax.jit(decode_step, static_argnums=0)
   layers = unstack_layers(config, params)
   positions = mask.sum(axis=1).astype(np.int32)  # the next position of each row
