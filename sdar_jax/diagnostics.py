@@ -515,12 +515,17 @@ def with_teacher_prompts(trainer, loop):
   return _TEACHER_LOOPS[loop]
 
 
+def eval_output_dir(trainer) -> str:
+  """Where an evaluation's files go: `<workdir>/eval/step_<N>`; an evaluation-only run: its
+  results directory (`<workdir>`)."""
+  if trainer.eval_only:
+    return trainer.workdir
+  return paths.join(trainer.workdir, "eval", f"step_{trainer.loop_state.iteration}")
+
+
 def token_view_path(trainer) -> str:
   """`<workdir>/eval/step_<N>/tokens.html`; an evaluation-only run: `<workdir>/tokens.html`."""
-  if trainer.eval_only:
-    return paths.join(trainer.workdir, TOKEN_VIEW_FILE)
-  step = trainer.loop_state.iteration
-  return paths.join(trainer.workdir, "eval", f"step_{step}", TOKEN_VIEW_FILE)
+  return paths.join(eval_output_dir(trainer), TOKEN_VIEW_FILE)
 
 
 def write_token_view(trainer, episodes: Sequence[Any]) -> str | None:

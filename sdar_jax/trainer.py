@@ -61,7 +61,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import envs
-from sdar_jax import diagnostics, multihost, paths, run_setup, sharding
+from sdar_jax import diagnostics, multihost, paths, run_setup, sharding, transcripts
 from sdar_jax.checkpoint import CheckpointManager, abstract_train_state, export_hf
 from sdar_jax.evaluate import (  # noqa: F401  (EVAL_RECORD, run_evaluation re-exported)
   EVAL_RECORD,
@@ -369,6 +369,9 @@ class Trainer:
       metrics.update(rollout_metrics(everyone, prefix, self.env_family.episode_metrics))
       if mode == 0:
         diagnostics.write_token_view(self, multihost.token_view_candidates(episodes))
+      transcripts.write_transcripts(
+        diagnostics.eval_output_dir(self), prefix, episodes, self.tokenizer.decode
+      )
     return metrics
 
   def _report_env_failures(self, episodes: list[Episode], games: list[str], prefix: str) -> None:

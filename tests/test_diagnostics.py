@@ -16,7 +16,7 @@ import jax
 import numpy as np
 import pytest
 
-from sdar_jax import diagnostics
+from sdar_jax import diagnostics, transcripts
 from sdar_jax.diagnostics import GAP_EDGES, GATE_EDGES, Histogram, masked_histogram
 from tests.helpers import (
   RESPONSE_LEN,
@@ -283,9 +283,24 @@ def test_a_tiny_run_writes_the_diagnostics(tmp_path, monkeypatch):
     assert f"Token view, step {step}" in page and "[Privileged Skill Information]" in page
     assert re.search(r'<span style="background:#[0-9a-f]{6}" title="gap [+-]\d', page)
     assert "does not score a teacher" not in page
+    # Every validation episode as text; its outcomes are the logged success rate.
+    episodes = transcripts.read_transcripts(
+      os.path.join(run, "eval", f"step_{step}", "episodes_val.jsonl")
+    )
+    (logged,) = [
+      r["val/success_rate"] for r in rows if r["step"] == step and "val/success_rate" in r
+    ]
+    assert len(episodes) == 2 and [e["task_id"] for e in episodes] == sorted(
+      e["task_id"] for e in episodes
+    )
+    assert transcripts.summarise(episodes)["all"]["success_rate"] == pytest.approx(logged)
+    for ep in episodes:
+      assert ep["turns"] and all(t["observation"] and t["response"] for t in ep["turns"])
+      assert all(t["action"] in t["response"].lower() or not t["valid"] for t in ep["turns"])
 
   out = str(tmp_path / "grpo_eval")
   trainer.run_evaluation(config("grpo"), out)
+  assert os.path.exists(os.path.join(out, "episodes_val.jsonl"))
   page = open(os.path.join(out, "tokens.html"), encoding="utf-8").read()
   assert "grpo (gate gap, beta 5" in page and "does not score a teacher in training" in page
   assert re.search(r'<span style="background:#[0-9a-f]{6}" title="gap [+-]\d', page)

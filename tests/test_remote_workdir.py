@@ -198,6 +198,7 @@ def test_a_run_on_gs_writes_everything_there_and_resumes(bucket, data_cache, tmp
     "diagnostics/histograms.png",
     "diagnostics/histograms_step_1.png",
     "eval/step_1/tokens.html",
+    "eval/step_1/episodes_val.jsonl",
     "checkpoints/1/commit_success.txt",
     "hf_export/config.json",
     "hf_export/model.safetensors",

@@ -1,0 +1,85 @@
+"""Validation transcripts: every episode of an evaluation, as text, one JSON object per line.
+
+The metrics of an evaluation say how often the policy won; the transcripts say how. At each
+evaluation the trainer writes `<workdir>/eval/step_<N>/episodes_<prefix>.jsonl` per evaluation
+mode (`val`, `val_with_skill`; an evaluation-only run writes them into its results directory),
+one line per episode in task order:
+
+  {"task_id": 3, "task": "look at book under the desklamp.", "task_type": "...",
+   "gamefile": "...", "won": true, "reward": 10.0, "env_error": null,
+   "turns": [{"observation": "...", "response": "<think>...</think><action>...</action>",
+              "action": "go to shelf 1", "valid": true}, ...]}
+
+`observation` is what the turn's prompt was built from (the observation before the action),
+`response` the decoded sampled text and `action` what the environment received. With several
+processes every process's episodes are gathered (a collective) and the primary process writes.
+`read_transcripts` reads a file back; `summarise` counts outcomes per task type.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from sdar_jax import multihost, paths
+
+__all__ = ["TRANSCRIPT_PREFIX", "read_transcripts", "summarise", "transcript", "write_transcripts"]
+
+TRANSCRIPT_PREFIX = "episodes_"  # episodes_<eval mode prefix>.jsonl
+
+
+def transcript(episode: Any, decode) -> dict[str, Any]:
+  """One episode (`sdar_jax.rollout.Episode`) as a JSON-ready dict; `decode(ids) -> str`."""
+  return {
+    "task_id": int(episode.task_id),
+    "task": episode.task,
+    "task_type": episode.task_type,
+    "gamefile": episode.gamefile,
+    "won": bool(episode.won),
+    "reward": float(episode.reward),
+    "env_error": episode.env_error,
+    "turns": [
+      {
+        "observation": turn.observation,
+        "response": decode(turn.response_ids),
+        "action": turn.action,
+        "valid": bool(turn.valid),
+      }
+      for turn in episode.turns
+    ],
+  }
+
+
+def write_transcripts(out_dir: str, prefix: str, episodes: Sequence[Any], decode) -> str | None:
+  """Writes `<out_dir>/episodes_<prefix>.jsonl` (every process's episodes, sorted by task id);
+  returns its path on the primary process, None elsewhere. A collective with several processes:
+  every process must call it."""
+  mine = [transcript(ep, decode) for ep in episodes]
+  everyone = [t for part in multihost.allgather(mine) for t in part]
+  if not paths.is_primary_process():
+    return None
+  everyone.sort(key=lambda t: t["task_id"])
+  path = paths.join(out_dir, f"{TRANSCRIPT_PREFIX}{prefix}.jsonl")
+  paths.write_text(path, "".join(json.dumps(t) + "\n" for t in everyone))
+  return path
+
+
+def read_transcripts(path: str) -> list[dict[str, Any]]:
+  """The episodes of a transcript file (`write_transcripts`), in file order."""
+  return [json.loads(line) for line in paths.read_text(path).splitlines() if line.strip()]
+
+
+def summarise(episodes: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
+  """Per task type (and "all"): episodes, success rate and mean turns of transcript dicts."""
+  groups: dict[str, list[dict[str, Any]]] = {"all": list(episodes)}
+  for ep in episodes:
+    groups.setdefault(ep["task_type"], []).append(ep)
+  return {
+    name: {
+      "episodes": float(len(eps)),
+      "success_rate": sum(e["won"] for e in eps) / max(1, len(eps)),
+      "mean_turns": sum(len(e["turns"]) for e in eps) / max(1, len(eps)),
+    }
+    for name, eps in groups.items()
+  }
