@@ -120,7 +120,8 @@ def base(model: str = "qwen2.5-3b", algo_name: str = "sdar") -> mlc.ConfigDict:
       # so the model learns to read skills (skill-following turns get the teacher's prompt).
       source="walkthroughs",
       expert_games=0,  # games played per mode (0 = every train game once)
-      expert_epsilon=0.0,  # share of random admissible actions (not trained on)
+      expert_epsilon=0.0,  # share of random actions (context, not targets)
+      expert_invalid_share=0.0,  # share of those random actions that are inadmissible commands
       expert_search_order="shuffled",  # knowledge-free order: "shuffled" | "room" (description order)
       expert_holdout=0.1,  # share of games held out to measure the teacher-student gap before RL
     )

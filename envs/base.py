@@ -178,7 +178,7 @@ class EnvFamily:
       [{"observation", "admissible_commands", "action"}, ...]}).
     expert_modes / play_expert: optional warm-start source ``warm_start.source="expert"``: the
       expert's modes and ``play_expert(pool, tasks, modes, skill_text=, epsilon=, seed=,
-      search_order=)`` that plays them on a pool and returns records as above (plus "mode",
+      search_order=, invalid_share=)`` that plays them on a pool and returns records as above (plus "mode",
       "won", "failed").
     episode_metrics: optional extra metrics of a batch of episodes: the last info of each finished
       (not failed) episode -> {name: value}, logged as ``<prefix>/<name>`` beside the success rates

@@ -217,6 +217,7 @@ def record_expert_games(
   epsilon: float = 0.0,
   seed: int = 0,
   search_order: str = "shuffled",
+  invalid_share: float = 0.0,
   progress: bool = True,
 ) -> list[dict[str, Any]]:
   """Plays every game of `tasks` once with each of `family`'s expert modes (ALFWorld:
@@ -264,6 +265,7 @@ def record_expert_games(
       epsilon=epsilon,
       seed=seed,
       search_order=search_order,
+      invalid_share=invalid_share,
     )
   return [r for r in records if not r["failed"]]
 
@@ -313,7 +315,8 @@ def expert_warm_start_data(
 
   `settings` is the config's `warm_start` section; read with defaults: `expert_games` (games
   played, each once per mode; 0 = all `num_games`), `expert_epsilon` (share of random turns),
-  `expert_search_order` ("shuffled" | "room"), `expert_holdout` (share of the games kept out of the
+  `expert_search_order` ("shuffled" | "room"), `expert_invalid_share` (share of the random turns
+  that send an inadmissible command), `expert_holdout` (share of the games kept out of the
   SFT for the teacher-student gap). `loop` builds the plain and the skill prompts
   (`warm_start_loop`); `family` is the environment's `envs.EnvFamily` (it plays the expert).
   Returns (SFT samples, held-out gap samples, expert metrics).
@@ -328,6 +331,7 @@ def expert_warm_start_data(
     epsilon=settings.get("expert_epsilon", 0.0),
     seed=seed,
     search_order=settings.get("expert_search_order", "shuffled"),
+    invalid_share=settings.get("expert_invalid_share", 0.0),
     progress=progress,
   )
   train, held_out = split_held_out(records, settings.get("expert_holdout", 0.1), seed=seed)

@@ -161,6 +161,7 @@ def test_the_expert_sees_only_text():
     "epsilon",
     "seed",
     "search_order",
+    "invalid_share",
   ]
   source = inspect.getsource(SearchExpert).lower()
   for hidden in ("gamefile", "pddl", "policy_commands", "walkthrough", "facts", "info", "engine"):
@@ -175,6 +176,31 @@ def test_random_turns_are_seeded():
   assert any(o != first for o in others)
   with pytest.raises(ValueError, match="epsilon"):
     SearchExpert(epsilon=1.5)
+
+
+def test_invalid_random_turns_send_inadmissible_commands_of_the_policy_error_kinds():
+  steps = [{"observation": o, "admissible_commands": a} for o, a, _ in SKILL_TRANSCRIPT]
+  kinds = set()
+  for seed in range(4):
+    sent = replay(SearchExpert(GENERAL_SKILLS, epsilon=1.0, seed=seed, invalid_share=1.0), steps)
+    for step, command in zip(steps, sent):
+      assert command not in step["admissible_commands"]
+      if command.startswith("take apple "):
+        kinds.add("take")
+      elif command.split(" ", 2)[-1] in PLACES:
+        kinds.add("here")  # the only place of the room that is not admissible: where it stands
+      else:
+        assert command.startswith("go to ")
+        assert command[len("go to ") : -2] not in {p[:-2] for p in PLACES}
+        kinds.add("absent")
+  assert kinds == {"take", "here", "absent"}
+  # invalid_share=0 leaves the random stream as it was: the same commands as without it
+  plain = replay(SearchExpert(GENERAL_SKILLS, epsilon=0.5, seed=3), steps)
+  assert (
+    replay(SearchExpert(GENERAL_SKILLS, epsilon=0.5, seed=3, invalid_share=0.0), steps) == plain
+  )
+  with pytest.raises(ValueError, match="invalid_share"):
+    SearchExpert(invalid_share=-0.1)
 
 
 # ------------------------------------------------------------------------ on the real engine
@@ -205,13 +231,18 @@ def played(tmp_path_factory):
     )
     for mode in ("plain", "skills")
   }
+  # The imperfect expert of the demo's warm start: a third of its turns random, all inadmissible.
+  records["plain_invalid"] = play_episodes(
+    pool, tasks, ["plain"] * len(tasks), epsilon=0.3, seed=0, invalid_share=1.0
+  )
   pool.close()
   return records
 
 
 @pytest.mark.slow
 def test_both_experts_win_within_the_turn_limit(played):
-  for mode, records in played.items():
+  for mode in ("plain", "skills"):
+    records = played[mode]
     assert len(records) == 6 * GAMES_PER_TYPE and not any(r["failed"] for r in records)
     wins = sum(r["won"] for r in records)
     # Measured here: 6 of 6 for both modes (seed 11, epsilon 0.1). On 60 games (10 per type,
@@ -222,7 +253,25 @@ def test_both_experts_win_within_the_turn_limit(played):
 
 
 @pytest.mark.slow
+def test_inadmissible_commands_change_nothing_and_the_expert_goes_on(played):
+  """The engine answers each inadmissible command with "Nothing happens." and the expert, whose
+  state that leaves as it was, still wins (measured: 6 of 6 in 50 turns)."""
+  records = played["plain_invalid"]
+  random_steps = 0
+  for record in records:
+    steps = record["steps"]
+    for step, after in zip(steps, steps[1:]):
+      if step["random"]:
+        random_steps += 1
+        assert step["action"] not in step["admissible_commands"]
+        assert after["observation"].strip() == "Nothing happens."
+  assert random_steps >= 6
+  assert sum(r["won"] for r in records) >= 5
+
+
+@pytest.mark.slow
 def test_the_skill_following_expert_needs_fewer_steps(played):
+  played = {m: rs for m, rs in played.items() if m in ("plain", "skills")}
   steps = {mode: statistics.mean(len(r["steps"]) for r in rs) for mode, rs in played.items()}
   # Measured on these 6 games: plain 24.2, skills 7.8 steps on average (60 games, epsilon 0.1:
   # plain 21.6, skills 9.4; epsilon 0: 20.5 and 8.9).
@@ -234,7 +283,8 @@ def test_a_transcript_replays_to_the_same_commands(played):
   """Fed only the recorded observations and admissible commands, a fresh expert with the episode's
   seed sends the recorded commands again, random turns included: nothing else drove them."""
   retriever = SkillRetriever(skills_dir("alfworld"), strategy="rules", rules_version="pre_fix")
-  for mode, records in played.items():
+  for mode in ("plain", "skills"):
+    records = played[mode]
     for i, record in enumerate(records):
       text = retriever.skill_text(record["task_type"]) if mode == "skills" else None
       expert = SearchExpert(text, epsilon=0.1, seed=f"0:{i}:{mode}")

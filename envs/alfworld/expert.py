@@ -21,7 +21,12 @@ Both modes know the game's mechanics above; they differ only in where they look 
   list falls back to the knowledge-free order.
 
 `epsilon` is the share of turns on which it sends a uniformly drawn admissible command instead
-(an imperfect expert; such turns are marked in the recorded steps). `play_episodes` runs experts
+(an imperfect expert; such turns are marked in the recorded steps). With `invalid_share` > 0, that
+share of the random turns sends an inadmissible command instead, of the kinds a small policy gets
+wrong: going to where it already stands, to a receptacle type the room does not have, or taking
+a numbered copy of the target that is not there (the engine answers "Nothing happens."). Such
+turns are context, not targets, in the warm start: the turns after them show how the expert goes
+on from the unchanged state, which a policy trained on flawless transcripts never sees. `play_episodes` runs experts
 on an `envs.EnvPool` of ALFWorld envs (the real engine) and records every step as the agent loop
 sees it.
 """
@@ -46,6 +51,39 @@ __all__ = [
 ]
 
 MODES = ("plain", "skills")  # knowledge-free search, skill-following search
+# ALFRED's receptacle classes as the engine names them (lower case): where an inadmissible "go to"
+# of an imperfect expert may point when the room lacks them.
+RECEPTACLE_TYPES = (
+  "armchair",
+  "bathtubbasin",
+  "bed",
+  "cabinet",
+  "cart",
+  "coffeemachine",
+  "coffeetable",
+  "countertop",
+  "desk",
+  "diningtable",
+  "drawer",
+  "dresser",
+  "fridge",
+  "garbagecan",
+  "handtowelholder",
+  "laundryhamper",
+  "microwave",
+  "ottoman",
+  "safe",
+  "shelf",
+  "sidetable",
+  "sinkbasin",
+  "sofa",
+  "stoveburner",
+  "toaster",
+  "toilet",
+  "toiletpaperhanger",
+  "towelholder",
+  "tvstand",
+)
 SEARCH_ORDERS = ("shuffled", "room")
 APPLIANCE = {"heat": "microwave", "cool": "fridge", "clean": "sinkbasin"}
 
@@ -167,6 +205,8 @@ class SearchExpert:
     seed: seeds the shuffled search order and the random turns; the same seed and transcript give
       the same commands.
     search_order: the knowledge-free order, "shuffled" (seeded) or "room" (room description order).
+    invalid_share: share of the random turns that send an inadmissible command instead of an
+      admissible one (0: every random command is admissible).
   """
 
   def __init__(
@@ -175,14 +215,21 @@ class SearchExpert:
     epsilon: float = 0.0,
     seed: int | str = 0,
     search_order: str = "shuffled",
+    invalid_share: float = 0.0,
   ):
     if not 0.0 <= epsilon <= 1.0:
       raise ValueError(f"epsilon={epsilon} must be in [0, 1] (the share of random turns).")
+    if not 0.0 <= invalid_share <= 1.0:
+      raise ValueError(
+        f"invalid_share={invalid_share} must be in [0, 1] (the share of the random turns that "
+        "send an inadmissible command)."
+      )
     if search_order not in SEARCH_ORDERS:
       raise ValueError(f"search_order={search_order!r}; choose one of {SEARCH_ORDERS}.")
     self.priorities = search_priorities(skill_text) if skill_text else {}
     self.mode = "skills" if skill_text else "plain"
     self.epsilon = epsilon
+    self.invalid_share = invalid_share
     self.search_order = search_order
     self.rng = random.Random(f"search-expert:{seed}")
     self.goal: Goal | None = None
@@ -271,11 +318,28 @@ class SearchExpert:
       raise ValueError("no admissible commands: the expert needs the env's admissible list.")
     self.last_random = self.rng.random() < self.epsilon
     if self.last_random:
+      if self.invalid_share and self.rng.random() < self.invalid_share:
+        wrong = self._inadmissible(commands)
+        if wrong:
+          return self.rng.choice(self.rng.choice(wrong))
       return self.rng.choice(commands)
     action = self._plan(commands)
     if action not in commands:  # a stale belief: look at a fresh place instead
       action = self.rng.choice([c for c in commands if c.startswith("go to ")] or commands)
     return action
+
+  def _inadmissible(self, commands: Sequence[str]) -> list[list[str]]:
+    """Inadmissible commands by kind (each kind non-empty): a "go to" where it stands, a "go to"
+    a receptacle type absent from the room, a "take" of a target copy that is not here."""
+    here, admissible = self.location, set(commands)
+    present = {_type(r) for r in self.order}
+    kinds = [
+      [f"go to {here}"] if here else [],
+      [f"go to {t} 1" for t in RECEPTACLE_TYPES if t not in present],
+      [f"take {self.goal.obj} {n} from {here}" for n in (1, 2, 3)] if here and self.goal else [],
+    ]
+    kinds = [[c for c in kind if c not in admissible] for kind in kinds]
+    return [kind for kind in kinds if kind]
 
   def _plan(self, commands: Sequence[str]) -> str:
     goal = self.goal
@@ -368,6 +432,7 @@ def play_episodes(
   epsilon: float = 0.0,
   seed: int = 0,
   search_order: str = "shuffled",
+  invalid_share: float = 0.0,
 ) -> list[dict[str, Any]]:
   """Plays game `tasks[i]` on env i of `pool` (an `envs.EnvPool` of ALFWorld envs; its envs'
   `max_steps` is the turn limit) with a `SearchExpert` in `modes[i]`, all episodes in lock-step.
@@ -398,7 +463,9 @@ def play_episodes(
     text = None
     if modes[i] == "skills" and skill_text and not result.failed:
       text = skill_text(dict(info, observation=result.observation))
-    experts.append(SearchExpert(text, epsilon, f"{seed}:{tasks[i]}:{modes[i]}", search_order))
+    experts.append(
+      SearchExpert(text, epsilon, f"{seed}:{tasks[i]}:{modes[i]}", search_order, invalid_share)
+    )
     records.append(
       {
         "task": info.get("task", ""),
