@@ -135,7 +135,14 @@ class EpisodeView:
 
 @runtime_checkable
 class EnvAdapter(Protocol):
-  """Environment-specific text: the user message, the output -> action projection, the skill query."""
+  """Environment-specific text: the user message, the output -> action projection, the skill query.
+
+  An adapter may also define ``is_admissible(action, view) -> bool | None``: whether a projected
+  action is among the turn's admissible commands (None: nothing to check against). The agent loop
+  records it on each turn (`Turn.admissible`, metric ``<prefix>/admissible_action_ratio``) and
+  ``algo.inadmissible_penalty`` reads it. ALFWorld defines it; WebShop's and Search-QA's actions
+  take free text, so they do not.
+  """
 
   def user_text(self, view: EpisodeView, history_length: int) -> str:
     """The user message of the current turn (its last `history_length` steps as history)."""

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 PLOT_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
   ("success rate", ("episode/success_rate", "val/success_rate")),
   ("episode reward", ("episode/reward_mean",)),
-  ("valid-format actions", ("episode/valid_action_ratio",)),
+  ("valid-format actions", ("episode/valid_action_ratio", "episode/admissible_action_ratio")),
   ("SDAR gate", ("sdar/gate_mean", "sdar/gate_active_ratio", "sdar/positive_gap_share")),
   ("teacher - student gap", ("sdar/teacher_gap_mean", "rollout/teacher_old_gap_mean")),
   ("losses", ("train/loss", "actor/pg_loss", "sdar/loss")),
@@ -240,6 +240,9 @@ def rollout_metrics(
   m[f"{prefix}/length_mean"] = float(np.mean([ep.length for ep in done]))
   turns = [t for ep in done for t in ep.turns]
   m[f"{prefix}/valid_action_ratio"] = float(np.mean([t.valid for t in turns])) if turns else 0.0
+  listed, checked = (sum(x) for x in zip(*(ep.admissible_turns for ep in done)))
+  if checked:  # the env lists its admissible commands (ALFWorld)
+    m[f"{prefix}/admissible_action_ratio"] = listed / checked
   m[f"{prefix}/response_tokens_mean"] = (
     float(np.mean([len(t.response_ids) for t in turns])) if turns else 0.0
   )

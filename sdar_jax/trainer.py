@@ -504,6 +504,7 @@ class Trainer:
       episodes,
       invalid_penalty=self.step_fn.algo_config.invalid_penalty,
       norm_adv_by_std=self.step_fn.algo_config.norm_adv_by_std,
+      inadmissible_penalty=self.step_fn.algo_config.inadmissible_penalty,
     )
     self.replay.put(samples)
     dropped = self.replay.dropped_stale

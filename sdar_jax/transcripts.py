@@ -8,10 +8,12 @@ one line per episode in task order:
   {"task_id": 3, "task": "look at book under the desklamp.", "task_type": "...",
    "gamefile": "...", "won": true, "reward": 10.0, "env_error": null,
    "turns": [{"observation": "...", "response": "<think>...</think><action>...</action>",
-              "action": "go to shelf 1", "valid": true}, ...]}
+              "action": "go to shelf 1", "valid": true, "admissible": true}, ...]}
 
 `observation` is what the turn's prompt was built from (the observation before the action),
-`response` the decoded sampled text and `action` what the environment received. With several
+`response` the decoded sampled text, `action` what the environment received, `valid` whether the
+output had the required format and `admissible` whether the env listed the action (null when the
+env has no list to check). With several
 processes every process's episodes are gathered (a collective) and the primary process writes.
 `read_transcripts` reads a file back; `summarise` counts outcomes per task type.
 """
@@ -45,6 +47,7 @@ def transcript(episode: Any, decode) -> dict[str, Any]:
         "response": decode(turn.response_ids),
         "action": turn.action,
         "valid": bool(turn.valid),
+        "admissible": turn.admissible,
       }
       for turn in episode.turns
     ],

@@ -294,8 +294,20 @@ def test_a_tiny_run_writes_the_diagnostics(tmp_path, monkeypatch):
       e["task_id"] for e in episodes
     )
     assert transcripts.summarise(episodes)["all"]["success_rate"] == pytest.approx(logged)
+    checked = [t["admissible"] for ep in episodes for t in ep["turns"]]
+    (ratio,) = [
+      r["val/admissible_action_ratio"]
+      for r in rows
+      if r["step"] == step and "val/success_rate" in r
+    ]
+    assert None not in checked and ratio == pytest.approx(sum(checked) / len(checked))
     for ep in episodes:
       assert ep["turns"] and all(t["observation"] and t["response"] for t in ep["turns"])
+      for turn, after in zip(
+        ep["turns"], ep["turns"][1:]
+      ):  # the engine ignores what it did not list
+        if turn["admissible"] is False:
+          assert after["observation"].strip() == "Nothing happens."
       assert all(t["action"] in t["response"].lower() or not t["valid"] for t in ep["turns"])
 
   out = str(tmp_path / "grpo_eval")

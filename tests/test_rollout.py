@@ -1,6 +1,7 @@
 """Host side of an iteration: scoring turn-samples, packing batches, the replay queue, and the
 invariant that ties the sampler to the update (importance ratio exactly 1 at staleness 0)."""
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -50,6 +51,36 @@ def test_episode_scores_and_grpo_advantages_by_hand():
   np.testing.assert_allclose([s.advantage for s in samples[:3]], expected, rtol=1e-5)
   # Group 1 keeps one sample once the failed env is dropped: mean 0, std 1 (docs/reference.md §2.1).
   assert samples[3].advantage == pytest.approx(-0.1 / (1 + 1e-6), rel=1e-6)
+
+
+def test_inadmissible_actions_lose_their_own_penalty_once():
+  """A well-formed action the env did not list loses inadmissible_penalty; a format-invalid turn
+  loses only the format penalty, an unchecked turn (admissible None) nothing; off by default."""
+
+  def turn(valid=True, admissible=None):
+    t = _turn(valid=valid)
+    t.admissible = admissible
+    return t
+
+  turns = [turn(admissible=True), turn(admissible=False), turn(False, False), turn()]
+  eps = [Episode(0, task_id=0, group_id=0, reward=10.0, won=True, turns=turns)]
+  scores = [s.score for s in episodes_to_samples(eps, invalid_penalty=0.1, inadmissible_penalty=1)]
+  np.testing.assert_allclose(scores, [10.0, 9.0, 9.9, 10.0], atol=1e-6)
+  default = [s.score for s in episodes_to_samples(eps, invalid_penalty=0.1)]
+  np.testing.assert_allclose(default, [10.0, 10.0, 9.9, 10.0], atol=1e-6)
+  assert eps[0].admissible_turns == (1, 3)
+
+
+def test_alfworld_admissibility_is_membership_in_the_listed_commands():
+  from envs.alfworld.adapter import AlfworldAdapter
+  from envs.base import EpisodeView
+
+  view = EpisodeView("t", "look_at_obj_in_light", "", "obs", ["go to shelf 1", "look"], [])
+  adapter = AlfworldAdapter()
+  assert adapter.is_admissible("go to shelf 1", view) is True
+  assert adapter.is_admissible(" Go to Shelf 1 ", view) is True  # projection lower-cases
+  assert adapter.is_admissible("go to cabinet 1", view) is False
+  assert adapter.is_admissible("look", dataclasses.replace(view, admissible=[])) is None
 
 
 def test_single_sample_group_uses_mean_zero_std_one():

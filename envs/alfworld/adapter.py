@@ -26,5 +26,12 @@ class AlfworldAdapter:
   def project(self, text: str) -> tuple[str, bool]:
     return project_action(text)
 
+  def is_admissible(self, action: str, view: EpisodeView) -> bool | None:
+    """Whether `action` is one of the turn's admissible commands (None without a list): an
+    inadmissible command is well formed but changes nothing ("Nothing happens.")."""
+    if not view.admissible:
+      return None
+    return action.strip().lower() in {c.strip().lower() for c in view.admissible}
+
   def skill_query(self, view: EpisodeView) -> str:
     return f"{view.task} {view.observation}"

@@ -84,6 +84,9 @@ class AlgoConfig:
   """GRPO advantages (r − mean) / std over the group (False: r − mean); read by the rollout."""
   invalid_penalty: float = 0.1
   """Subtracted from a turn's reward when its action is not in the expected format; rollout."""
+  inadmissible_penalty: float = 0.0
+  """Subtracted from a turn's reward when its well-formed action is not among the env's
+  admissible commands (ALFWorld; 0 = the reference, where such an action is valid); rollout."""
   skills_in_student: bool = False
   """Put the retrieved skills into the student's own prompt (Skill-GRPO); rollout."""
   teacher: bool | None = None
@@ -134,7 +137,15 @@ class AlgoConfig:
     ):
       if getattr(self, field) not in valid:
         bad(field, "unknown name", f"use one of {valid}")
-    for field in ("pg_coef", "lam", "beta", "entropy_coef", "kl_coef", "invalid_penalty"):
+    for field in (
+      "pg_coef",
+      "lam",
+      "beta",
+      "entropy_coef",
+      "kl_coef",
+      "invalid_penalty",
+      "inadmissible_penalty",
+    ):
       if not _is_number(getattr(self, field), low=0):
         bad(field, "must be a number >= 0", "set it to a value >= 0")
     if not _is_number(self.clip_low, low=0) or self.clip_low >= 1:

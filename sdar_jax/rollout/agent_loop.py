@@ -362,6 +362,7 @@ class AgentLoop:
   def _apply(self, play: _Play, decoded: _Decoded, results) -> None:
     """Records the decoded turn on its episodes and folds in their envs' step results."""
     prompts, out, actions = decoded.prompts, decoded.out, decoded.actions
+    check = getattr(self.adapter, "is_admissible", None)
     for k, i in enumerate(decoded.active):
       view = play.views[i]
       play.episodes[i].turns.append(
@@ -376,6 +377,7 @@ class AgentLoop:
           finish_reason=out.finish_reasons[k],
           observation=view.observation,
           prompt_truncated_from=prompts[k][2],
+          admissible=check(actions[k][0], view) if check is not None else None,
         )
       )
       view.history.append((view.observation, actions[k][0]))

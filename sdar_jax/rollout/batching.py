@@ -2,8 +2,11 @@
 
 One training sample per turn (docs/reference.md §4.7): that turn's prompt (with its history
 window) and that turn's response. Every turn of an episode carries the episode return, minus the
-invalid-format penalty of that turn (docs/reference.md §4.4); advantages are normalised over all
-turn-samples of a GRPO group (docs/reference.md §2.1).
+invalid-format penalty of that turn (docs/reference.md §4.4) and, when `inadmissible_penalty` > 0,
+minus that penalty for a well-formed action the env did not list as admissible (not in the
+reference, where such an action is valid; for small policies, whose wasted turns are mostly
+inadmissible commands); advantages are normalised over all turn-samples of a GRPO group
+(docs/reference.md §2.1).
 
 Shapes are bucketed (`sdar_jax.batch`) so the compiled update sees a bounded set of shapes, and a
 mini-batch that is not full is padded with rows whose masks are all zero.
@@ -25,9 +28,12 @@ def episodes_to_samples(
   invalid_penalty: float = 0.1,
   norm_adv_by_std: bool = True,
   eps: float = 1e-6,
+  inadmissible_penalty: float = 0.0,
 ) -> list[TurnSample]:
   """Turn-samples of every finished episode with GRPO advantages. Episodes whose env failed are
-  left out (their return is unknown), and so are turns with an empty response."""
+  left out (their return is unknown), and so are turns with an empty response. A turn whose
+  well-formed action the env did not list (`Turn.admissible` False) also loses
+  `inadmissible_penalty`; turns with a format penalty or no admissibility check do not."""
   rows = [
     (ep, turn) for ep in episodes if ep.env_error is None for turn in ep.turns if turn.response_ids
   ]
@@ -36,6 +42,11 @@ def episodes_to_samples(
   rewards = np.asarray([ep.reward for ep, _ in rows], np.float32)
   valid = np.asarray([turn.valid for _, turn in rows], np.float32)
   scores = np.asarray(algos.apply_invalid_penalty(rewards, valid, invalid_penalty))
+  if inadmissible_penalty:
+    listed = np.asarray(
+      [turn.admissible is not False or not turn.valid for _, turn in rows], np.float32
+    )
+    scores = np.asarray(algos.apply_invalid_penalty(scores, listed, inadmissible_penalty))
   _, group_index = np.unique(np.asarray([ep.group_id for ep, _ in rows]), return_inverse=True)
   advantages = np.asarray(
     algos.grpo_advantages(

@@ -24,6 +24,8 @@ class Turn:
   finish_reason: str = ""
   observation: str = ""  # the observation the prompt was built from
   prompt_truncated_from: int | None = None  # prompt length before left truncation (None: uncut)
+  # whether the env listed the action as admissible (None: the env has no closed list to check)
+  admissible: bool | None = None
 
 
 @dataclasses.dataclass
@@ -51,6 +53,12 @@ class Episode:
   def truncated_prompts(self) -> int:
     """Turns whose student prompt was cut by left truncation."""
     return sum(t.prompt_truncated_from is not None for t in self.turns)
+
+  @property
+  def admissible_turns(self) -> tuple[int, int]:
+    """(turns whose action the env listed as admissible, turns that were checked)."""
+    checked = [t.admissible for t in self.turns if t.admissible is not None]
+    return sum(checked), len(checked)
 
   @property
   def valid_action_ratio(self) -> float:
