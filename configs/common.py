@@ -102,6 +102,9 @@ def base(model: str = "qwen2.5-3b", algo_name: str = "sdar") -> mlc.ConfigDict:
       total_steps=150,  # rollout + update iterations (reference: 150 epochs x 1 step)
       mini_batch_size=256,  # turn-samples per optimizer update (ppo_mini_batch_size)
       micro_batch_size=32,  # turn-samples per forward/backward (memory knob; same result)
+      # mini-batches filled in rollout order (the reference) or "length" order (similar lengths
+      # together: less padding, same samples; sdar_jax.rollout.batching.minibatch_permutation)
+      minibatch_order="rollout",
       seed=0,
       eval_every=5,  # 0 = never
       eval_before_train=True,

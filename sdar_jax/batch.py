@@ -18,10 +18,10 @@ Array = jax.Array
 
 MIN_PROMPT_BUCKET = 16
 # Prompt buckets: powers of two up to PROMPT_POW2_LIMIT, then multiples of PROMPT_FINE_STEP up to
-# PROMPT_FINE_LIMIT, then multiples of PROMPT_FINE_LIMIT // 2: at most 25% padding past 512 tokens
-# for a few more compiled shapes (a 600-token prompt runs at 640, not 1024).
-PROMPT_POW2_LIMIT = 512
-PROMPT_FINE_STEP = 128
+# PROMPT_FINE_LIMIT, then multiples of PROMPT_FINE_LIMIT // 2: at most 25% padding past 256 tokens
+# for a few more compiled shapes (a 300-token prompt runs at 320, not 512; a 600-token one at 640).
+PROMPT_POW2_LIMIT = 256
+PROMPT_FINE_STEP = 64
 PROMPT_FINE_LIMIT = 1024
 MIN_NEW_TOKENS_BUCKET = 16
 
@@ -39,7 +39,7 @@ def batch_bucket(n: int, divisor: int = 1) -> int:
 
 
 def prompt_bucket(n: int) -> int:
-  """Padded prompt length: a power of two >= 16 up to 512, a multiple of 128 up to 1024, then a
+  """Padded prompt length: a power of two >= 16 up to 256, a multiple of 64 up to 1024, then a
   multiple of 512."""
   if n <= PROMPT_POW2_LIMIT:
     return max(MIN_PROMPT_BUCKET, next_power_of_two(n))

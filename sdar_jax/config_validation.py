@@ -23,6 +23,7 @@ from envs.skills.retrieval import skills_section_problems
 from sdar_jax.algos import AlgoConfig
 from sdar_jax.chat_templates import resolve_chat_template
 from sdar_jax.models import ModelConfig
+from sdar_jax.rollout.batching import MINIBATCH_ORDERS
 from sdar_jax.sampling import SamplingParams
 from sdar_jax.sharding import batch_divisor, resolve_mesh_shape
 from sdar_jax.train_state import make_optimizer
@@ -162,8 +163,14 @@ def _check_temperatures(config, p: _Problems) -> None:
 
 def _check_batches(config, num_devices: int, p: _Problems) -> None:
   """Every batch splits evenly over the mesh's batch shards."""
-  shape = p.build(resolve_mesh_shape, config.mesh, num_devices)
   t, env = config.train, config.env
+  order = t.get("minibatch_order", "rollout")
+  if order not in MINIBATCH_ORDERS:
+    p.append(
+      f"train.minibatch_order={order!r}: unknown. Fix: use one of {list(MINIBATCH_ORDERS)} "
+      "('length' groups samples of similar length: less padding, the same samples)"
+    )
+  shape = p.build(resolve_mesh_shape, config.mesh, num_devices)
   sizes = (t.mini_batch_size, t.micro_batch_size, env.tasks_per_step, env.group_size)
   if shape is None or not all(isinstance(n, int) and n >= 1 for n in sizes):
     return

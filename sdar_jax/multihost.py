@@ -400,10 +400,11 @@ def global_minibatches(
   mini_batch_size: int,
   with_teacher: bool,
   pad_id: int = 0,
+  order: str = "rollout",
 ) -> list[TurnBatch]:
-  """The iteration's mini-batches placed on `step_fn`'s mesh: what `plan_minibatches` and
-  `pack_batch` make of every process's turn-samples taken in process order (one process: of
-  `samples`, the single-process code path).
+  """The iteration's mini-batches placed on `step_fn`'s mesh: what `plan_minibatches` (in
+  `order`, see `minibatch_permutation`) and `pack_batch` make of every process's turn-samples
+  taken in process order (one process: of `samples`, the single-process code path).
 
   Several processes: each packs its own samples at the iteration's widest lengths into its rows
   of one global block; every process computes the same plan from all processes' sample lengths
@@ -411,18 +412,17 @@ def global_minibatches(
   mini-batch's own bucketed lengths. The result equals the single-process mini-batch array for
   array, row for row; the samples themselves never leave the devices."""
   from sdar_jax.rollout import pack_batch, plan_minibatches
+  from sdar_jax.rollout.batching import minibatch_permutation, sample_lengths
 
   if jax.process_count() == 1 or step_fn.mesh is None:
     return [
       step_fn.shard_batch(pack_batch(mb, mini_batch_size, with_teacher, pad_id))
-      for mb in plan_minibatches(samples, mini_batch_size)
+      for mb in plan_minibatches(samples, mini_batch_size, order=order)
     ]
-  lengths = np.zeros((len(samples), 3), np.int64)
-  for i, s in enumerate(samples):
-    teacher = len(s.teacher_prompt_ids) if with_teacher and s.teacher_prompt_ids else 0
-    lengths[i] = (len(s.prompt_ids), len(s.response_ids), teacher)
-  per_process = allgather(lengths)
+  per_process = allgather(sample_lengths(samples, with_teacher))
   everyone = np.concatenate(per_process)
+  permutation = minibatch_permutation(everyone, order)  # every process computes the same one
+  everyone = everyone[permutation]
   if not len(everyone):
     return []
   if with_teacher and not everyone[:, 2].all():
@@ -465,7 +465,7 @@ def global_minibatches(
     local,
   )
   # Global sample g (process q's j-th) sits in block row owners[q][j].
-  where = np.concatenate([owners[q][:n] for q, n in enumerate(counts)])
+  where = np.concatenate([owners[q][:n] for q, n in enumerate(counts)])[permutation]
   select = _select_fn(out_sharding)
   batches = []
   for (start, end), (ps, r, pt) in zip(chunks, shapes):

@@ -528,7 +528,12 @@ class Trainer:
     mb_size = self.config.train.mini_batch_size
     # plan_minibatches + pack_batch of every process's samples, placed on the mesh
     batches = multihost.global_minibatches(
-      self.step_fn, samples, mb_size, self.with_teacher, self.pad_id
+      self.step_fn,
+      samples,
+      mb_size,
+      self.with_teacher,
+      self.pad_id,
+      order=self.config.train.minibatch_order,
     )
     algo = self.step_fn.algo_config
     if algo.recompute_old_logp:  # θ_old re-scores the sampled tokens

@@ -82,6 +82,9 @@ def run_config(steps: int, skills_dir: str, eval_every: int = 2):
     "optim.lr": 1e-3,
     "train.mini_batch_size": 8,
     "train.micro_batch_size": 8,
+    # mini-batches in length order: every process must compute the same permutation of all
+    # processes' samples and gather the rows it names (rollout order is the identity of it)
+    "train.minibatch_order": "length",
     "train.eval_before_train": False,
     "train.eval_every": eval_every,
     "checkpoint.every": 1,

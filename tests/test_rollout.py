@@ -105,18 +105,10 @@ def test_rollout_does_not_import_the_update():
 
 
 def test_bucket_sizes():
-  # prompts: powers of two from 16 up to 512, then multiples of 512
-  assert [prompt_bucket(n) for n in (1, 16, 17, 512, 513, 641, 1024, 1025, 1537)] == [
-    16,
-    16,
-    32,
-    512,
-    640,
-    768,
-    1024,
-    1536,
-    2048,
-  ]
+  # prompts: powers of two from 16 up to 256, multiples of 64 up to 1024, then multiples of 512
+  cases = {1: 16, 16: 16, 17: 32, 256: 256, 257: 320, 300: 320, 512: 512, 513: 576, 641: 704}
+  cases.update({1024: 1024, 1025: 1536, 1537: 2048})
+  assert {n: prompt_bucket(n) for n in cases} == cases
   assert [new_tokens_bucket(n) for n in (0, 16, 17, 100)] == [16, 16, 32, 128]
   # rows: a power of two, rounded up to a multiple of the mesh's batch divisor
   assert [batch_bucket(n, d) for n, d in ((5, 1), (5, 4), (3, 8), (9, 6))] == [8, 8, 8, 18]
@@ -172,6 +164,39 @@ def test_plan_minibatches_covers_every_sample_once():
   plan = plan_minibatches(samples, 4, rng=np.random.default_rng(0))
   assert [len(mb) for mb in plan] == [4, 4, 2]
   assert sorted(x for mb in plan for x in mb) == samples
+
+
+def test_length_order_fills_mini_batches_with_samples_of_similar_length():
+  from sdar_jax.rollout.batching import minibatch_permutation
+
+  def sample(prompt, response, teacher):
+    return TurnSample([1] * prompt, [2] * response, [-1.0] * response, 0, 0, 0, 0, True,
+                      teacher_prompt_ids=[3] * teacher)  # fmt: skip
+
+  # teacher / student prompt lengths of turns 1..4 of two episodes, played one after the other
+  samples = [sample(p, r, p + 200) for p, r in ((90, 9), (200, 5), (300, 7), (400, 3))] * 2
+  rollout = plan_minibatches(samples, 2)
+  by_length = plan_minibatches(samples, 2, order="length")
+  assert [[len(s.prompt_ids) for s in mb] for mb in by_length] == [[90, 90], [200, 200],
+                                                                    [300, 300], [400, 400]]  # fmt: skip
+  assert sorted(map(id, (s for mb in by_length for s in mb))) == sorted(map(id, samples))
+
+  def padded(plan):  # prompt tokens the update computes, student and teacher rows
+    return sum(
+      len(mb) * (prompt_bucket(max(len(s.prompt_ids) for s in mb))
+                 + prompt_bucket(max(len(s.teacher_prompt_ids) for s in mb)))
+      for mb in plan
+    )  # fmt: skip
+
+  # rollout order pairs turns 1-2 and 3-4 of an episode: each pads to its longer turn
+  assert padded(rollout) == 2 * 2 * ((256 + 448) + (448 + 640))
+  assert padded(by_length) == 2 * ((128 + 320) + (256 + 448) + (320 + 512) + (448 + 640))
+  # teacher length first, then student prompt, then response; ties keep the rollout order
+  lengths = np.asarray([[5, 1, 9], [4, 1, 9], [4, 2, 9], [9, 9, 1], [4, 1, 9]])
+  assert minibatch_permutation(lengths, "length").tolist() == [3, 1, 4, 2, 0]
+  assert minibatch_permutation(lengths, "rollout").tolist() == [0, 1, 2, 3, 4]
+  with pytest.raises(ValueError, match=r"train.minibatch_order='size'.*Fix: use one of"):
+    plan_minibatches(samples, 2, order="size")
 
 
 def test_replay_queue_drops_stale_samples():
