@@ -19,11 +19,14 @@ hidden objects lie where the skill text says objects of their kind are kept.
    turns) are logged at step 0. `--config.model.path=<folder>` starts from another build, and
    `--config.model.path=None --config.model.random_init=True --config.warm_start.steps=N` runs the
    warm start inside the run instead.
-2. Validation before RL: 48 valid_seen games at temperature 0.4, no skills.
+2. Validation before RL: 64 valid_seen games at temperature 0.4, no skills (the sampler pads a
+   batch to a power of two of rows, so 64 games cost what 48 did; the sampling keys are the
+   same at every evaluation, so before and after differ by the policy, not by the draws).
 3. SDAR: 16 iterations of 2 tasks x 8 episodes (8 per group: from a near-deterministic warm
    start, groups of 4 mostly won or lost together and carried no GRPO signal), GRPO on the episode
    reward plus the gated teacher distillation, updates of 32 turn-samples (about 7 per iteration);
-   validation every 4 iterations.
+   validation every 8 iterations. Mini-batches are filled in length order (the same samples,
+   less padding in the update).
 
   python -m sdar_jax.train --config=configs/default.py --workdir=/tmp/sdar_demo
   python -m sdar_jax.train --config=configs/default.py:algo=grpo --workdir=/tmp/grpo_demo
@@ -63,7 +66,7 @@ def demo_overrides() -> dict:
     # The games.
     "env.task_types": DEMO_TASK_TYPES,
     "env.offline.num_train": 48,
-    "env.offline.num_eval": 48,  # 48 valid_seen games
+    "env.offline.num_eval": 64,  # 64 valid_seen games
     "env.offline.rooms": "small",
     "env.max_turns": 15,
     "env.history": 2,
@@ -90,7 +93,8 @@ def demo_overrides() -> dict:
     "train.total_steps": 16,
     "train.mini_batch_size": 32,
     "train.micro_batch_size": 16,
-    "train.eval_every": 4,
-    "eval.num_tasks": 48,
+    "train.minibatch_order": "length",
+    "train.eval_every": 8,
+    "eval.num_tasks": 64,
     "checkpoint.every": 4,
   }

@@ -86,7 +86,9 @@ class AlgoConfig:
   """Subtracted from a turn's reward when its action is not in the expected format; rollout."""
   inadmissible_penalty: float = 0.0
   """Subtracted from a turn's reward when its well-formed action is not among the env's
-  admissible commands (ALFWorld; 0 = the reference, where such an action is valid); rollout."""
+  admissible commands (ALFWorld; 0 = the reference, where such an action is valid); rollout.
+  Mind the shaping it adds: on the offline demo, 1.0 taught the policy to stop trying to take
+  objects (taking one that is not there is inadmissible) and validation success fell to 0."""
   skills_in_student: bool = False
   """Put the retrieved skills into the student's own prompt (Skill-GRPO); rollout."""
   teacher: bool | None = None
