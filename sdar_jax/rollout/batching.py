@@ -84,7 +84,7 @@ def minibatch_permutation(lengths: np.ndarray, order: str = "rollout") -> np.nda
   "rollout": as played (episode by episode, turn by turn; the reference). "length": shortest
   first by teacher prompt, then student prompt, then response (a stable sort), so each mini-batch
   holds samples of similar length and pads to its own, smaller bucket: the same samples and the
-  same updates per iteration, less padding computed (the prompts of one rollout span a few
+  same number of updates per iteration (each with other samples), less padding computed (the prompts of one rollout span a few
   hundred tokens as the history fills).
   """
   if order not in MINIBATCH_ORDERS:
