@@ -505,6 +505,7 @@ class Trainer:
       invalid_penalty=self.step_fn.algo_config.invalid_penalty,
       norm_adv_by_std=self.step_fn.algo_config.norm_adv_by_std,
       inadmissible_penalty=self.step_fn.algo_config.inadmissible_penalty,
+      inadmissible_no_credit=self.step_fn.algo_config.inadmissible_no_credit,
     )
     self.replay.put(samples)
     dropped = self.replay.dropped_stale

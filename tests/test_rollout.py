@@ -71,6 +71,33 @@ def test_inadmissible_actions_lose_their_own_penalty_once():
   assert eps[0].admissible_turns == (1, 3)
 
 
+def test_unlisted_actions_keep_blame_but_get_no_credit():
+  """inadmissible_no_credit: a well-formed action the env did not list has its advantage capped
+  at 0 (won episode: 0 instead of positive; lost episode: the negative advantage stays); every
+  other turn, and every score, is as without it."""
+
+  def turn(valid=True, admissible=True):
+    t = _turn(valid=valid)
+    t.admissible = admissible
+    return t
+
+  won = [turn(), turn(admissible=False), turn(False, False)]
+  lost = [turn(), turn(admissible=False)]
+  eps = [
+    Episode(0, task_id=0, group_id=0, reward=10.0, won=True, turns=won),
+    Episode(1, task_id=0, group_id=0, reward=0.0, turns=lost),
+  ]
+  plain = episodes_to_samples(eps, invalid_penalty=0.1)
+  capped = episodes_to_samples(eps, invalid_penalty=0.1, inadmissible_no_credit=True)
+  scores = np.array([10.0, 10.0, 9.9, 0.0, 0.0])
+  advantages = (scores - scores.mean()) / (scores.std(ddof=1) + 1e-6)
+  np.testing.assert_allclose([s.advantage for s in plain], advantages, rtol=1e-5)
+  advantages[1] = 0.0  # the won episode's unlisted, well-formed turn
+  np.testing.assert_allclose([s.advantage for s in capped], advantages, rtol=1e-5, atol=1e-7)
+  assert capped[4].advantage < 0  # the lost episode's unlisted turn keeps its blame
+  assert [s.score for s in capped] == [s.score for s in plain]
+
+
 def test_alfworld_admissibility_is_membership_in_the_listed_commands():
   from envs.alfworld.adapter import AlfworldAdapter
   from envs.base import EpisodeView

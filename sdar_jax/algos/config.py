@@ -89,6 +89,10 @@ class AlgoConfig:
   admissible commands (ALFWorld; 0 = the reference, where such an action is valid); rollout.
   Mind the shaping it adds: on the offline demo, 1.0 taught the policy to stop trying to take
   objects (taking one that is not there is inadmissible) and validation success fell to 0."""
+  inadmissible_no_credit: bool = False
+  """Cap the advantage of a turn whose well-formed action the env did not list at 0: it changed
+  nothing, so it shares a lost episode's blame but not a won episode's credit (not in the
+  reference; ALFWorld); rollout."""
   skills_in_student: bool = False
   """Put the retrieved skills into the student's own prompt (Skill-GRPO); rollout."""
   teacher: bool | None = None
@@ -181,7 +185,13 @@ class AlgoConfig:
         "the RLSD schedule λ0·(1-k/K) needs K >= 1",
         "use a positive number of steps, the reference uses 100",
       )
-    for field in ("norm_adv_by_std", "skills_in_student", "recompute_old_logp", "teacher"):
+    for field in (
+      "norm_adv_by_std",
+      "skills_in_student",
+      "recompute_old_logp",
+      "teacher",
+      "inadmissible_no_credit",
+    ):
       value = getattr(self, field)
       if not isinstance(value, bool) and not (field == "teacher" and value is None):
         bad(field, "must be True or False", "set it to True or False")

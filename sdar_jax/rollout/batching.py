@@ -29,11 +29,15 @@ def episodes_to_samples(
   norm_adv_by_std: bool = True,
   eps: float = 1e-6,
   inadmissible_penalty: float = 0.0,
+  inadmissible_no_credit: bool = False,
 ) -> list[TurnSample]:
   """Turn-samples of every finished episode with GRPO advantages. Episodes whose env failed are
   left out (their return is unknown), and so are turns with an empty response. A turn whose
   well-formed action the env did not list (`Turn.admissible` False) also loses
-  `inadmissible_penalty`; turns with a format penalty or no admissibility check do not."""
+  `inadmissible_penalty`; turns with a format penalty or no admissibility check do not. With
+  `inadmissible_no_credit`, such a turn's advantage is capped at 0: the env answered it with
+  "Nothing happens.", so a won episode's success is not its doing, while a lost episode's turns
+  keep their negative advantage (the turn was spent)."""
   rows = [
     (ep, turn) for ep in episodes if ep.env_error is None for turn in ep.turns if turn.response_ids
   ]
@@ -57,6 +61,9 @@ def episodes_to_samples(
       num_groups=int(group_index.max()) + 1,
     )
   )
+  if inadmissible_no_credit:
+    unlisted = np.asarray([turn.admissible is False and turn.valid for _, turn in rows])
+    advantages = np.where(unlisted, np.minimum(advantages, 0.0), advantages)
   return [
     TurnSample(
       prompt_ids=turn.prompt_ids,
