@@ -97,4 +97,7 @@ def demo_overrides() -> dict:
     "train.eval_every": 8,
     "eval.num_tasks": 64,
     "checkpoint.every": 4,
+    # A rerun, a resume or the ablation's next run loads the compiled sampler and update
+    # programs (about 20 of them, 3-4 minutes of compiling on 2 cores) instead of compiling.
+    "train.xla_cache_dir": "~/.cache/sdar_jax/xla",
   }

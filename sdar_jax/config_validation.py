@@ -170,6 +170,12 @@ def _check_batches(config, num_devices: int, p: _Problems) -> None:
       f"train.minibatch_order={order!r}: unknown. Fix: use one of {list(MINIBATCH_ORDERS)} "
       "('length' groups samples of similar length: less padding, the same samples)"
     )
+  cache = t.get("xla_cache_dir", "")
+  if not isinstance(cache, str):
+    p.append(
+      f"train.xla_cache_dir={cache!r}: must be a folder path (str). Fix: give a path such as "
+      "~/.cache/sdar_jax/xla, or '' to compile every run afresh"
+    )
   shape = p.build(resolve_mesh_shape, config.mesh, num_devices)
   sizes = (t.mini_batch_size, t.micro_batch_size, env.tasks_per_step, env.group_size)
   if shape is None or not all(isinstance(n, int) and n >= 1 for n in sizes):

@@ -249,6 +249,8 @@ def main(argv: Sequence[str]) -> None:
   if FLAGS.dry_run:
     print(f"dry run: {plan.describe()}; nothing evaluated.")
     return
+  if config.train.get("xla_cache_dir"):
+    train.use_xla_cache(config.train.xla_cache_dir)
   row = run_evaluation(config, plan.output, plan.params_from)
   shown = "  ".join(f"{k}={v:.4g}" for k, v in row.items() if k.endswith("success_rate"))
   print(f"evaluation done: {shown}; results in {plan.output}")

@@ -367,8 +367,10 @@ class Sampler:
     B = row_source.shape[0]
     P = prompt_tokens.shape[1]
     logging.getLogger(__name__).info(
-      "compiling the sampler for %d rows x %d prompt tokens + %d new (compilation %d) ...",
+      "compiling the sampler for %d rows (%d distinct prompts) x %d prompt tokens + %d new "
+      "(compilation %d) ...",
       B,
+      prompt_tokens.shape[0],
       P,
       new_bucket,
       self.num_compilations,

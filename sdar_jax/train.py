@@ -19,6 +19,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import importlib.util
+import logging
 import math
 import os
 import re
@@ -151,6 +152,42 @@ def _summary(config, model_config, mesh) -> str:
   )
 
 
+def use_xla_cache(path: str) -> str:
+  """Makes JAX keep compiled programs in `path` (user-expanded; local or gs://) and load them in
+  later runs of the same program; returns the folder used. A program is kept when it took a
+  second or more to compile (JAX's threshold): every sampler and update of a run.
+
+  XLA:CPU compiles for the instruction set of the CPU it runs on, and JAX's cache key does not
+  name that CPU, so on the CPU backend the programs go to a subfolder named after the CPU's
+  model and feature flags: a cache folder shared by different machines (a home directory on a
+  network disk) never hands one CPU the code of another."""
+  import jax
+
+  folder = path if "://" in path else os.path.abspath(os.path.expanduser(path))
+  if jax.default_backend() == "cpu":
+    folder = f"{folder.rstrip('/')}/{cpu_fingerprint()}"
+  jax.config.update("jax_compilation_cache_dir", folder)
+  logging.getLogger(__name__).info("compiled programs are kept in %s between runs", folder)
+  return folder
+
+
+def cpu_fingerprint() -> str:
+  """"cpu-<12 hex digits>": a hash of the machine type and the CPU's model name and feature flags
+  (from /proc/cpuinfo where there is one)."""
+  import hashlib
+  import platform
+
+  text = platform.machine() + platform.processor()
+  try:
+    with open("/proc/cpuinfo") as f:
+      text += "".join(
+        sorted({line for line in f if line.startswith(("model name", "flags", "Features"))})
+      )
+  except OSError:
+    pass
+  return "cpu-" + hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
 def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -188,6 +225,8 @@ def main(argv: Sequence[str]) -> None:
     print(_summary(config, model_config, mesh))
     print("dry run: config valid, nothing trained.")
     return
+  if config.train.get("xla_cache_dir"):
+    use_xla_cache(config.train.xla_cache_dir)
   from sdar_jax import trainer  # the workdir is created only now, after validation passed
 
   from sdar_jax.workdir_lock import WorkdirLockedError

@@ -477,9 +477,12 @@ class TrainStep:
     def update(state: TrainState, batch: TurnBatch, ref_params, iteration):
       self.num_traces += 1  # runs at trace time only
       logging.getLogger(__name__).info(
-        "compiling the update for %d turn-samples x %d response tokens (compilation %d) ...",
+        "compiling the update for %d turn-samples x %d response tokens (student %d, teacher "
+        "%d tokens a row; compilation %d) ...",
         batch.response_mask.shape[0],
         batch.response_mask.shape[1],
+        batch.student_tokens.shape[1],
+        0 if batch.teacher_tokens is None else batch.teacher_tokens.shape[1],
         self.num_traces,
       )
       iteration = jnp.where(iteration < 0, state.step + 1, iteration)

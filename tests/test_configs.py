@@ -573,6 +573,35 @@ def test_cli_indivisible_batch_names_values():
   assert "data x fsdp = 8 x 1 = 8" in out.stderr
 
 
+def test_xla_cache_dir_keeps_compiled_programs_per_cpu(tmp_path):
+  """A program compiled with the cache on lands under <dir>/cpu-<fingerprint>; a bad value is
+  named by the validation."""
+  from jax._src import compilation_cache
+
+  from sdar_jax.train import cpu_fingerprint, use_xla_cache
+
+  keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
+  saved = {k: getattr(jax.config, k) for k in keys}
+  try:
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    compilation_cache.reset_cache()
+    folder = use_xla_cache(str(tmp_path / "xla"))
+    assert folder == str(tmp_path / "xla" / cpu_fingerprint())
+    assert re.fullmatch(r"cpu-[0-9a-f]{12}", cpu_fingerprint())
+    jax.jit(lambda x: x * 3 + 1)(jax.numpy.arange(7.0)).block_until_ready()
+    assert os.listdir(folder)  # the compiled program was written
+  finally:
+    for k, v in saved.items():
+      jax.config.update(k, v)
+    compilation_cache.reset_cache()
+  config = default.get_config()
+  with config.unlocked():  # the CLI refuses a non-str already; a config built in code may not
+    del config.train["xla_cache_dir"]
+    config.train.xla_cache_dir = 3
+  with pytest.raises(ConfigError, match=r"train.xla_cache_dir=3: must be a folder path.*Fix"):
+    validate(config)
+
+
 def test_evaluate_cli_turns_training_off():
   out = _cli(
     "--config=configs/default.py",
