@@ -506,6 +506,9 @@ class Trainer:
       norm_adv_by_std=self.step_fn.algo_config.norm_adv_by_std,
       inadmissible_penalty=self.step_fn.algo_config.inadmissible_penalty,
       inadmissible_no_credit=self.step_fn.algo_config.inadmissible_no_credit,
+      step_adv_coef=self.step_fn.algo_config.step_adv_coef,
+      step_gamma=self.step_fn.algo_config.step_gamma,
+      step_anchor=self.step_fn.algo_config.step_anchor,
     )
     self.replay.put(samples)
     dropped = self.replay.dropped_stale

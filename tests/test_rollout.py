@@ -98,6 +98,45 @@ def test_unlisted_actions_keep_blame_but_get_no_credit():
   assert [s.score for s in capped] == [s.score for s in plain]
 
 
+def test_step_level_advantage_by_hand():
+  """step_adv_coef: each turn adds w x (its discounted return - the mean return of its group's
+  turns from the same state). Worked with γ = 0.5, w = 1, a win worth 10 on the last turn:
+  A: S -> X -> Y, wins on its 3rd turn: returns 2.5, 5, 10
+  B: S (format-invalid, -0.3) -> Y, wins on its 2nd: returns -0.3 + 0.5 x 10 = 4.7, 10
+  C: S -> X, lost: returns 0, 0
+  D: S, another group, wins at once: 10 (alone in its group's state S).
+  State S (group 0): mean (2.5 + 4.7 + 0) / 3 = 2.4 -> A +0.1, B +2.3, C -2.4; state X: mean 2.5
+  -> A +2.5, C -2.5; state Y: both 10 -> 0; D: 0."""
+
+  def turn(obs, reward=0.0, valid=True, prompt=None):
+    t = _turn(valid=valid, prompt=prompt or (ord(obs),))
+    t.observation, t.reward = obs, reward
+    return t
+
+  eps = [
+    Episode(0, 0, 0, reward=10.0, won=True, turns=[turn("S"), turn("X"), turn("Y", 10.0)]),
+    Episode(1, 0, 0, reward=10.0, won=True, turns=[turn("S", valid=False), turn("Y", 10.0)]),
+    Episode(2, 0, 0, reward=0.0, turns=[turn("S"), turn("X", prompt=(8,))]),
+    Episode(3, 1, 1, reward=10.0, won=True, turns=[turn("S", 10.0)]),
+  ]
+  kw = dict(invalid_penalty=0.3, step_gamma=0.5)
+  plain = np.array([s.advantage for s in episodes_to_samples(eps, **kw)])
+  stepped = np.array([s.advantage for s in episodes_to_samples(eps, step_adv_coef=1.0, **kw)])
+  by_hand = [0.1, 2.5, 0.0, 2.3, 0.0, -2.4, -2.5, 0.0]
+  np.testing.assert_allclose(stepped - plain, by_hand, atol=1e-5)
+  half = np.array([s.advantage for s in episodes_to_samples(eps, step_adv_coef=0.5, **kw)])
+  np.testing.assert_allclose(half - plain, np.multiply(by_hand, 0.5), atol=1e-5)
+  # "prompt" anchors: C's X turn has its own prompt, so A's and C's X turns are alone (0 each)
+  by_prompt = episodes_to_samples(eps, step_adv_coef=1.0, step_anchor="prompt", **kw)
+  np.testing.assert_allclose(
+    np.array([s.advantage for s in by_prompt]) - plain,
+    [0.1, 0.0, 0.0, 2.3, 0.0, -2.4, 0.0, 0.0],
+    atol=1e-5,
+  )
+  with pytest.raises(ValueError, match=r"algo.step_anchor='state'.*Fix"):
+    episodes_to_samples(eps, step_adv_coef=1.0, step_anchor="state")
+
+
 def test_alfworld_admissibility_is_membership_in_the_listed_commands():
   from envs.alfworld.adapter import AlfworldAdapter
   from envs.base import EpisodeView
@@ -286,6 +325,7 @@ def test_agent_loop_survives_a_crashing_env():
     assert ep.env_error is None and len(ep.turns) == 3  # max_steps reached (no win)
     for turn in ep.turns:
       assert 1 <= len(turn.response_ids) == len(turn.logprobs) <= 6
+    assert sum(turn.reward for turn in ep.turns) == ep.reward  # each step's reward on its turn
   samples = episodes_to_samples(episodes)
   assert len(samples) == 6 and {s.group_id for s in samples} == {5, 6}
 

@@ -93,6 +93,15 @@ class AlgoConfig:
   """Cap the advantage of a turn whose well-formed action the env did not list at 0: it changed
   nothing, so it shares a lost episode's blame but not a won episode's credit (not in the
   reference; ALFWorld); rollout."""
+  step_adv_coef: float = 0.0
+  """w of a step-level advantage added to GRPO's (GiGPO's, from verl-agent; 0 = off, the SDAR
+  paper): a turn's discounted return less the mean return of the group's turns taken from the
+  same state (sdar_jax/rollout/batching.py, `episodes_to_samples`); rollout."""
+  step_gamma: float = 0.95
+  """γ of the step-level returns, in [0, 1] (verl-agent's ALFWorld script: 0.95); rollout."""
+  step_anchor: str = "observation"
+  """What makes two turns "the same state" for the step-level groups: "observation" (the env's
+  observation text, as GiGPO) or "prompt" (the identical student prompt, history included)."""
   skills_in_student: bool = False
   """Put the retrieved skills into the student's own prompt (Skill-GRPO); rollout."""
   teacher: bool | None = None
@@ -151,6 +160,7 @@ class AlgoConfig:
       "kl_coef",
       "invalid_penalty",
       "inadmissible_penalty",
+      "step_adv_coef",
     ):
       if not _is_number(getattr(self, field), low=0):
         bad(field, "must be a number >= 0", "set it to a value >= 0")
@@ -160,6 +170,10 @@ class AlgoConfig:
         "must be in [0, 1) (a lower clip of 1 or more makes the ratio bound <= 0)",
         "use a value in [0, 1), the reference uses 0.2",
       )
+    if not _is_number(self.step_gamma, low=0) or self.step_gamma > 1:
+      bad("step_gamma", "a discount must be in [0, 1]", "use 0.95 (verl-agent's ALFWorld script)")
+    if self.step_anchor not in ("observation", "prompt"):
+      bad("step_anchor", "unknown", "use 'observation' or 'prompt'")
     if not _is_number(self.clip_high, low=0):
       bad("clip_high", "must be a number >= 0", "use 0.2 (the reference)")
     if not _is_number(self.clip_c) or not self.clip_c > 1:

@@ -406,6 +406,8 @@ class AgentLoop:
       views[i].observation = result.observation
       views[i].admissible = list(info.get("admissible_commands", []))
       ep.reward += float(result.reward)
+      if ep.turns:  # the turn whose action this step played
+        ep.turns[-1].reward = float(result.reward)
     ep.won = bool(info.get("won", False))
     ep.done = bool(result.done) or ep.won
     ep.info = {k: v for k, v in info.items() if k != "admissible_commands"}

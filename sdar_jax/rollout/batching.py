@@ -30,6 +30,9 @@ def episodes_to_samples(
   eps: float = 1e-6,
   inadmissible_penalty: float = 0.0,
   inadmissible_no_credit: bool = False,
+  step_adv_coef: float = 0.0,
+  step_gamma: float = 0.95,
+  step_anchor: str = "observation",
 ) -> list[TurnSample]:
   """Turn-samples of every finished episode with GRPO advantages. Episodes whose env failed are
   left out (their return is unknown), and so are turns with an empty response. A turn whose
@@ -37,7 +40,16 @@ def episodes_to_samples(
   `inadmissible_penalty`; turns with a format penalty or no admissibility check do not. With
   `inadmissible_no_credit`, such a turn's advantage is capped at 0: the env answered it with
   "Nothing happens.", so a won episode's success is not its doing, while a lost episode's turns
-  keep their negative advantage (the turn was spent)."""
+  keep their negative advantage (the turn was spent).
+
+  With `step_adv_coef` w > 0, each turn's advantage also gets w times a step-level advantage
+  (GiGPO's, inherited by the authors' code from verl-agent; not in the SDAR table): the turn's
+  discounted return from that turn on, Σ_k γ^(k−t)·r_k with `step_gamma` γ, where r_k is turn
+  k's env reward minus its penalties, less the mean return of the turns of the same GRPO group
+  that acted from the same state (`step_anchor`: "observation", the env's observation text, or
+  "prompt", the identical student prompt, history window included); a state visited once gets 0.
+  The episode-level part says which episodes won; the step-level part says which action, from a
+  state several episodes shared, led to the win sooner."""
   rows = [
     (ep, turn) for ep in episodes if ep.env_error is None for turn in ep.turns if turn.response_ids
   ]
@@ -61,6 +73,41 @@ def episodes_to_samples(
       num_groups=int(group_index.max()) + 1,
     )
   )
+  if step_adv_coef:
+    if step_anchor not in STEP_ANCHORS:
+      raise ValueError(
+        f"algo.step_anchor={step_anchor!r}: unknown. Fix: use one of {list(STEP_ANCHORS)}"
+      )
+    returns = np.asarray(
+      [
+        r
+        for ep in episodes
+        if ep.env_error is None
+        for r in _discounted_returns(ep, step_gamma, invalid_penalty, inadmissible_penalty)
+      ],
+      np.float32,
+    )
+    states: dict[tuple, int] = {}
+    state_index = np.asarray(
+      [
+        states.setdefault(
+          (
+            ep.group_id,
+            turn.observation if step_anchor == "observation" else tuple(turn.prompt_ids),
+          ),
+          len(states),
+        )
+        for ep, turn in rows
+      ]
+    )
+    step = np.asarray(
+      algos.grpo_advantages(
+        returns, state_index.astype(np.int32), norm_by_std=False, num_groups=len(states)
+      )
+    )
+    visits = np.bincount(state_index, minlength=len(states))[state_index]
+    # a state played once has nothing to be compared with (GRPO's lone sample would keep R)
+    advantages = advantages + step_adv_coef * np.where(visits > 1, step, 0.0)
   if inadmissible_no_credit:
     unlisted = np.asarray([turn.admissible is False and turn.valid for _, turn in rows])
     advantages = np.where(unlisted, np.minimum(advantages, 0.0), advantages)
@@ -81,6 +128,26 @@ def episodes_to_samples(
   ]
 
 
+def _discounted_returns(
+  ep: Episode, gamma: float, invalid_penalty: float, inadmissible_penalty: float
+) -> list[float]:
+  """Σ_k γ^(k−t)·r_k for each turn t of `ep` that has a response (the rows of
+  `episodes_to_samples`), r_k being turn k's env reward less its format penalty and, when set,
+  its inadmissible-command penalty."""
+  out, running = [], 0.0
+  for turn in reversed(ep.turns):
+    r = turn.reward
+    if not turn.valid:
+      r -= invalid_penalty
+    elif turn.admissible is False:
+      r -= inadmissible_penalty
+    running = r + gamma * running
+    if turn.response_ids:
+      out.append(running)
+  return out[::-1]
+
+
+STEP_ANCHORS = ("observation", "prompt")
 MINIBATCH_ORDERS = ("rollout", "length")
 
 

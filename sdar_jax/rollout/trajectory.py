@@ -26,6 +26,7 @@ class Turn:
   prompt_truncated_from: int | None = None  # prompt length before left truncation (None: uncut)
   # whether the env listed the action as admissible (None: the env has no closed list to check)
   admissible: bool | None = None
+  reward: float = 0.0  # the env's reward for this turn's action
 
 
 @dataclasses.dataclass
