@@ -172,8 +172,8 @@ def use_xla_cache(path: str) -> str:
 
 
 def cpu_fingerprint() -> str:
-  """ "cpu-<12 hex digits>": a hash of the machine type and the CPU's model name and feature flags
-  (from /proc/cpuinfo where there is one)."""
+  """The name "cpu-<12 hex digits>", a hash of the machine type and the CPU's model name and
+  feature flags (from /proc/cpuinfo where there is one)."""
   import hashlib
   import platform
 
