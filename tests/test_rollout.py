@@ -119,7 +119,7 @@ def test_step_level_advantage_by_hand():
     Episode(2, 0, 0, reward=0.0, turns=[turn("S"), turn("X", prompt=(8,))]),
     Episode(3, 1, 1, reward=10.0, won=True, turns=[turn("S", 10.0)]),
   ]
-  kw = dict(invalid_penalty=0.3, step_gamma=0.5)
+  kw = dict(invalid_penalty=0.3, step_gamma=0.5, norm_adv_by_std=False)
   plain = np.array([s.advantage for s in episodes_to_samples(eps, **kw)])
   stepped = np.array([s.advantage for s in episodes_to_samples(eps, step_adv_coef=1.0, **kw)])
   by_hand = [0.1, 2.5, 0.0, 2.3, 0.0, -2.4, -2.5, 0.0]
@@ -133,6 +133,13 @@ def test_step_level_advantage_by_hand():
     [0.1, 0.0, 0.0, 2.3, 0.0, -2.4, 0.0, 0.0],
     atol=1e-5,
   )
+  # with norm_adv_by_std (the default), each state's deviations are divided by their std
+  kw["norm_adv_by_std"] = True
+  plain = np.array([s.advantage for s in episodes_to_samples(eps, **kw)])
+  stepped = np.array([s.advantage for s in episodes_to_samples(eps, step_adv_coef=1.0, **kw)])
+  s_std, x_std = np.std([2.5, 4.7, 0.0], ddof=1), np.std([5.0, 0.0], ddof=1)
+  by_hand = [0.1 / s_std, 2.5 / x_std, 0.0, 2.3 / s_std, 0.0, -2.4 / s_std, -2.5 / x_std, 0.0]
+  np.testing.assert_allclose(stepped - plain, by_hand, atol=1e-5)
   with pytest.raises(ValueError, match=r"algo.step_anchor='state'.*Fix"):
     episodes_to_samples(eps, step_adv_coef=1.0, step_anchor="state")
 

@@ -96,7 +96,8 @@ class AlgoConfig:
   step_adv_coef: float = 0.0
   """w of a step-level advantage added to GRPO's (GiGPO's, from verl-agent; 0 = off, the SDAR
   paper): a turn's discounted return less the mean return of the group's turns taken from the
-  same state (sdar_jax/rollout/batching.py, `episodes_to_samples`); rollout."""
+  same state, over their std when norm_adv_by_std (sdar_jax/rollout/batching.py,
+  `episodes_to_samples`); rollout."""
   step_gamma: float = 0.95
   """γ of the step-level returns, in [0, 1] (verl-agent's ALFWorld script: 0.95); rollout."""
   step_anchor: str = "observation"

@@ -47,7 +47,8 @@ def episodes_to_samples(
   discounted return from that turn on, Σ_k γ^(k−t)·r_k with `step_gamma` γ, where r_k is turn
   k's env reward minus its penalties, less the mean return of the turns of the same GRPO group
   that acted from the same state (`step_anchor`: "observation", the env's observation text, or
-  "prompt", the identical student prompt, history window included); a state visited once gets 0.
+  "prompt", the identical student prompt, history window included), divided by their standard
+  deviation when `norm_adv_by_std` (as the episode level); a state visited once gets 0.
   The episode-level part says which episodes won; the step-level part says which action, from a
   state several episodes shared, led to the win sooner."""
   rows = [
@@ -102,7 +103,11 @@ def episodes_to_samples(
     )
     step = np.asarray(
       algos.grpo_advantages(
-        returns, state_index.astype(np.int32), norm_by_std=False, num_groups=len(states)
+        returns,
+        state_index.astype(np.int32),
+        norm_by_std=norm_adv_by_std,
+        eps=eps,
+        num_groups=len(states),
       )
     )
     visits = np.bincount(state_index, minlength=len(states))[state_index]
