@@ -65,54 +65,12 @@ def episodes_to_samples(
     )
     scores = np.asarray(algos.apply_invalid_penalty(scores, listed, inadmissible_penalty))
   _, group_index = np.unique(np.asarray([ep.group_id for ep, _ in rows]), return_inverse=True)
-  advantages = np.asarray(
-    algos.grpo_advantages(
-      scores,
-      group_index.astype(np.int32),
-      norm_by_std=norm_adv_by_std,
-      eps=eps,
-      num_groups=int(group_index.max()) + 1,
-    )
-  )
+  advantages = _group_advantages(scores, group_index, norm_adv_by_std, eps)
   if step_adv_coef:
-    if step_anchor not in STEP_ANCHORS:
-      raise ValueError(
-        f"algo.step_anchor={step_anchor!r}: unknown. Fix: use one of {list(STEP_ANCHORS)}"
-      )
-    returns = np.asarray(
-      [
-        r
-        for ep in episodes
-        if ep.env_error is None
-        for r in _discounted_returns(ep, step_gamma, invalid_penalty, inadmissible_penalty)
-      ],
-      np.float32,
-    )
-    states: dict[tuple, int] = {}
-    state_index = np.asarray(
-      [
-        states.setdefault(
-          (
-            ep.group_id,
-            turn.observation if step_anchor == "observation" else tuple(turn.prompt_ids),
-          ),
-          len(states),
-        )
-        for ep, turn in rows
-      ]
-    )
-    step = np.asarray(
-      algos.grpo_advantages(
-        returns,
-        state_index.astype(np.int32),
-        norm_by_std=norm_adv_by_std,
-        eps=eps,
-        num_groups=len(states),
-      )
-    )
-    visits = np.bincount(state_index, minlength=len(states))[state_index]
-    # a state played once has nothing to be compared with (GRPO's lone sample would keep R)
-    advantages = advantages + step_adv_coef * np.where(visits > 1, step, 0.0)
+    penalties = (invalid_penalty, inadmissible_penalty)
+    step = _step_advantages(episodes, rows, step_gamma, step_anchor, penalties)
+    # a state played once has nothing to be compared with: 0
+    advantages = advantages + step_adv_coef * _group_advantages(*step, norm_adv_by_std, eps, 0.0)
   if inadmissible_no_credit:
     unlisted = np.asarray([turn.admissible is False and turn.valid for _, turn in rows])
     advantages = np.where(unlisted, np.minimum(advantages, 0.0), advantages)
@@ -131,6 +89,52 @@ def episodes_to_samples(
     )
     for (ep, turn), s, a in zip(rows, scores, advantages)
   ]
+
+
+def _group_advantages(
+  values: np.ndarray, index: np.ndarray, norm_by_std: bool, eps: float, alone: float | None = None
+) -> np.ndarray:
+  """GRPO advantages of `values` within the groups `index` (0..n-1); a group of one sample gets
+  `alone` when given (GRPO's own rule, mean 0 and std 1, otherwise)."""
+  index = np.asarray(index, np.int32)
+  num_groups = int(index.max()) + 1
+  out = np.asarray(
+    algos.grpo_advantages(values, index, norm_by_std=norm_by_std, eps=eps, num_groups=num_groups)
+  )
+  if alone is not None:
+    out = np.where(np.bincount(index, minlength=num_groups)[index] > 1, out, alone)
+  return out
+
+
+def _step_advantages(
+  episodes: Sequence[Episode],
+  rows: list,
+  gamma: float,
+  anchor: str,
+  penalties: tuple[float, float],
+) -> tuple[np.ndarray, np.ndarray]:
+  """(discounted return of each row's turn, index of its state) for `_group_advantages`: two
+  turns share a state when they belong to one GRPO group and have the same `anchor`."""
+  if anchor not in STEP_ANCHORS:
+    raise ValueError(f"algo.step_anchor={anchor!r}: unknown. Fix: use one of {list(STEP_ANCHORS)}")
+  returns = np.asarray(
+    [
+      r
+      for ep in episodes
+      if ep.env_error is None
+      for r in _discounted_returns(ep, gamma, *penalties)
+    ],
+    np.float32,
+  )
+  states: dict[tuple, int] = {}
+  index = [
+    states.setdefault(
+      (ep.group_id, turn.observation if anchor == "observation" else tuple(turn.prompt_ids)),
+      len(states),
+    )
+    for ep, turn in rows
+  ]
+  return returns, np.asarray(index)
 
 
 def _discounted_returns(
