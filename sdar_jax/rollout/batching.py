@@ -6,7 +6,8 @@ invalid-format penalty of that turn (docs/reference.md §4.4) and, when `inadmis
 minus that penalty for a well-formed action the env did not list as admissible (not in the
 reference, where such an action is valid; for small policies, whose wasted turns are mostly
 inadmissible commands); advantages are normalised over all turn-samples of a GRPO group
-(docs/reference.md §2.1).
+(docs/reference.md §2.1), and, when `step_adv_coef` > 0, a step-level advantage compares the
+turns a group took from the same state (GiGPO's; `episodes_to_samples`).
 
 Shapes are bucketed (`sdar_jax.batch`) so the compiled update sees a bounded set of shapes, and a
 mini-batch that is not full is padded with rows whose masks are all zero.
