@@ -568,6 +568,8 @@ class Trainer:
     metrics.update(mean_over_updates(per_batch))
     metrics["train/update_seconds"] = time.perf_counter() - t1
     metrics.update(clock.metrics(samples, it, t_rollout, metrics["train/update_seconds"]))
+    # Running totals when the row is logged. With asynchronous training the rollout thread may be
+    # compiling the next rollout's shapes meanwhile, so, like the timings, they vary between runs.
     metrics["train/compilations"] = float(self.step_fn.num_traces)
     metrics["rollout/sampler_compilations"] = float(self.sampler.num_compilations)
     return metrics

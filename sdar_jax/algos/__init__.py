@@ -18,7 +18,7 @@ from sdar_jax.algos.aggregation import (
   seq_count,
   token_count,
 )
-from sdar_jax.algos.config import TEACHER_SOURCES, AlgoConfig
+from sdar_jax.algos.config import STEP_ANCHORS, TEACHER_SOURCES, AlgoConfig
 from sdar_jax.algos.distill import (
   DISTILL_LOSSES,
   SDAR_FORMS,
@@ -46,6 +46,7 @@ __all__ = [
   "GATES",
   "KL_PENALTIES",
   "SDAR_FORMS",
+  "STEP_ANCHORS",
   "TEACHER_SOURCES",
   "AlgoConfig",
   "Registry",

@@ -26,6 +26,7 @@ from sdar_jax.algos.gates import GATES
 from sdar_jax.algos.losses import KL_PENALTIES
 
 TEACHER_SOURCES = ("rollout", "step")
+STEP_ANCHORS = ("observation", "prompt")  # step_anchor: what makes two turns the same state
 
 
 def _is_number(value: Any, low: float = float("-inf")) -> bool:
@@ -173,8 +174,8 @@ class AlgoConfig:
       )
     if not _is_number(self.step_gamma, low=0) or self.step_gamma > 1:
       bad("step_gamma", "a discount must be in [0, 1]", "use 0.95 (verl-agent's ALFWorld script)")
-    if self.step_anchor not in ("observation", "prompt"):
-      bad("step_anchor", "unknown", "use 'observation' or 'prompt'")
+    if self.step_anchor not in STEP_ANCHORS:
+      bad("step_anchor", "unknown", f"use one of {list(STEP_ANCHORS)}")
     if not _is_number(self.clip_high, low=0):
       bad("clip_high", "must be a number >= 0", "use 0.2 (the reference)")
     if not _is_number(self.clip_c) or not self.clip_c > 1:

@@ -57,18 +57,12 @@ def episodes_to_samples(
   ]
   if not rows:
     return []
+  penalties = (invalid_penalty, inadmissible_penalty)
   rewards = np.asarray([ep.reward for ep, _ in rows], np.float32)
-  valid = np.asarray([turn.valid for _, turn in rows], np.float32)
-  scores = np.asarray(algos.apply_invalid_penalty(rewards, valid, invalid_penalty))
-  if inadmissible_penalty:
-    listed = np.asarray(
-      [turn.admissible is not False or not turn.valid for _, turn in rows], np.float32
-    )
-    scores = np.asarray(algos.apply_invalid_penalty(scores, listed, inadmissible_penalty))
+  scores = rewards - np.asarray([_turn_penalty(turn, *penalties) for _, turn in rows], np.float32)
   _, group_index = np.unique(np.asarray([ep.group_id for ep, _ in rows]), return_inverse=True)
   advantages = _group_advantages(scores, group_index, norm_adv_by_std, eps)
   if step_adv_coef:
-    penalties = (invalid_penalty, inadmissible_penalty)
     step = _step_advantages(episodes, rows, step_gamma, step_anchor, penalties)
     # a state played once has nothing to be compared with: 0
     advantages = advantages + step_adv_coef * _group_advantages(*step, norm_adv_by_std, eps, 0.0)
@@ -116,8 +110,10 @@ def _step_advantages(
 ) -> tuple[np.ndarray, np.ndarray]:
   """(discounted return of each row's turn, index of its state) for `_group_advantages`: two
   turns share a state when they belong to one GRPO group and have the same `anchor`."""
-  if anchor not in STEP_ANCHORS:
-    raise ValueError(f"algo.step_anchor={anchor!r}: unknown. Fix: use one of {list(STEP_ANCHORS)}")
+  if anchor not in algos.STEP_ANCHORS:
+    raise ValueError(
+      f"algo.step_anchor={anchor!r}: unknown. Fix: use one of {list(algos.STEP_ANCHORS)}"
+    )
   returns = np.asarray(
     [
       r
@@ -138,26 +134,30 @@ def _step_advantages(
   return returns, np.asarray(index)
 
 
+def _turn_penalty(turn, invalid_penalty: float, inadmissible_penalty: float) -> float:
+  """What a turn loses from its reward: `invalid_penalty` for a malformed response (the
+  reference's format penalty), else `inadmissible_penalty` for a well-formed command the env did
+  not list (`Turn.admissible` False; None, no check, costs nothing)."""
+  if not turn.valid:
+    return invalid_penalty
+  return inadmissible_penalty if turn.admissible is False else 0.0
+
+
 def _discounted_returns(
   ep: Episode, gamma: float, invalid_penalty: float, inadmissible_penalty: float
 ) -> list[float]:
   """Σ_k γ^(k−t)·r_k for each turn t of `ep` that has a response (the rows of
-  `episodes_to_samples`), r_k being turn k's env reward less its format penalty and, when set,
-  its inadmissible-command penalty."""
+  `episodes_to_samples`), r_k being turn k's env reward less its `_turn_penalty`."""
   out, running = [], 0.0
   for turn in reversed(ep.turns):
-    r = turn.reward
-    if not turn.valid:
-      r -= invalid_penalty
-    elif turn.admissible is False:
-      r -= inadmissible_penalty
-    running = r + gamma * running
+    running = (
+      turn.reward - _turn_penalty(turn, invalid_penalty, inadmissible_penalty) + (gamma * running)
+    )
     if turn.response_ids:
       out.append(running)
   return out[::-1]
 
 
-STEP_ANCHORS = ("observation", "prompt")
 MINIBATCH_ORDERS = ("rollout", "length")
 
 
