@@ -21,7 +21,7 @@ import numpy as np
 
 from sdar_jax import algos
 from sdar_jax.batch import TurnBatch, TurnSample, new_tokens_bucket, prompt_bucket
-from sdar_jax.rollout.trajectory import Episode
+from sdar_jax.rollout.trajectory import Episode, Turn
 
 
 def episodes_to_samples(
@@ -134,7 +134,7 @@ def _step_advantages(
   return returns, np.asarray(index)
 
 
-def _turn_penalty(turn, invalid_penalty: float, inadmissible_penalty: float) -> float:
+def _turn_penalty(turn: Turn, invalid_penalty: float, inadmissible_penalty: float) -> float:
   """What a turn loses from its reward: `invalid_penalty` for a malformed response (the
   reference's format penalty), else `inadmissible_penalty` for a well-formed command the env did
   not list (`Turn.admissible` False; None, no check, costs nothing)."""
