@@ -462,7 +462,7 @@ def plan(
     lambda p: create_train_state(p, step.optimizer), param_shapes(model_config)
   )
   state = jax.tree.map(lambda a, s: _sds(a.shape, a.dtype, s), abstract_state, state_sh)
-  with_ref = bool(algo.kl_coef)  # the trainer passes the frozen initial params for the KL term
+  with_ref = algo.needs_ref_params  # the trainer passes the frozen initial params (KL, teacher)
   ref_params = state.params if with_ref else None
   B, Ps, Pt, R = (
     shapes.mini_batch,

@@ -357,10 +357,12 @@ def score_turns(
   turns: Sequence[Any],
   algo,
   pad_id: int = 0,
+  teacher_params=None,
 ) -> list[tuple[np.ndarray, np.ndarray | None, np.ndarray | None]]:
   """(student log-probs, teacher log-probs or None, gate or None) of each turn's response tokens
-  under `params`, at algo.temperature, as the update scores them (`response_logprobs`); the gate
-  is algo.gate at algo.beta (the student's entropy for the entropy gates)."""
+  under `params` (the teacher's under `teacher_params` when given: a frozen teacher), at
+  algo.temperature, as the update scores them (`response_logprobs`); the gate is algo.gate at
+  algo.beta (the student's entropy for the entropy gates)."""
   from sdar_jax import algos
   from sdar_jax.batch import TurnSample, batch_bucket
   from sdar_jax.rollout import pack_batch
@@ -392,7 +394,14 @@ def score_turns(
   teacher = gate = None
   if with_teacher:
     teacher = np.asarray(
-      score(params, batch.teacher_tokens, batch.teacher_mask, R, temperature, False)[0]
+      score(
+        params if teacher_params is None else teacher_params,
+        batch.teacher_tokens,
+        batch.teacher_mask,
+        R,
+        temperature,
+        False,
+      )[0]
     )
     gate = np.asarray(
       algos.compute_gate(
@@ -550,7 +559,16 @@ def _write_token_view(trainer, episodes: Sequence[Any]) -> str | None:
   algo = step_fn.algo_config if step_fn is not None else AlgoConfig.from_config(config.algo)
   params = trainer.eval_params if trainer.state is None else trainer.state.params
   turns = [t for t in episode.turns if t.response_ids]
-  scores = score_turns(trainer.model_config, params, turns, algo, trainer.pad_id)
+  ref_params = getattr(trainer, "ref_params", None)
+  frozen_teacher = algo.teacher_weights == "initial" and ref_params is not None
+  scores = score_turns(
+    trainer.model_config,
+    params,
+    turns,
+    algo,
+    trainer.pad_id,
+    teacher_params=ref_params if frozen_teacher else None,
+  )
   tokenizer = trainer.tokenizer
   shown = []
   for turn, (student, teacher, gate) in zip(turns, scores):

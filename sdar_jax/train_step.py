@@ -28,6 +28,10 @@ the backward pass (and no second copy of the weights exists: the teacher is the 
 teacher_source="rollout": `TrainStep.score_teacher(params, batch)` scores them once per iteration
 at θ_old before the first update and they ride in the batch, as the authors' code does. With one
 mini-batch per iteration the two agree exactly; with several, "step" re-scores at the current θ.
+SDAR's form "vocab" (ours, `algos.vocab_distill_term`) reads the teacher's whole log-softmax
+[mb, R, V] of each micro-batch: it is computed in the step (never stored with the rollout) and
+consumed by the student's lm_head pass, which forms the gated per-position sum over the vocabulary
+beside the sampled tokens' log-probs (rematerialised with them under `remat`).
 
 Mini-batch accumulation. The batch is split into B / micro_batch_size micro-batches (strided, so
 each stays spread over the data-parallel devices) and scanned; every term is aggregated with the
@@ -88,6 +92,21 @@ def _token_logprob_and_entropy(
   return logp, (algos.entropy_from_logits(logits) if with_entropy else None)
 
 
+def _response_hidden(
+  config: ModelConfig, params: Params, tokens: Array, mask: Array, response_len: int
+) -> tuple[Array, Array]:
+  """The hidden states [B, R, D] that predict the last `response_len` tokens of `tokens`
+  [B, P+R], and those tokens [B, R]."""
+  prompt_len = tokens.shape[1] - response_len
+  if prompt_len < 1:
+    raise ValueError(
+      f"tokens of length {tokens.shape[1]} leave no prompt before a response of "
+      f"{response_len} slots; the first response token needs a preceding position."
+    )
+  hidden, _ = apply(config, params, tokens, positions_from_mask(mask), mask)
+  return hidden[:, prompt_len - 1 : prompt_len - 1 + response_len], tokens[:, prompt_len:]
+
+
 def response_logprobs(
   config: ModelConfig,
   params: Params,
@@ -99,18 +118,18 @@ def response_logprobs(
 ) -> tuple[Array, Array | None]:
   """Log-probs [B, R] (and entropies [B, R]) of the last `response_len` tokens of `tokens`
   [B, P+R] (left-padded prompt, then the response), float32; lm_head on R positions only."""
-  prompt_len = tokens.shape[1] - response_len
-  if prompt_len < 1:
-    raise ValueError(
-      f"tokens of length {tokens.shape[1]} leave no prompt before a response of "
-      f"{response_len} slots; the first response token needs a preceding position."
-    )
-  hidden, _ = apply(config, params, tokens, positions_from_mask(mask), mask)
-  hidden = hidden[:, prompt_len - 1 : prompt_len - 1 + response_len]
+  hidden, targets = _response_hidden(config, params, tokens, mask, response_len)
   head = functools.partial(_token_logprob_and_entropy, config, temperature, with_entropy)
   if config.remat:  # keep only the [B, R, D] hidden states, recompute the [B, R, V] logits
     head = jax.checkpoint(head)
-  return head(params, hidden, tokens[:, prompt_len:])
+  return head(params, hidden, targets)
+
+
+def _log_softmax(config: ModelConfig, temperature: float, params: Params, hidden: Array) -> Array:
+  logits = logits_from_hidden(config, params, hidden)
+  if temperature != 1.0:
+    logits = logits / temperature
+  return jax.nn.log_softmax(logits, axis=-1)
 
 
 def _student_logp(config, algo: AlgoConfig, params, batch: TurnBatch, with_entropy: bool):
@@ -125,11 +144,51 @@ def _student_logp(config, algo: AlgoConfig, params, batch: TurnBatch, with_entro
   )
 
 
+def _student_vocab_head(config, algo: AlgoConfig, params, hidden, targets, teacher_lsm):
+  """Student log-probs, entropies and the SDAR vocab term [B, R] from one [B, R, V] log-softmax."""
+  lsm = _log_softmax(config, algo.temperature, params, hidden)
+  logp = jnp.take_along_axis(lsm, targets[..., None], axis=-1)[..., 0]
+  entropy = -jnp.sum(jnp.exp(lsm) * lsm, axis=-1)
+  term = algos.vocab_distill_term(
+    lsm,
+    teacher_lsm,
+    beta=algo.beta,
+    gate=algo.gate,
+    entropy=jax.lax.stop_gradient(entropy),
+    vocab_size=config.vocab_size,
+  )
+  return logp, entropy, term
+
+
+def _student_scores(config, algo: AlgoConfig, params, batch: TurnBatch, teacher_lsm):
+  """(log-probs, entropies, vocab term or None) of the student branch; the vocab term (form
+  "vocab") is computed in the same lm_head pass as the log-probs."""
+  if teacher_lsm is None:
+    logp, entropy = _student_logp(config, algo, params, batch, with_entropy=True)
+    return logp, entropy, None
+  hidden, targets = _response_hidden(
+    config, params, batch.student_tokens, batch.student_mask, batch.response_len
+  )
+  head = functools.partial(_student_vocab_head, config, algo)
+  if config.remat:
+    head = jax.checkpoint(head)
+  return head(params, hidden, targets, teacher_lsm)
+
+
 def _teacher_logp(config, algo: AlgoConfig, params, batch: TurnBatch) -> Array:
   logp, _ = response_logprobs(
     config, params, batch.teacher_tokens, batch.teacher_mask, batch.response_len, algo.temperature
   )
   return logp
+
+
+def _teacher_log_softmax(config, algo: AlgoConfig, params, batch: TurnBatch) -> tuple[Array, Array]:
+  """The teacher's log-probs [B, R] and whole log-softmax [B, R, V] (form "vocab")."""
+  hidden, targets = _response_hidden(
+    config, params, batch.teacher_tokens, batch.teacher_mask, batch.response_len
+  )
+  lsm = _log_softmax(config, algo.temperature, params, hidden)
+  return jnp.take_along_axis(lsm, targets[..., None], axis=-1)[..., 0], lsm
 
 
 # ------------------------------------------------------------------------------------- loss
@@ -143,15 +202,17 @@ def micro_loss(
   denom: Array,
   num_seqs: Array,
   rlsd_weight: Array,
+  teacher_lsm: Array | None = None,
   histograms: bool = False,
 ) -> tuple[Array, Metrics]:
   """The loss of one micro-batch as its additive share of the mini-batch loss (`denom` and
   `num_seqs` are the mini-batch's), with additive metric shares. Differentiated w.r.t. params.
   `rlsd_weight` is RLSD's teacher weight λ_k of this iteration (`algos.rlsd_lambda`).
+  `teacher_lsm`: the teacher's log-softmax [B, R, V] (SDAR form "vocab" only).
   `histograms`: also the fixed-bin counts of the gap and the gate over the response tokens
   (int32 vectors under "diag/" keys, `sdar_jax.diagnostics`; additive like the other shares)."""
   mask = micro_batch.response_mask.astype(jnp.float32)
-  logp, entropy = _student_logp(config, algo, params, micro_batch, with_entropy=True)
+  logp, entropy, vocab_term = _student_scores(config, algo, params, micro_batch, teacher_lsm)
   if algo.entropy_coef == 0:
     entropy = jax.lax.stop_gradient(entropy)  # a metric (and gate input) only
   agg = dict(agg=algo.agg, denom=denom, num_seqs=num_seqs)
@@ -186,6 +247,7 @@ def micro_loss(
       entropy=entropy,
       vocab_size=config.vocab_size,  # the entropy gates normalise h by ln V
       form=algo.form,
+      vocab_term=vocab_term,
       **agg,
     )
     metrics.update(dist_metrics)
@@ -265,17 +327,28 @@ def loss_and_grads(
     else jnp.zeros((), jnp.float32)
   )
   frozen = jax.lax.stop_gradient(params)
+  if algo.scores_teacher and algo.teacher_weights == "initial":
+    if ref_params is None:
+      raise ValueError(
+        "algo.teacher_weights='initial' runs the teacher on the frozen initial policy: pass "
+        "ref_params=, or set teacher_weights='current'."
+      )
+    teacher_params = jax.lax.stop_gradient(ref_params)
+  else:
+    teacher_params = frozen
   grad_fn = jax.value_and_grad(
     functools.partial(micro_loss, config, algo, histograms=histograms), has_aux=True
   )
 
   def one(micro: TurnBatch):  # one micro-batch
-    teacher_logp = None
-    if algo.scores_teacher:
+    teacher_logp = teacher_lsm = None
+    if algo.vocab_distill:  # teacher_source "step" (AlgoConfig checks it)
+      teacher_logp, teacher_lsm = _teacher_log_softmax(config, algo, teacher_params, micro)
+    elif algo.scores_teacher:
       teacher_logp = (
         micro.teacher_logp
         if algo.teacher_source == "rollout"
-        else _teacher_logp(config, algo, frozen, micro)
+        else _teacher_logp(config, algo, teacher_params, micro)
       )
     ref_logp = None
     if algo.kl_coef:
@@ -285,7 +358,7 @@ def loss_and_grads(
         else _student_logp(config, algo, jax.lax.stop_gradient(ref_params), micro, False)[0]
       )
     (_, metrics), grads = grad_fn(
-      params, micro, teacher_logp, ref_logp, denom, num_seqs, rlsd_weight
+      params, micro, teacher_logp, ref_logp, denom, num_seqs, rlsd_weight, teacher_lsm
     )
     return jax.tree.map(lambda g: g.astype(jnp.float32), grads), metrics
 
@@ -454,6 +527,11 @@ class TrainStep:
           f"[B={B}, Pt+R] with Pt >= 1 before R={R} response slots."
         )
       expect["teacher_mask"] = batch.teacher_tokens.shape
+    if teacher_in_step and for_update and algo.teacher_weights == "initial" and ref_params is None:
+      raise ValueError(
+        "algo.teacher_weights='initial' scores the teacher with the frozen initial policy inside "
+        "the update: pass ref_params= (the initial params), or set teacher_weights='current'."
+      )
     if for_update and algo.kl_coef:
       if ref_params is None and batch.ref_logp is None:
         raise ValueError(

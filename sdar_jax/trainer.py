@@ -240,7 +240,8 @@ class Trainer:
         params, self.warm_start_metrics = warm_start_run(self, params)
       else:
         self.warm_start_metrics = built_policy_metrics(config.model.get("path"))
-      if self.step_fn.algo_config.kl_coef:  # the frozen initial policy (after any warm start)
+      # the frozen initial policy (after any warm start): the KL term's, or a frozen teacher's
+      if self.step_fn.algo_config.needs_ref_params:
         self.ref_params = jax.tree.map(jnp.copy, params)
       self.state = self.step_fn.shard_state(create_train_state(params, self.step_fn.optimizer))
     self.replay = ReplayQueue(max_staleness=config.train.max_staleness)
@@ -545,9 +546,10 @@ class Trainer:
       batches = [b for b, _ in rescored]
       metrics["rollout/max_abs_logp_diff_sampler_vs_recompute"] = max(d for _, d in rescored)
     if self.with_teacher and algo.teacher_source == "rollout":
+      teacher_params = self.ref_params if algo.teacher_weights == "initial" else self.state.params
       with self._device_turn():
         batches = [
-          b.replace(teacher_logp=self.step_fn.score_teacher(self.state.params, b)) for b in batches
+          b.replace(teacher_logp=self.step_fn.score_teacher(teacher_params, b)) for b in batches
         ]
         jax.block_until_ready([b.teacher_logp for b in batches])
       metrics.update(

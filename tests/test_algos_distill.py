@@ -1,4 +1,4 @@
-"""Objective library, part 2: SDAR gates, the SDAR term in both forms, Skill-SD, and the
+"""Objective library, part 2: SDAR gates, the SDAR term in its forms, Skill-SD, and the
 baselines' gradients, against independent float64 NumPy formulas and hand-derived gradients."""
 
 import jax
@@ -17,6 +17,7 @@ from sdar_jax.algos import (
   sdar_loss,
   skill_sd_loss,
   token_advantages,
+  vocab_distill_term,
 )
 
 AGGS = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
@@ -216,6 +217,88 @@ def test_sdar_loss_jits_with_traced_beta():
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=atol, err_msg=gate)
   with pytest.raises(ValueError, match="reverse_kl"):
     sdar_loss(ls, lt, MASK, beta=1.0, form="forward_kl")
+
+
+# ------------------------------------------------------------------- SDAR over the vocabulary
+def vocab_inputs(seed, vocab=VOCAB):
+  """Student and teacher log-softmax [B, R, vocab] (float32) of random logits."""
+  rng = np.random.default_rng(seed)
+
+  def log_softmax(z):
+    z = z - z.max(-1, keepdims=True)
+    return (z - np.log(np.exp(z).sum(-1, keepdims=True))).astype(np.float32)
+
+  zs, zt = rng.normal(size=(2, B, R, vocab)) * 2.0
+  return log_softmax(zs), log_softmax(zt)
+
+
+@pytest.mark.parametrize("gate", ["gap", "entropy", "soft_or", "constant"])
+def test_vocab_term_and_its_logit_gradient_match_numpy(gate):
+  """Per position Σ_v w_v (lT_v − lθ_v), w_v = pT_v·g(β, lT_v − lθ_v, h); d/dz = −w + pθ·Σw."""
+  ls, lt = vocab_inputs(7)
+  beta = 2.0
+  zs = ls + np.random.default_rng(8).normal(size=(B, R, 1)).astype(np.float32)  # any shift
+
+  def term(z):
+    lsm = jax.nn.log_softmax(z, axis=-1)
+    h = -jnp.sum(jnp.exp(lsm) * lsm, axis=-1)
+    return vocab_distill_term(
+      lsm, lt, beta=beta, gate=gate, entropy=jax.lax.stop_gradient(h), vocab_size=VOCAB
+    )
+
+  got = np.asarray(term(jnp.asarray(zs)))
+  grad = np.asarray(jax.grad(lambda z: jnp.sum(term(z) * MASK))(jnp.asarray(zs)))
+  ls64, lt64 = ls.astype(np.float64), lt.astype(np.float64)
+  h = -(np.exp(ls64) * ls64).sum(-1, keepdims=True)
+  w = np.exp(lt64) * np_gate(gate, beta, lt64 - ls64, h)
+  want = (w * (lt64 - ls64)).sum(-1)
+  # terms of both signs: bound by the size of what is summed
+  scale = (w * np.abs(lt64 - ls64)).sum(-1)
+  assert np.all(np.abs(got - want) <= 1e-5 * (1 + scale))
+  want_grad = (-w + np.exp(ls64) * w.sum(-1, keepdims=True)) * MASK[..., None]
+  np.testing.assert_allclose(grad, want_grad, atol=1e-5 * (1 + w.sum(-1).max()))
+
+
+def test_vocab_term_is_a_forward_kl_with_an_open_gate_and_zero_when_the_branches_agree():
+  ls, lt = vocab_inputs(9)
+  kl = (np.exp(lt.astype(np.float64)) * (lt - ls.astype(np.float64))).sum(-1)
+  half = vocab_distill_term(ls, lt, beta=5.0, gate="constant")
+  np.testing.assert_allclose(half, 0.5 * kl, rtol=1e-4, atol=1e-6)
+  assert np.all(np.asarray(half) >= 0)
+  same = vocab_distill_term(ls, ls, beta=5.0, gate="gap")
+  assert np.all(np.abs(np.asarray(same)) <= 1e-6)
+
+
+def test_vocab_form_raises_a_token_the_student_never_samples_and_the_reference_form_cannot():
+  """The student is sure of token 0; the teacher prefers token 2. A descent step on the vocab
+  term raises token 2's log-prob and lowers token 0's; the reference form, which sees only the
+  sampled token 0 (rejected by the teacher, its gate nearly closed), barely moves token 2."""
+  z = jnp.array([[[4.0, 0.0, -1.0, 0.0]]])
+  lt = jax.nn.log_softmax(jnp.array([[[0.0, 0.0, 3.0, 0.0]]]), axis=-1)
+  one = jnp.ones((1, 1))
+
+  def after(loss_fn):
+    z2 = z - 1.0 * jax.grad(loss_fn)(z)
+    return np.asarray(jax.nn.log_softmax(z2, axis=-1) - jax.nn.log_softmax(z, axis=-1))[0, 0]
+
+  def vocab_loss(zz):
+    term = vocab_distill_term(jax.nn.log_softmax(zz, axis=-1), lt, beta=5.0)
+    lsm = jax.nn.log_softmax(zz, axis=-1)
+    return sdar_loss(lsm[..., 0], lt[..., 0], one, beta=5.0, form="vocab", vocab_term=term)[0]
+
+  def reference_loss(zz):
+    lsm = jax.nn.log_softmax(zz, axis=-1)
+    return sdar_loss(lsm[..., 0], lt[..., 0], one, beta=5.0)[0]
+
+  vocab, reference = after(vocab_loss), after(reference_loss)
+  assert vocab[2] > 0.5 and vocab[0] < 0
+  assert abs(reference[2]) < 0.01
+
+
+def test_vocab_form_without_its_term_names_the_fix():
+  ls, lt, _, _ = inputs(6)
+  with pytest.raises(ValueError, match="vocab_term"):
+    sdar_loss(ls, lt, MASK, beta=1.0, form="vocab")
 
 
 # ----------------------------------------------------------------------------- Skill-SD

@@ -22,6 +22,7 @@ from sdar_jax.algos import (
   GATES,
   KL_PENALTIES,
   SDAR_FORMS,
+  VOCAB_FORMS,
   get_preset,
 )
 from sdar_jax.chat_templates import ChatTemplate
@@ -194,12 +195,15 @@ def test_algo_section_key_typos_name_the_closest_field():
     ("kl_kind", KL_PENALTIES.names()),
     ("advantage", ADVANTAGE_ESTIMATORS.names()),
     ("teacher_source", ["step", "rollout"]),
+    ("teacher_weights", ["current", "initial"]),
   ],
 )
 def test_every_registered_name_is_selectable(key, names):
   for name in names:
     config = _local("sdar")
     config.algo[key] = name
+    if key == "form" and name in VOCAB_FORMS:  # the whole distribution is scored in the update
+      config.algo.teacher_source = "step"
     validate(config, num_devices=8)
     assert config.algo[key] == name
 
@@ -214,6 +218,7 @@ def test_every_registered_name_is_selectable(key, names):
     ("advantage", ADVANTAGE_ESTIMATORS),
     ("distill", None),
     ("teacher_source", None),
+    ("teacher_weights", None),
   ],
 )
 def test_unknown_names_list_the_valid_ones(key, registry):
@@ -224,7 +229,11 @@ def test_unknown_names_list_the_valid_ones(key, registry):
   valid = (
     registry.names()
     if registry
-    else (["none", "sdar", "skill_sd"] if key == "distill" else ["rollout", "step"])
+    else {
+      "distill": ["none", "sdar", "skill_sd"],
+      "teacher_source": ["rollout", "step"],
+      "teacher_weights": ["current", "initial"],
+    }[key]
   )
   assert str(sorted(valid)) in msg
 

@@ -223,6 +223,86 @@ def test_sdar_gradient_is_minus_lambda_gate_times_score(params):
   )
 
 
+@pytest.mark.slow
+def test_sdar_vocab_form_gradient_is_the_gated_forward_kl_over_the_vocabulary(params):
+  """Form "vocab" (pg, entropy and KL off): the step's gradient equals jax.grad of
+  −λ·Σ_t m_t·Σ_v w_v·lθ_v / Σm, w_v = pT_v·σ(β(lT_v − lθ_v)) taken as constants from the
+  full-logits forward of both prompts; the sampled-token metrics are unchanged."""
+  lam, beta = 0.5, 5.0
+  lc = AlgoConfig(
+    pg_coef=0.0,
+    distill="sdar",
+    form="vocab",
+    lam=lam,
+    beta=beta,
+    entropy_coef=0.0,
+    kl_coef=0.0,
+    teacher_source="step",
+  )
+  batch = make_batch(params, seed=11)
+  grads, metrics = jax.jit(lambda p: loss_and_grads(CONFIG, lc, p, batch, micro_batch_size=4))(
+    params
+  )
+
+  def response_log_softmax(p, tokens, mask):
+    logits = forward(CONFIG, p, tokens, mask)
+    prompt = tokens.shape[1] - R
+    return jax.nn.log_softmax(logits[:, prompt - 1 : prompt - 1 + R], axis=-1)
+
+  ls = np.asarray(response_log_softmax(params, batch.student_tokens, batch.student_mask), np.float64)
+  lt = np.asarray(response_log_softmax(params, batch.teacher_tokens, batch.teacher_mask), np.float64)
+  w = np.exp(lt) / (1.0 + np.exp(-beta * (lt - ls)))
+  m = np.asarray(batch.response_mask, np.float64)
+
+  def surrogate(p):
+    lsm = response_log_softmax(p, batch.student_tokens, batch.student_mask)
+    return -lam * jnp.sum(jnp.sum(w * lsm, axis=-1) * m) / m.sum()
+
+  want = jax.grad(surrogate)(params)
+  jax.tree.map(close_to_scale, to_np(grads), to_np(want))
+  student = full_logp(params, batch.student_tokens, batch.student_mask, R)[0]
+  teacher = full_logp(params, batch.teacher_tokens, batch.teacher_mask, R)[0]
+  gate = 1.0 / (1.0 + np.exp(-beta * (teacher - student)))
+  np.testing.assert_allclose(
+    float(metrics["sdar/gate_mean"]), (gate * m).sum() / m.sum(), rtol=1e-5
+  )
+  per_position = (w * (lt - ls)).sum(-1)
+  scale = (np.abs(w * (lt - ls)).sum(-1) * m).sum() / m.sum()
+  assert abs(float(metrics["sdar/loss"]) - (per_position * m).sum() / m.sum()) <= 1e-5 * scale
+
+
+@pytest.mark.slow
+def test_a_frozen_teacher_reads_the_initial_params_and_the_student_the_current_ones(params):
+  """teacher_weights='initial': the gap the gate reads is lT(ref_params) − lθ(params), from the
+  full-logits forward of each; with ref_params = params it is the 'current' teacher's exactly."""
+  lc = AlgoConfig(distill="sdar", lam=0.1, kl_coef=0.0, teacher_source="step")
+  frozen = dataclasses.replace(lc, teacher_weights="initial")
+  assert frozen.needs_ref_params and not lc.needs_ref_params
+  batch = make_batch(params, seed=15)
+  ref = jax.tree.map(lambda x: x * 1.05, params)
+  run = jax.jit(lambda a, p, r: loss_and_grads(CONFIG, a, p, batch, ref_params=r), static_argnums=0)
+  _, m_frozen = run(frozen, params, ref)
+  student = full_logp(params, batch.student_tokens, batch.student_mask, R)[0]
+  teacher = full_logp(ref, batch.teacher_tokens, batch.teacher_mask, R)[0]
+  m = np.asarray(batch.response_mask, np.float64)
+  gap = (teacher - student).astype(np.float64)
+  scale = (np.abs(teacher) + np.abs(student)).mean()
+  want = (gap * m).sum() / m.sum()
+  assert abs(float(m_frozen["sdar/teacher_gap_mean"]) - want) <= 1e-5 * scale
+  g_same, m_same = to_np(run(frozen, params, params))
+  g_cur, m_cur = to_np(run(lc, params, params))
+  jax.tree.map(close_to_scale, g_same, g_cur)
+  for key in m_cur:
+    np.testing.assert_allclose(m_same[key], m_cur[key], rtol=1e-6, atol=1e-7, err_msg=key)
+  with pytest.raises(ValueError, match="teacher_weights='initial'.*ref_params="):
+    loss_and_grads(CONFIG, frozen, params, batch)
+
+
+def test_sdar_vocab_form_refuses_a_rollout_scored_teacher():
+  with pytest.raises(ValueError, match="algo.teacher_source='rollout'.*teacher_source=step"):
+    AlgoConfig(distill="sdar", lam=0.1, form="vocab", teacher_source="rollout")
+
+
 # --------------------------------------------------------------------------------- sharding
 @pytest.fixture(scope="module")
 def one_device_update(params):

@@ -18,13 +18,15 @@ from sdar_jax.algos.aggregation import (
   seq_count,
   token_count,
 )
-from sdar_jax.algos.config import STEP_ANCHORS, TEACHER_SOURCES, AlgoConfig
+from sdar_jax.algos.config import STEP_ANCHORS, TEACHER_SOURCES, TEACHER_WEIGHTS, AlgoConfig
 from sdar_jax.algos.distill import (
   DISTILL_LOSSES,
   SDAR_FORMS,
+  VOCAB_FORMS,
   distill_loss,
   sdar_loss,
   skill_sd_loss,
+  vocab_distill_term,
 )
 from sdar_jax.algos.gates import GATES, compute_gate
 from sdar_jax.algos.losses import (
@@ -48,6 +50,8 @@ __all__ = [
   "SDAR_FORMS",
   "STEP_ANCHORS",
   "TEACHER_SOURCES",
+  "TEACHER_WEIGHTS",
+  "VOCAB_FORMS",
   "AlgoConfig",
   "Registry",
   "agg_loss",
@@ -70,4 +74,5 @@ __all__ = [
   "skill_sd_loss",
   "token_advantages",
   "token_count",
+  "vocab_distill_term",
 ]

@@ -21,11 +21,12 @@ from typing import Any
 
 from sdar_jax.algos.advantages import ADVANTAGE_ESTIMATORS
 from sdar_jax.algos.aggregation import AGG_MODES
-from sdar_jax.algos.distill import DISTILL_LOSSES, SDAR_FORMS
+from sdar_jax.algos.distill import DISTILL_LOSSES, SDAR_FORMS, VOCAB_FORMS
 from sdar_jax.algos.gates import GATES
 from sdar_jax.algos.losses import KL_PENALTIES
 
 TEACHER_SOURCES = ("rollout", "step")
+TEACHER_WEIGHTS = ("current", "initial")
 STEP_ANCHORS = ("observation", "prompt")  # step_anchor: what makes two turns the same state
 
 
@@ -57,7 +58,9 @@ class AlgoConfig:
   """SDAR gate (`GATES`): "gap" σ(βΔ), "entropy", "soft_or", "constant", and the paper's literal
   "entropy_paper" / "soft_or_paper" (sdar_jax/algos/gates.py)."""
   form: str = "reference"
-  """SDAR per-token form (`SDAR_FORMS`): "reference" g·(sg(lT) − lθ), "reverse_kl" −g·sg(Δ)·lθ."""
+  """SDAR per-token form (`SDAR_FORMS`): "reference" g·(sg(lT) − lθ), "reverse_kl" −g·sg(Δ)·lθ
+  (sampled tokens), "vocab" Σ_v sg(pT(v)·g_v)·(sg(lT(v)) − lθ(v)) (every vocabulary entry gated
+  by its own gap; needs teacher_source="step", `algos.vocab_distill_term`)."""
   advantage: str = "grpo"
   """Token-advantage estimator (`ADVANTAGE_ESTIMATORS`): "grpo", or "rlsd" (teacher re-weighted,
   needs the teacher's log-probs)."""
@@ -113,6 +116,12 @@ class AlgoConfig:
   teacher_source: str = "rollout"
   """"rollout": teacher log-probs scored once per iteration at θ_old and kept through every
   mini-batch (the reference); "step": re-scored inside each update at the current weights."""
+  teacher_weights: str = "current"
+  """Whose weights the teacher branch runs: "current" (the policy being trained, given the skills:
+  the reference) or "initial" (the frozen initial policy, the one the KL term reads, given the
+  skills). Sharing weights lets the update close the teacher-student gap from the teacher's side
+  too, by making the model ignore the skill block: on the demo, form "vocab" with λ = 1 drove
+  both branches to the same broken policy; a frozen teacher is a fixed target."""
   temperature: float = 1.0
   """Logits are divided by it when tokens are scored; configs link it to rollout.temperature, so
   tokens are scored at the temperature they were sampled at."""
@@ -130,6 +139,16 @@ class AlgoConfig:
     """Whether the teacher's log-probs are scored: `teacher` when set, else whether a term reads
     them (kept unresolved in the field, so a variant that adds or drops a term follows it)."""
     return self.terms_need_teacher if self.teacher is None else self.teacher
+
+  @property
+  def needs_ref_params(self) -> bool:
+    """Whether the update reads the frozen initial policy: the KL term, or a frozen teacher."""
+    return bool(self.kl_coef) or (self.scores_teacher and self.teacher_weights == "initial")
+
+  @property
+  def vocab_distill(self) -> bool:
+    """Whether the SDAR term reads both branches' whole distributions (form "vocab")."""
+    return self.distill == "sdar" and self.form in VOCAB_FORMS
 
   @property
   def terms_need_teacher(self) -> bool:
@@ -151,6 +170,7 @@ class AlgoConfig:
       ("kl_kind", KL_PENALTIES.names()),
       ("agg", AGG_MODES.names()),
       ("teacher_source", sorted(TEACHER_SOURCES)),
+      ("teacher_weights", sorted(TEACHER_WEIGHTS)),
     ):
       if getattr(self, field) not in valid:
         bad(field, "unknown name", f"use one of {valid}")
@@ -216,6 +236,13 @@ class AlgoConfig:
         "teacher",
         f"algo.distill={self.distill!r} / algo.advantage={self.advantage!r} need teacher log-probs",
         "set --config.algo.teacher=True",
+      )
+    if self.vocab_distill and self.teacher_source != "step":
+      bad(
+        "teacher_source",
+        f"algo.form={self.form!r} reads the teacher's whole [B, R, V] distribution, which is "
+        "computed inside the update and never stored with the rollout",
+        "set --config.algo.teacher_source=step",
       )
     if self.distill == "none" and _is_number(self.lam) and self.lam > 0:
       bad(

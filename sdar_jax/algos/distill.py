@@ -21,22 +21,71 @@ Array = jax.Array
 ArrayLike = jax.typing.ArrayLike
 Metrics = dict[str, Array]
 
-FormFn = Callable[[Array, Array, Array, Array], Array]
+# form(student_logp, teacher_logp, gap, gate, vocab_term) -> per-token loss [B, R]
+FormFn = Callable[[Array, Array, Array, Array, "Array | None"], Array]
 SDAR_FORMS: Registry[FormFn] = Registry("sdar form")
+
+# Forms whose per-token loss is a sum over the whole vocabulary at each response position: the
+# update computes it from both branches' full distributions (`vocab_distill_term`) and passes it
+# to `sdar_loss` as `vocab_term`.
+VOCAB_FORMS = ("vocab",)
 
 
 @SDAR_FORMS.register("reference")
-def _reference_form(student_logp: Array, teacher_logp: Array, gap: Array, gate: Array) -> Array:
+def _reference_form(student_logp, teacher_logp, gap, gate, vocab_term=None) -> Array:
   """ℓ = g·(sg(lT) − lθ): pushes every sampled token up with weight g (authors' code)."""
-  del gap
+  del gap, vocab_term
   return gate * (teacher_logp - student_logp)
 
 
 @SDAR_FORMS.register("reverse_kl")
-def _reverse_kl_form(student_logp: Array, teacher_logp: Array, gap: Array, gate: Array) -> Array:
+def _reverse_kl_form(student_logp, teacher_logp, gap, gate, vocab_term=None) -> Array:
   """ℓ = −g·sg(Δ)·lθ: Δ as a token advantage, so teacher-rejected tokens go down."""
-  del teacher_logp
+  del teacher_logp, vocab_term
   return -gate * gap * student_logp
+
+
+@SDAR_FORMS.register("vocab")
+def _vocab_form(student_logp, teacher_logp, gap, gate, vocab_term=None) -> Array:
+  """ℓ_t = Σ_v sg(pT(v)·g_v)·(sg(lT(v)) − lθ(v)), the gate applied to every vocabulary entry
+  (`vocab_distill_term`); the sampled token's gate only feeds the metrics."""
+  del student_logp, teacher_logp, gap, gate
+  if vocab_term is None:
+    raise ValueError(
+      "algo.form='vocab' sums over the whole vocabulary: pass vocab_term=[B, R] "
+      "(vocab_distill_term of the student's and the teacher's log-softmax), or use "
+      "form 'reference'"
+    )
+  return vocab_term
+
+
+def vocab_distill_term(
+  student_log_softmax: ArrayLike,
+  teacher_log_softmax: ArrayLike,
+  *,
+  beta: ArrayLike,
+  gate: str = "gap",
+  entropy: ArrayLike | None = None,
+  vocab_size: int | None = None,
+) -> Array:
+  """SDAR's gate over the whole distribution, per position: [B, R, V] x 2 -> [B, R].
+
+  Every vocabulary entry v is a candidate token with its own gap Δ_v = lT(v) − sg(lθ(v)) and
+  gate g_v = gate(β, Δ_v, h) (h: the student's entropy at the position, [B, R]); the term is
+  Σ_v w_v·(lT(v) − lθ(v)) with w_v = sg(pT(v)·g_v). With every g_v = 1 it is the forward KL
+  KL(pT ‖ pθ); the gate keeps the entries the teacher endorses (lT(v) > lθ(v)) and drops the ones
+  it rejects, which then fall only through the normalisation. Its gradient w.r.t. the student's
+  logits z is −w + pθ·Σ_v w_v: unlike the sampled-token forms it raises tokens the student did
+  not sample, so a near-deterministic student still learns the teacher's preferred actions.
+  Not in the authors' code (they gate sampled tokens only); an extension of ours.
+  """
+  ls = jnp.asarray(student_log_softmax, jnp.float32)
+  lt = jax.lax.stop_gradient(jnp.asarray(teacher_log_softmax, jnp.float32))
+  if entropy is not None:
+    entropy = jnp.asarray(entropy, jnp.float32)[..., None]  # one value per position
+  g = compute_gate(gate, beta=beta, gap=lt - ls, entropy=entropy, vocab_size=vocab_size)
+  w = jax.lax.stop_gradient(jnp.exp(lt) * g)
+  return jnp.sum(w * (lt - ls), axis=-1)
 
 
 def sdar_loss(
@@ -52,12 +101,14 @@ def sdar_loss(
   denom: ArrayLike | None = None,
   num_seqs: ArrayLike | None = None,
   vocab_size: int | None = None,
+  vocab_term: ArrayLike | None = None,
 ) -> tuple[Array, Metrics]:
   """The SDAR distillation loss (not multiplied by λ) and its metrics.
 
   Δ = sg(lT) − sg(lθ); g = gate(β, Δ, h) (detached; the entropy gates also need `vocab_size`,
   the number of logits h is taken over, see `gates`); per token ℓ from `form`
-  ("reference": g·(sg(lT) − lθ); "reverse_kl": −g·sg(Δ)·lθ); loss = agg(ℓ, mask).
+  ("reference": g·(sg(lT) − lθ); "reverse_kl": −g·sg(Δ)·lθ; "vocab": `vocab_term`, the gated
+  sum over the vocabulary from `vocab_distill_term`); loss = agg(ℓ, mask).
   Its gradient w.r.t. lθ in the reference form with token-mean is −g·m/Σm.
 
   Metrics (over the whole batch passed in): sdar/gate_mean, sdar/gate_active_ratio
@@ -67,7 +118,7 @@ def sdar_loss(
   lt = jax.lax.stop_gradient(jnp.asarray(teacher_logp, jnp.float32))
   gap = lt - jax.lax.stop_gradient(lsg)
   g = compute_gate(gate, beta=beta, gap=gap, entropy=entropy, vocab_size=vocab_size)
-  per_token = SDAR_FORMS.get(form)(lsg, lt, gap, g)
+  per_token = SDAR_FORMS.get(form)(lsg, lt, gap, g, vocab_term)
   loss = agg_loss(per_token, mask, agg, denom, num_seqs)
   metrics = {
     "sdar/gate_mean": masked_mean(g, mask, denom),
@@ -132,6 +183,7 @@ def _sdar(
   denom=None,
   num_seqs=None,
   vocab_size=None,
+  vocab_term=None,
   **unused,
 ):
   del unused
@@ -147,6 +199,7 @@ def _sdar(
     denom=denom,
     num_seqs=num_seqs,
     vocab_size=vocab_size,
+    vocab_term=vocab_term,
   )
 
 
@@ -171,5 +224,5 @@ def _skill_sd(
 def distill_loss(name: str, **kwargs) -> tuple[Array, Metrics]:
   """Dispatches to distillation term `name` ("none", "sdar", "skill_sd") with keyword
   arguments student_logp, teacher_logp, old_logp, mask, beta, gate, entropy, vocab_size, form,
-  agg, denom, num_seqs; each term takes the ones it needs. Not multiplied by λ."""
+  vocab_term, agg, denom, num_seqs; each term takes the ones it needs. Not multiplied by λ."""
   return DISTILL_LOSSES.get(name)(**kwargs)
