@@ -403,6 +403,15 @@ EXPECTED_PRESETS = {
   "sdar_soft_or_paper": dict(distill="sdar", gate="soft_or_paper", teacher=True),
   "sdar_constant": dict(distill="sdar", gate="constant", teacher=True),
   "sdar_reverse_kl": dict(distill="sdar", gate="gap", form="reverse_kl", teacher=True),
+  "sdar_vocab": dict(
+    distill="sdar",
+    gate="gap",
+    form="vocab",
+    lam=0.5,
+    teacher_source="step",
+    teacher_weights="initial",
+    teacher=True,
+  ),
 }
 
 
