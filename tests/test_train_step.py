@@ -185,12 +185,9 @@ def test_micro_batch_accumulation_equals_one_batch(params):
     assert m_one["train/tokens"] == batch.response_mask.sum()
 
 
-@pytest.mark.slow
-def test_sdar_gradient_is_minus_lambda_gate_times_score(params):
-  """pg, entropy and KL off: the step's gradient equals jax.grad of -λ·Σ g·lθ·m / Σm with the
-  gate g = σ(β(lT − lθ)) evaluated as constants from the full-logits forward."""
-  lam, beta = 0.5, 5.0
-  lc = AlgoConfig(
+def _distillation_alone(lam: float, beta: float, **changes) -> AlgoConfig:
+  """SDAR's term alone (pg, entropy and KL off), the teacher scored in the step."""
+  return AlgoConfig(
     pg_coef=0.0,
     distill="sdar",
     lam=lam,
@@ -198,7 +195,16 @@ def test_sdar_gradient_is_minus_lambda_gate_times_score(params):
     entropy_coef=0.0,
     kl_coef=0.0,
     teacher_source="step",
+    **changes,
   )
+
+
+@pytest.mark.slow
+def test_sdar_gradient_is_minus_lambda_gate_times_score(params):
+  """pg, entropy and KL off: the step's gradient equals jax.grad of -λ·Σ g·lθ·m / Σm with the
+  gate g = σ(β(lT − lθ)) evaluated as constants from the full-logits forward."""
+  lam, beta = 0.5, 5.0
+  lc = _distillation_alone(lam, beta)
   batch = make_batch(params, seed=11)
   remat = CONFIG.replace(remat=True)  # the rematerialised path, against an independent truth
   grads, metrics = jax.jit(lambda p: loss_and_grads(remat, lc, p, batch, micro_batch_size=4))(
@@ -224,23 +230,16 @@ def test_sdar_gradient_is_minus_lambda_gate_times_score(params):
 
 
 @pytest.mark.slow
-def test_sdar_vocab_form_gradient_is_the_gated_forward_kl_over_the_vocabulary(params):
+@pytest.mark.parametrize("remat", [False, True])
+def test_sdar_vocab_form_gradient_is_the_gated_forward_kl_over_the_vocabulary(params, remat):
   """Form "vocab" (pg, entropy and KL off): the step's gradient equals jax.grad of
   −λ·Σ_t m_t·Σ_v w_v·lθ_v / Σm, w_v = pT_v·σ(β(lT_v − lθ_v)) taken as constants from the
   full-logits forward of both prompts; the sampled-token metrics are unchanged."""
   lam, beta = 0.5, 5.0
-  lc = AlgoConfig(
-    pg_coef=0.0,
-    distill="sdar",
-    form="vocab",
-    lam=lam,
-    beta=beta,
-    entropy_coef=0.0,
-    kl_coef=0.0,
-    teacher_source="step",
-  )
+  lc = _distillation_alone(lam, beta, form="vocab")
   batch = make_batch(params, seed=11)
-  grads, metrics = jax.jit(lambda p: loss_and_grads(CONFIG, lc, p, batch, micro_batch_size=4))(
+  model = CONFIG.replace(remat=remat)
+  grads, metrics = jax.jit(lambda p: loss_and_grads(model, lc, p, batch, micro_batch_size=4))(
     params
   )
 
