@@ -70,6 +70,7 @@ LABELS = {
   "sdar_entropy": "SDAR (entropy gate)",
   "sdar_soft_or": "SDAR (soft-OR gate)",
   "sdar_constant": "SDAR (constant gate)",
+  "sdar_vocab": "SDAR (gate over the vocabulary, frozen teacher)",
   "skill_grpo": "Skill-GRPO",
 }
 # The budget columns: (dotted config key, column name); equal across arms by construction.

@@ -503,7 +503,7 @@ def plan(
         B,
         Ps,
         R,
-        with_ref=with_ref,
+        with_ref=bool(algo.kl_coef) and with_ref,  # a frozen teacher alone adds no ref forward
         teacher_prompt_len=Pt if teacher_in_update else None,
       ).values()
     )

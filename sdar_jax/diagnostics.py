@@ -608,6 +608,8 @@ def _write_token_view(trainer, episodes: Sequence[Any]) -> str | None:
       "lT - lθ (teacher minus student log-prob of the token), g and both log-probs, scored at "
       f"this step's parameters and temperature {algo.temperature:g}."
     )
+    if frozen_teacher:
+      note += " The teacher runs on the frozen initial policy (algo.teacher_weights='initial')."
     if not algo.scores_teacher:
       note += (
         f" This algorithm ({algo.name}) does not score a teacher in training: the teacher is "

@@ -24,14 +24,17 @@ with every setting from one `sdar_jax.algos.AlgoConfig` (a jit static).
 
 Teacher branch. teacher_source="step": teacher log-probs from the current parameters inside the
 same jit, computed OUTSIDE the differentiated function, so XLA keeps none of its activations for
-the backward pass (and no second copy of the weights exists: the teacher is the same params).
+the backward pass (and no second copy of the weights exists: the teacher is the same params,
+unless teacher_weights="initial", below).
 teacher_source="rollout": `TrainStep.score_teacher(params, batch)` scores them once per iteration
 at θ_old before the first update and they ride in the batch, as the authors' code does. With one
 mini-batch per iteration the two agree exactly; with several, "step" re-scores at the current θ.
-SDAR's form "vocab" (ours, `algos.vocab_distill_term`) reads the teacher's whole log-softmax
-[mb, R, V] of each micro-batch: it is computed in the step (never stored with the rollout) and
-consumed by the student's lm_head pass, which forms the gated per-position sum over the vocabulary
-beside the sampled tokens' log-probs (rematerialised with them under `remat`).
+`algo.teacher_weights="initial"` runs the teacher on the frozen initial policy (`ref_params`, the
+KL term's) instead of the current parameters, in either source.
+SDAR's form "vocab" (ours, `algos.vocab_distill_term`) reads the teacher's whole distribution: the
+teacher's [mb, R, D] hidden states go into the student's lm_head pass, which forms both
+branches' [mb, R, V] log-softmax, the gated per-position sum over the vocabulary and the sampled
+tokens' log-probs (under `remat` only the hidden states are kept for the backward pass).
 
 Mini-batch accumulation. The batch is split into B / micro_batch_size micro-batches (strided, so
 each stays spread over the data-parallel devices) and scanned; every term is aggregated with the
@@ -144,10 +147,16 @@ def _student_logp(config, algo: AlgoConfig, params, batch: TurnBatch, with_entro
   )
 
 
-def _student_vocab_head(config, algo: AlgoConfig, params, hidden, targets, teacher_lsm):
-  """Student log-probs, entropies and the SDAR vocab term [B, R] from one [B, R, V] log-softmax."""
+def _vocab_head(config, algo: AlgoConfig, params, hidden, targets, teacher_params, teacher_hidden):
+  """Student log-probs, entropies, the SDAR vocab term and the teacher's log-probs [B, R], from
+  both branches' [B, R, V] log-softmax formed here from their [B, R, D] hidden states (so under
+  `remat` only the hidden states are kept for the backward pass)."""
   lsm = _log_softmax(config, algo.temperature, params, hidden)
+  teacher_lsm = jax.lax.stop_gradient(
+    _log_softmax(config, algo.temperature, teacher_params, teacher_hidden)
+  )
   logp = jnp.take_along_axis(lsm, targets[..., None], axis=-1)[..., 0]
+  teacher_logp = jnp.take_along_axis(teacher_lsm, targets[..., None], axis=-1)[..., 0]
   entropy = -jnp.sum(jnp.exp(lsm) * lsm, axis=-1)
   term = algos.vocab_distill_term(
     lsm,
@@ -157,22 +166,23 @@ def _student_vocab_head(config, algo: AlgoConfig, params, hidden, targets, teach
     entropy=jax.lax.stop_gradient(entropy),
     vocab_size=config.vocab_size,
   )
-  return logp, entropy, term
+  return logp, entropy, term, teacher_logp
 
 
-def _student_scores(config, algo: AlgoConfig, params, batch: TurnBatch, teacher_lsm):
-  """(log-probs, entropies, vocab term or None) of the student branch; the vocab term (form
-  "vocab") is computed in the same lm_head pass as the log-probs."""
-  if teacher_lsm is None:
+def _student_scores(config, algo: AlgoConfig, params, batch: TurnBatch, teacher):
+  """(log-probs, entropies, vocab term or None, teacher log-probs or None) of the student
+  branch. `teacher` = (teacher params, teacher hidden states [B, R, D]) for form "vocab": the
+  vocab term and the teacher's log-probs come from the same lm_head pass as the log-probs."""
+  if teacher is None:
     logp, entropy = _student_logp(config, algo, params, batch, with_entropy=True)
-    return logp, entropy, None
+    return logp, entropy, None, None
   hidden, targets = _response_hidden(
     config, params, batch.student_tokens, batch.student_mask, batch.response_len
   )
-  head = functools.partial(_student_vocab_head, config, algo)
+  head = functools.partial(_vocab_head, config, algo)
   if config.remat:
     head = jax.checkpoint(head)
-  return head(params, hidden, targets, teacher_lsm)
+  return head(params, hidden, targets, *teacher)
 
 
 def _teacher_logp(config, algo: AlgoConfig, params, batch: TurnBatch) -> Array:
@@ -182,13 +192,12 @@ def _teacher_logp(config, algo: AlgoConfig, params, batch: TurnBatch) -> Array:
   return logp
 
 
-def _teacher_log_softmax(config, algo: AlgoConfig, params, batch: TurnBatch) -> tuple[Array, Array]:
-  """The teacher's log-probs [B, R] and whole log-softmax [B, R, V] (form "vocab")."""
-  hidden, targets = _response_hidden(
+def _teacher_hidden(config, params, batch: TurnBatch) -> Array:
+  """The teacher branch's hidden states [B, R, D] at the response positions (form "vocab")."""
+  hidden, _ = _response_hidden(
     config, params, batch.teacher_tokens, batch.teacher_mask, batch.response_len
   )
-  lsm = _log_softmax(config, algo.temperature, params, hidden)
-  return jnp.take_along_axis(lsm, targets[..., None], axis=-1)[..., 0], lsm
+  return hidden
 
 
 # ------------------------------------------------------------------------------------- loss
@@ -202,17 +211,22 @@ def micro_loss(
   denom: Array,
   num_seqs: Array,
   rlsd_weight: Array,
-  teacher_lsm: Array | None = None,
+  teacher: tuple[Params, Array] | None = None,
   histograms: bool = False,
 ) -> tuple[Array, Metrics]:
   """The loss of one micro-batch as its additive share of the mini-batch loss (`denom` and
   `num_seqs` are the mini-batch's), with additive metric shares. Differentiated w.r.t. params.
   `rlsd_weight` is RLSD's teacher weight λ_k of this iteration (`algos.rlsd_lambda`).
-  `teacher_lsm`: the teacher's log-softmax [B, R, V] (SDAR form "vocab" only).
+  `teacher`: (teacher params, teacher hidden states [B, R, D]) for SDAR form "vocab", whose
+  teacher log-probs are formed in the student's lm_head pass (`teacher_logp` is then None).
   `histograms`: also the fixed-bin counts of the gap and the gate over the response tokens
   (int32 vectors under "diag/" keys, `sdar_jax.diagnostics`; additive like the other shares)."""
   mask = micro_batch.response_mask.astype(jnp.float32)
-  logp, entropy, vocab_term = _student_scores(config, algo, params, micro_batch, teacher_lsm)
+  logp, entropy, vocab_term, head_teacher_logp = _student_scores(
+    config, algo, params, micro_batch, teacher
+  )
+  if head_teacher_logp is not None:
+    teacher_logp = head_teacher_logp
   if algo.entropy_coef == 0:
     entropy = jax.lax.stop_gradient(entropy)  # a metric (and gate input) only
   agg = dict(agg=algo.agg, denom=denom, num_seqs=num_seqs)
@@ -327,7 +341,7 @@ def loss_and_grads(
     else jnp.zeros((), jnp.float32)
   )
   frozen = jax.lax.stop_gradient(params)
-  if algo.scores_teacher and algo.teacher_weights == "initial":
+  if algo.scores_teacher and algo.teacher_source == "step" and algo.teacher_weights == "initial":
     if ref_params is None:
       raise ValueError(
         "algo.teacher_weights='initial' runs the teacher on the frozen initial policy: pass "
@@ -341,9 +355,9 @@ def loss_and_grads(
   )
 
   def one(micro: TurnBatch):  # one micro-batch
-    teacher_logp = teacher_lsm = None
+    teacher_logp = teacher = None
     if algo.vocab_distill:  # teacher_source "step" (AlgoConfig checks it)
-      teacher_logp, teacher_lsm = _teacher_log_softmax(config, algo, teacher_params, micro)
+      teacher = (teacher_params, _teacher_hidden(config, teacher_params, micro))
     elif algo.scores_teacher:
       teacher_logp = (
         micro.teacher_logp
@@ -358,7 +372,7 @@ def loss_and_grads(
         else _student_logp(config, algo, jax.lax.stop_gradient(ref_params), micro, False)[0]
       )
     (_, metrics), grads = grad_fn(
-      params, micro, teacher_logp, ref_logp, denom, num_seqs, rlsd_weight, teacher_lsm
+      params, micro, teacher_logp, ref_logp, denom, num_seqs, rlsd_weight, teacher
     )
     return jax.tree.map(lambda g: g.astype(jnp.float32), grads), metrics
 
@@ -616,7 +630,8 @@ class TrainStep:
     """One update on one mini-batch. `state` is donated (do not reuse it). `iteration` is the
     1-based training iteration for the RLSD λ schedule and the learning-rate warm-up (default:
     state.step + 1, right when each iteration has one mini-batch; the trainer passes it).
-    `ref_params`: frozen reference for the KL term."""
+    `ref_params`: the frozen initial policy, for the KL term and a frozen teacher
+    (`algo.needs_ref_params`)."""
     self.check_batch(batch, ref_params)
     return self._update_fn(ref_params is not None)(
       *self.call_args(state, batch, ref_params, iteration)
@@ -661,7 +676,8 @@ class TrainStep:
 
   def score_teacher(self, params: Params, batch: TurnBatch) -> Array:
     """Teacher log-probs [B, R] of the batch's responses under the teacher prompts (no grad),
-    micro-batched like the update. Run at θ_old for teacher_source='rollout'."""
+    micro-batched like the update. Run at θ_old for teacher_source='rollout' (at the frozen
+    initial params with teacher_weights='initial')."""
     self.check_batch(batch, for_update=False)
     return self._score_fn("teacher")(params, _without_logps(batch))
 

@@ -10,7 +10,8 @@ One iteration (docs/design.md, "One iteration, as data"):
 4. The samples pass through the replay queue (synchronous on-policy by default).
 5. They are packed into fixed-shape mini-batches; with algo.recompute_old_logp the old log-probs
    are re-scored at θ_old, with teacher_source="rollout" the teacher log-probs of every mini-batch
-   are scored once at θ_old, then one compiled update per mini-batch.
+   are scored once at θ_old (at the frozen initial policy with algo.teacher_weights="initial"),
+   then one compiled update per mini-batch.
 
 Asynchronous training (`train.max_staleness = k > 0`, one process): a rollout thread
 (sdar_jax.rollout.worker) plays iterations i+1 .. i+k while the main thread updates on iteration

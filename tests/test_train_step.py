@@ -271,10 +271,11 @@ def test_sdar_vocab_form_gradient_is_the_gated_forward_kl_over_the_vocabulary(pa
 
 
 @pytest.mark.slow
-def test_a_frozen_teacher_reads_the_initial_params_and_the_student_the_current_ones(params):
+@pytest.mark.parametrize("form", ["reference", "vocab"])
+def test_a_frozen_teacher_reads_the_initial_params_and_the_student_the_current_ones(params, form):
   """teacher_weights='initial': the gap the gate reads is lT(ref_params) − lθ(params), from the
   full-logits forward of each; with ref_params = params it is the 'current' teacher's exactly."""
-  lc = AlgoConfig(distill="sdar", lam=0.1, kl_coef=0.0, teacher_source="step")
+  lc = AlgoConfig(distill="sdar", lam=0.1, kl_coef=0.0, teacher_source="step", form=form)
   frozen = dataclasses.replace(lc, teacher_weights="initial")
   assert frozen.needs_ref_params and not lc.needs_ref_params
   batch = make_batch(params, seed=15)
@@ -295,6 +296,13 @@ def test_a_frozen_teacher_reads_the_initial_params_and_the_student_the_current_o
     np.testing.assert_allclose(m_same[key], m_cur[key], rtol=1e-6, atol=1e-7, err_msg=key)
   with pytest.raises(ValueError, match="teacher_weights='initial'.*ref_params="):
     loss_and_grads(CONFIG, frozen, params, batch)
+  step = TrainStep(CONFIG, frozen, make_optimizer(), micro_batch_size=4)
+  with pytest.raises(ValueError, match="teacher_weights='initial'.*ref_params="):
+    step.check_batch(batch)
+  # scored with the rollout, the teacher's log-probs ride in the batch: no ref_params needed
+  if form == "reference":
+    rollout = dataclasses.replace(frozen, teacher_source="rollout")
+    loss_and_grads(CONFIG, rollout, params, batch.replace(teacher_logp=batch.old_logp))
 
 
 def test_sdar_vocab_form_refuses_a_rollout_scored_teacher():

@@ -83,7 +83,8 @@ def vocab_distill_term(
   lt = jax.lax.stop_gradient(jnp.asarray(teacher_log_softmax, jnp.float32))
   if entropy is not None:
     entropy = jnp.asarray(entropy, jnp.float32)[..., None]  # one value per position
-  g = compute_gate(gate, beta=beta, gap=lt - ls, entropy=entropy, vocab_size=vocab_size)
+  gap = lt - jax.lax.stop_gradient(ls)
+  g = compute_gate(gate, beta=beta, gap=gap, entropy=entropy, vocab_size=vocab_size)
   w = jax.lax.stop_gradient(jnp.exp(lt) * g)
   return jnp.sum(w * (lt - ls), axis=-1)
 
