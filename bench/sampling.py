@@ -12,8 +12,10 @@ transformers runs with torch's default threads ("hf_torch") and pinned to one th
 many times slower); "vs hf" divides by the faster of the two.
 Each peer is called once first (for JAX: compilation; printed as "first call"), then the timed
 repeats run round-robin over the peers, so load from other processes hits every peer alike.
-`--devices N` adds a row for our sampler on a data-parallel mesh of N CPU devices (XLA runs
-each device on its own thread; one device runs the small decode matmuls on one core).
+`--devices N` adds two rows for our sampler on meshes of N CPU devices (XLA runs each device's
+program on its own thread): "dpN" splits the batch (every device streams all the weights),
+"tpN" splits the heads, the MLP columns and the vocabulary (each device streams 1/N of the
+weights, at the price of two all-reduces per layer per decode step).
 
 Group prefix sharing: 2 distinct prompts x 8 copies (GRPO group size 8), the same batch with
 sharing on (2 prefill rows) and off (16 prefill rows), at prompt length 64 and a longer one.
@@ -65,12 +67,14 @@ def write_checkpoint(path: str, seed: int = 0):
 
 
 # ------------------------------------------------------------------------------------ peers
-def ours(path, prompts, new, devices=1):
-  """A call of our sampler (greedy) returning [batch, new] tokens, and the Sampler."""
+def ours(path, prompts, new, devices=1, axis="data"):
+  """A call of our sampler (greedy) returning [batch, new] tokens, and the Sampler; with
+  `devices` > 1, on a mesh of that many CPU devices along `axis` ("data": the batch is split;
+  "tensor": heads, MLP columns and the vocabulary are split, sharding.py's rules)."""
   config, params = load_pretrained(path)
   mesh = None
   if devices > 1:
-    mesh = sharding.make_mesh((devices, 1, 1))
+    mesh = sharding.make_mesh({axis: devices})
     params = sharding.shard_params(params, config, mesh)
   sampler = Sampler(config, mesh)
   sp = SamplingParams(max_new_tokens=new, temperature=0.0, stop_token_ids=())
@@ -183,7 +187,7 @@ def main():
     "--devices",
     type=int,
     default=1,
-    help="also run ours on a data-parallel mesh of this many CPU devices",
+    help="also run ours on a data-parallel and on a tensor-parallel mesh of this many CPU devices",
   )
   parser.add_argument("--no-tunix", action="store_true")
   args = parser.parse_args()
@@ -208,6 +212,7 @@ def main():
     }
     if args.devices > 1:
       calls[f"sdar_jax dp{args.devices}"] = ours(path, prompts, args.new, args.devices)[0]
+      calls[f"sdar_jax tp{args.devices}"] = ours(path, prompts, args.new, args.devices, "tensor")[0]
     tunix_call = "skipped (--no-tunix)" if args.no_tunix else tunix(path, prompts, args.new)
     if callable(tunix_call):
       calls["tunix"] = tunix_call
