@@ -610,6 +610,12 @@ def _write_token_view(trainer, episodes: Sequence[Any]) -> str | None:
     )
     if frozen_teacher:
       note += " The teacher runs on the frozen initial policy (algo.teacher_weights='initial')."
+    elif algo.teacher_weights == "initial":  # an evaluation-only run keeps no initial policy
+      note += (
+        " Training ran this teacher on the frozen initial policy (algo.teacher_weights="
+        "'initial'); this evaluation holds no copy of it, so here the teacher runs on the "
+        "evaluated weights and g is not the gate training used."
+      )
     if not algo.scores_teacher:
       note += (
         f" This algorithm ({algo.name}) does not score a teacher in training: the teacher is "

@@ -317,3 +317,10 @@ def test_a_tiny_run_writes_the_diagnostics(tmp_path, monkeypatch):
   assert "grpo (gate gap, beta 5" in page and "does not score a teacher in training" in page
   assert re.search(r'<span style="background:#[0-9a-f]{6}" title="gap [+-]\d', page)
   assert not os.path.exists(os.path.join(out, "diagnostics"))
+  assert "frozen initial policy" not in page
+
+  # A frozen-teacher algorithm evaluated alone: the view says its teacher is not training's.
+  out = str(tmp_path / "sdar_vocab_eval")
+  trainer.run_evaluation(config("sdar_vocab"), out)
+  page = open(os.path.join(out, "tokens.html"), encoding="utf-8").read()
+  assert "this evaluation holds no copy of it" in page
