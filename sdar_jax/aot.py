@@ -503,7 +503,8 @@ def plan(
         B,
         Ps,
         R,
-        with_ref=bool(algo.kl_coef) and with_ref,  # a frozen teacher alone adds no ref forward
+        with_ref=bool(algo.kl_coef),  # the KL term's reference forward (a frozen teacher's
+        # forward is the teacher's, counted below)
         teacher_prompt_len=Pt if teacher_in_update else None,
       ).values()
     )

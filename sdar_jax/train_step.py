@@ -77,6 +77,12 @@ Metrics = dict[str, Array]
 
 
 # --------------------------------------------------------------------------------- log-probs
+def _scaled_logits(config: ModelConfig, temperature: float, params: Params, hidden: Array) -> Array:
+  """Float32 logits [..., V] of hidden states [..., D], divided by `temperature` unless it is 1."""
+  logits = logits_from_hidden(config, params, hidden)
+  return logits if temperature == 1.0 else logits / temperature
+
+
 def _token_logprob_and_entropy(
   config: ModelConfig,
   temperature: float,
@@ -87,9 +93,7 @@ def _token_logprob_and_entropy(
 ) -> tuple[Array, Array | None]:
   """log p(target) of each hidden state's next-token distribution at `temperature` (and its
   entropy): the lm_head applied to response positions only."""
-  logits = logits_from_hidden(config, params, hidden)
-  if temperature != 1.0:
-    logits = logits / temperature
+  logits = _scaled_logits(config, temperature, params, hidden)
   picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
   logp = picked - jax.nn.logsumexp(logits, axis=-1)
   return logp, (algos.entropy_from_logits(logits) if with_entropy else None)
@@ -129,10 +133,7 @@ def response_logprobs(
 
 
 def _log_softmax(config: ModelConfig, temperature: float, params: Params, hidden: Array) -> Array:
-  logits = logits_from_hidden(config, params, hidden)
-  if temperature != 1.0:
-    logits = logits / temperature
-  return jax.nn.log_softmax(logits, axis=-1)
+  return jax.nn.log_softmax(_scaled_logits(config, temperature, params, hidden), axis=-1)
 
 
 def _student_logp(config, algo: AlgoConfig, params, batch: TurnBatch, with_entropy: bool):

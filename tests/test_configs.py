@@ -144,7 +144,11 @@ def test_default_is_the_offline_demo():
   """The demo: a small Qwen3 model on the compact tokenizer, 48+ validation episodes."""
   config = default.get_config()
   model_config = validate(config, num_devices=1)
-  assert (config.env.name, config.algo.name, config.env.data_dir) == ("alfworld", "sdar_vocab", None)
+  assert (config.env.name, config.algo.name, config.env.data_dir) == (
+    "alfworld",
+    "sdar_vocab",
+    None,
+  )
   assert (config.algo.form, config.algo.teacher_weights) == ("vocab", "initial")
   assert model_config.family == "qwen3" and model_config.num_params < 20_000_000
   tokenizer = Tokenizer.from_dir(config.model.tokenizer_dir)
