@@ -2,6 +2,38 @@
 shared fixtures: a tiny model config, its parameters and a turn batch (builders in helpers.py)."""
 
 import os
+import shutil
+import tempfile
+
+# Everything the suite caches lives in one folder of the system's temporary folder, made by the
+# first process of a run (pytest, or xdist's controller before it starts its workers) and inherited
+# by every worker and subprocess through the environment:
+# - <run>/data: the generated ALFWorld games, BM25 indexes and the libraries' caches, made once per
+#   run and shared by every test (removed at the end of the run);
+# - <tmp>/sdar_jax_tests/xla/cpu-<fingerprint>: JAX's persistent compilation cache, so a program
+#   compiled once (a Trainer's sampler and update, in-process or in a subprocess) is loaded by
+#   every later test that builds the same one. It outlives the run (its keys name the program, the
+#   jax version and the CPU) and holds only what this suite compiles.
+_OWNER = "SDAR_TEST_RUN_DIR" not in os.environ
+if _OWNER:
+  os.environ["SDAR_TEST_RUN_DIR"] = tempfile.mkdtemp(prefix="sdar_jax_tests-run-")
+_RUN_DIR = os.environ["SDAR_TEST_RUN_DIR"]
+for _name, _sub in (
+  ("SDAR_DATA_CACHE", "data"),
+  ("SDAR_CACHE_DIR", "data"),
+  ("ALFWORLD_DATA", "alfworld"),
+  ("MPLCONFIGDIR", "matplotlib"),
+):
+  os.environ[_name] = os.path.join(_RUN_DIR, _sub)
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  from sdar_jax.train import cpu_fingerprint  # noqa: E402
+
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(
+    tempfile.gettempdir(), "sdar_jax_tests", "xla", cpu_fingerprint()
+  )
+# Small programs too: the suite's models are tiny, so most of its programs compile in under
+# JAX's default threshold of one second, and compile again in every test that builds them.
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 
 # Appended, not set by default: a run that restricts XLA (e.g. XLA_FLAGS=--xla_cpu_max_isa=SSE4_2,
 # to check tolerances on an older CPU) keeps its 8 fake devices.
@@ -42,3 +74,10 @@ def tiny_params(tiny_config):
 def tiny_batch(tiny_params):
   """A ragged 8-row `TurnBatch` for `tiny_config` with exact old log-probs (seed 0)."""
   return make_turn_batch(tiny_params, seed=0)
+
+
+def pytest_sessionfinish(session, exitstatus):
+  """The run's own folder (games, indexes) goes with the process that made it."""
+  del session, exitstatus
+  if _OWNER:
+    shutil.rmtree(_RUN_DIR, ignore_errors=True)

@@ -174,33 +174,59 @@ def to_np(tree):
   return jax.tree.map(np.asarray, tree)
 
 
-def tiny_run_config(total_steps: int, algo: str = "sdar", **overrides):
-  """A whole run config for the real host loop, as small as it goes: the tiny model, one GRPO group
-  of 2 two-turn episodes per iteration on one generated ALFWorld game per task type and split, 2
-  validation episodes, over a (2, 1, 4) mesh of the fake CPU devices; no warm start, synchronous
-  checkpoints, no HF export, no TensorBoard. `overrides`: dotted config keys, e.g.
-  `**{"train.eval_every": 2}`."""
-  from configs import alfworld, common
+# What every small run of the real host loop shares: the compact tokenizer (1,642 ids, padded to
+# 1,664 logits; byte-level, so any env's text encodes) instead of Qwen's 151,936, and the mesh of one
+# device unless the test is about sharding (`mesh=(data, fsdp, tensor)` over the 8 fake devices).
+COMPACT_VOCAB = 1664
 
-  config = alfworld.get_config(f"model=tiny,algo={algo},local=True")
-  tiny = {
-    "mesh.data": 2,
-    "mesh.fsdp": 1,
-    "mesh.tensor": 4,
+
+def small_run_overrides(mesh: tuple[int, int, int] = (2, 1, 4)) -> dict:
+  """Dotted config keys that shrink any env's `local=True` config to the smallest run the host
+  loop plays: one GRPO group of 2 two-turn episodes per iteration, 2 validation episodes, no warm
+  start, synchronous checkpoints, no HF export, no TensorBoard."""
+  from sdar_jax.tokenizer import packaged_tokenizer_dir
+
+  data, fsdp, tensor = mesh
+  return {
+    "model.tokenizer_dir": str(packaged_tokenizer_dir("alfworld_compact")),
+    "model.tiny.vocab_size": COMPACT_VOCAB,
+    "mesh.data": data,
+    "mesh.fsdp": fsdp,
+    "mesh.tensor": tensor,
     "env.tasks_per_step": 1,
     "env.group_size": 2,
     "env.max_turns": 2,
     "env.num_workers": 1,
-    "env.offline.num_train": 1,
-    "env.offline.num_eval": 1,
     "eval.num_tasks": 2,
     "rollout.max_new_tokens": 16,
-    "train.total_steps": total_steps,
     "train.mini_batch_size": 4,
     "train.micro_batch_size": 2,
     "warm_start.steps": 0,
     "checkpoint.async_save": False,
     "checkpoint.export_hf": False,
     "logging.tensorboard": False,
+  }
+
+
+def tiny_run_config(
+  total_steps: int, algo: str = "sdar", mesh: tuple[int, int, int] = (2, 1, 4), **overrides
+):
+  """A whole ALFWorld run config for the real host loop, as small as it goes
+  (`small_run_overrides`) on one generated game per task type and split. `overrides`: dotted
+  config keys, e.g. `**{"train.eval_every": 2}`."""
+  from configs import alfworld, common
+  from envs.skills.library import skills_dir
+
+  config = alfworld.get_config(f"model=tiny,algo={algo},local=True")
+  tiny = {
+    **small_run_overrides(mesh),
+    "env.offline.num_train": 1,
+    "env.offline.num_eval": 1,
+    "env.offline.rooms": "small",
+    # The demo's brief skills (about 240 tokens), cut to the task's objects: the teacher's
+    # prompt is the skill block plus the student's, and the general skills are about 1,900.
+    "env.skills.dir": skills_dir("alfworld_brief"),
+    "env.skills.places": "task",
+    "train.total_steps": total_steps,
   }
   return common.override(config, {**tiny, **overrides})

@@ -40,13 +40,6 @@ def _rollout_threads() -> list[threading.Thread]:
   return [t for t in threading.enumerate() if t.name == "sdar-rollout" and t.is_alive()]
 
 
-@pytest.fixture(scope="module")
-def data_cache(tmp_path_factory):
-  with pytest.MonkeyPatch.context() as mp:
-    mp.setenv("SDAR_DATA_CACHE", str(tmp_path_factory.mktemp("cache")))
-    yield
-
-
 # ------------------------------------------------------------------------------------ replay
 def _sample(version: int) -> TurnSample:
   return TurnSample([1], [2], [-1.0], 0.0, 0.0, 0, policy_version=version, valid=True)
@@ -227,7 +220,7 @@ def test_train_cli_refuses_async_with_several_processes_before_joining_them(tmp_
 # ------------------------------------------------------------------------------------ runs
 @pytest.mark.slow
 def test_max_staleness_zero_runs_serially_and_matches_the_threaded_path(
-  tmp_path, data_cache, monkeypatch
+  tmp_path, monkeypatch
 ):
   """max_staleness=0 plays every rollout inline (no rollout thread is made); the same run through
   the rollout thread, handed a copy of the parameters at each iteration, logs the same rows
@@ -262,7 +255,7 @@ def test_max_staleness_zero_runs_serially_and_matches_the_threaded_path(
 
 
 @pytest.fixture(scope="module")
-def async_run(tmp_path_factory, data_cache):
+def async_run(tmp_path_factory):
   """3 iterations at max_staleness=1, evaluation at 2 and 3; iteration 3's rollout (index 2) has
   its second episode marked as sampled by policy version -1, 3 versions before the update."""
   from sdar_jax import trainer
@@ -329,7 +322,7 @@ def test_async_stale_samples_are_dropped_counted_and_not_trained(async_run):
 
 
 @pytest.mark.slow
-def test_killed_async_run_resumes_with_the_same_task_draws(tmp_path, data_cache, monkeypatch):
+def test_killed_async_run_resumes_with_the_same_task_draws(tmp_path, monkeypatch):
   """Killed right after checkpoint 2 of 4 while iteration 3's rollout was queued (its tasks
   drawn): the rollout thread stops, the resumed run restores checkpoint 2, draws the same tasks
   for iteration 3 (the checkpoint's task sampler predates the discarded rollout), plays it with

@@ -11,7 +11,6 @@ from sdar_jax.tools import build_demo_policy
 
 @pytest.mark.slow
 def test_build_writes_a_loadable_policy_with_its_metrics(tmp_path, monkeypatch):
-  monkeypatch.setenv("SDAR_DATA_CACHE", str(tmp_path / "cache"))
   out = tmp_path / "policy"
   small = {
     "env.offline.num_train": 1,

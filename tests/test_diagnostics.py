@@ -260,8 +260,6 @@ def test_a_tiny_run_writes_the_diagnostics(tmp_path, monkeypatch):
   block; then GRPO evaluated alone writes its token view with the teacher scored for it."""
   from sdar_jax import trainer
 
-  monkeypatch.setenv("SDAR_DATA_CACHE", str(tmp_path / "cache"))
-
   def config(algo: str):
     return tiny_run_config(1, algo, **{"train.eval_every": 1, "logging.tensorboard": True})
 

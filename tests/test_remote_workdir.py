@@ -132,30 +132,6 @@ def test_collecting_a_sweep_on_the_bucket_matches_collecting_it_locally(bucket, 
 
 
 # ------------------------------------------------------------------------------------ runs
-@pytest.fixture(scope="module")
-def data_cache(tmp_path_factory):
-  """The generated games, and a persistent XLA cache so that the runs after the first reuse its
-  compiled sampler and update (the same programs) instead of compiling them again."""
-  import jax
-  from jax._src import compilation_cache
-
-  saved = {k: getattr(jax.config, k) for k in _XLA_CACHE}
-  with pytest.MonkeyPatch.context() as mp:
-    mp.setenv("SDAR_DATA_CACHE", str(tmp_path_factory.mktemp("cache")))
-    jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("xla")))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    compilation_cache.reset_cache()
-    try:
-      yield
-    finally:
-      for k, v in saved.items():
-        jax.config.update(k, v)
-      compilation_cache.reset_cache()
-
-
-_XLA_CACHE = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
-
-
 def _run_config(total_steps: int, **overrides):
   settings = {
     "train.eval_every": 1,
@@ -172,7 +148,7 @@ def _rows(text: str) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_a_run_on_gs_writes_everything_there_and_resumes(bucket, data_cache, tmp_path, monkeypatch):
+def test_a_run_on_gs_writes_everything_there_and_resumes(bucket, tmp_path, monkeypatch):
   """One iteration, then a resume to two, in gs://bucket/runs/r: config.json, metrics, plots,
   TensorBoard events, diagnostics, the token view, checkpoints and the HF export all land in the
   bucket; an evaluation of its latest checkpoint writes its results there too; the working
@@ -235,7 +211,7 @@ def test_a_run_on_gs_writes_everything_there_and_resumes(bucket, data_cache, tmp
 
 
 @pytest.mark.slow
-def test_only_the_primary_process_writes_the_runs_files(data_cache, tmp_path, monkeypatch):
+def test_only_the_primary_process_writes_the_runs_files(tmp_path, monkeypatch):
   """A process that is not the primary one writes checkpoints (orbax coordinates every process)
   and nothing else: no config.json, metrics, plots, TensorBoard events, diagnostics, token view,
   export or lock file."""

@@ -384,7 +384,6 @@ def test_an_overlapped_asynchronous_run_logs_the_serial_run_s_rows(
   from envs.pool import EnvPool
   from sdar_jax import trainer
 
-  monkeypatch.setenv("SDAR_DATA_CACHE", str(tmp_path_factory.mktemp("cache")))
   calls = {"step": [], "step_async": []}  # (EnvPool.step calls step_async itself)
   for name in ("step", "step_async"):
     real = getattr(EnvPool, name)

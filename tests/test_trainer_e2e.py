@@ -33,7 +33,6 @@ def _rows(workdir):
 
 
 def test_train_checkpoint_export_resume(tmp_path, monkeypatch):
-  monkeypatch.setenv("SDAR_DATA_CACHE", str(tmp_path / "cache"))
   from sdar_jax import trainer
   from sdar_jax.checkpoint import CheckpointManager
   from sdar_jax.config_validation import validate

@@ -46,14 +46,7 @@ class _Records(logging.Handler):
 
 
 @pytest.fixture(scope="module")
-def data_cache(tmp_path_factory):
-  with pytest.MonkeyPatch.context() as mp:
-    mp.setenv("SDAR_DATA_CACHE", str(tmp_path_factory.mktemp("cache")))
-    yield
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory, data_cache):
+def trained(tmp_path_factory):
   """3 iterations: eval before training and at 3, checkpoints at 2 and 3, rows every 2."""
   from sdar_jax import trainer
 
@@ -283,7 +276,7 @@ def test_evaluate_cli_dry_run_names_the_checkpoint_with_timestamps(trained, tmp_
 
 # ------------------------------------------------------------------------------------ failures
 @pytest.fixture(scope="module")
-def broken_data(tmp_path_factory, data_cache):
+def broken_data(tmp_path_factory):
   """The generated games with every training game's PDDL problem cut off: each env fails at
   reset (a Fast Downward parse error)."""
   from envs.alfworld.data import offline_dir
