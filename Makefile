@@ -37,11 +37,16 @@ $(DEV_STAMP): requirements.txt requirements-dev.txt $(RUNTIME_STAMP)
 demo: $(RUNTIME_STAMP)
 	$(PY) -m sdar_jax.train --config=configs/default.py --workdir=$(WORKDIR)
 
+# Two worker processes (pytest-xdist): tests that share a module's fixture stay on one worker,
+# the rest go wherever a worker is free (tests/conftest.py). PYTEST_WORKERS=0 runs in-process.
+PYTEST_WORKERS ?= 2
+PYTEST_XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadgroup)
+
 test: $(DEV_STAMP)
-	$(PY) -m pytest tests -q -ra $(PYTEST_ARGS)
+	$(PY) -m pytest tests -q -ra $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 test-fast: $(DEV_STAMP)
-	$(PY) -m pytest tests -q -ra -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest tests -q -ra -m "not slow" $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 # libtpu (pyproject's tpu-plan extra) goes into its own directory, put on PYTHONPATH: .venv stays
 # exactly requirements*.txt. About 15 s and 0.7 GB on disk (a 213 MB wheel).

@@ -1,7 +1,9 @@
 """Test-wide setup (8 fake CPU devices so sharding tests run on one host, fp32 matmuls) and the
 shared fixtures: a tiny model config, its parameters and a turn batch (builders in helpers.py)."""
 
+import functools
 import os
+import re
 import shutil
 import tempfile
 
@@ -52,7 +54,7 @@ jax.config.update("jax_default_matmul_precision", "highest")
 
 import pytest
 
-from tests.helpers import TINY_CONFIG, make_turn_batch
+from tests.helpers import ALFWORLD_GAME_SPLITS, TINY_CONFIG, make_turn_batch
 
 
 @pytest.fixture(scope="session")
@@ -70,10 +72,69 @@ def tiny_params(tiny_config):
   return init_params(tiny_config, jax.random.key(0), std=0.1)
 
 
+@pytest.fixture(scope="session")
+def alfworld_games() -> str:
+  """A folder of real ALFWorld games, generated once per test run (generator seed 7, full rooms,
+  planner-checked): one train game per task type, valid_seen games of the heat and look types,
+  valid_unseen games of the simple and heat types, with their walkthrough files. xdist workers
+  share it (the first one generates under a file lock). Read only: `copy_alfworld_games` gives a
+  test its own folder of some of the splits."""
+  from envs.alfworld import generator
+  from envs.common import file_lock
+
+  root = os.path.join(_RUN_DIR, "alfworld_games")
+  with file_lock(root + ".lock"):
+    if not os.path.exists(os.path.join(root, "COMPLETE")):
+      engine = generator.engine_lib.start_engine()
+      for split, types in ALFWORLD_GAME_SPLITS.items():
+        generator.generate_split(
+          root, split, 1, seed=7, engine=engine, progress=False, task_types=types
+        )
+      open(os.path.join(root, "COMPLETE"), "w").close()
+  return root
+
+
 @pytest.fixture
 def tiny_batch(tiny_params):
   """A ragged 8-row `TurnBatch` for `tiny_config` with exact old log-probs (seed 0)."""
   return make_turn_batch(tiny_params, seed=0)
+
+
+def pytest_collection_modifyitems(items):
+  """Modules with slow tests run first, so that under `pytest -n 2` (make test) no long test
+  starts last and leaves one worker alone at the end. Within a module the order stays as written."""
+  slow_modules = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
+  items.sort(key=lambda item: item.module.__name__ not in slow_modules)
+
+
+_SHARED_FIXTURE = re.compile(r'@pytest\.fixture\([^)]*scope="(?:module|session)"')
+
+
+def pytest_xdist_make_scheduler(config, log):
+  """`--dist loadgroup` (make test): the tests of a module that defines a module- or
+  session-scoped fixture run on one worker, which builds that fixture once; every other test goes
+  to whichever worker is free. (xdist's own loadgroup reads `xdist_group` marks through an
+  attribute pytest 9 no longer has.)"""
+  if config.getvalue("dist") != "loadgroup":
+    return None
+  from xdist.scheduler import LoadScopeScheduling
+
+  root = str(config.rootpath)
+
+  @functools.cache
+  def shares_fixtures(module_path: str) -> bool:
+    try:
+      with open(os.path.join(root, module_path)) as f:
+        return bool(_SHARED_FIXTURE.search(f.read()))
+    except OSError:
+      return False
+
+  class ModuleFixtureScheduling(LoadScopeScheduling):
+    def _split_scope(self, nodeid: str) -> str:
+      module = nodeid.split("::", 1)[0]
+      return module if shares_fixtures(module) else nodeid
+
+  return ModuleFixtureScheduling(config, log)
 
 
 def pytest_sessionfinish(session, exitstatus):

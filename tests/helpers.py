@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from envs.alfworld.tasks import TASK_TYPES as ALFWORLD_TASK_TYPES
 from sdar_jax.algos import get_preset
 from sdar_jax.batch import TurnBatch, TurnSample
 from sdar_jax.models import ModelConfig, forward
@@ -73,6 +74,27 @@ SMALL_QWEN3 = ModelConfig.tiny(
 STUDENT_PROMPT_LEN, TEACHER_PROMPT_LEN, RESPONSE_LEN = 7, 12, 6
 # The SDAR preset as a loss config, teacher scored inside the update step, no KL term.
 SDAR_LOSS = dict(dataclasses.asdict(get_preset("sdar")), kl_coef=0.0, teacher_source="step")
+
+
+# The splits of the run-wide ALFWorld game set (conftest.alfworld_games): split -> task types.
+ALFWORLD_GAME_SPLITS = {
+  "train": ALFWORLD_TASK_TYPES,
+  "valid_seen": ("pick_heat_then_place_in_recep", "look_at_obj_in_light"),
+  "valid_unseen": ("pick_and_place_simple", "pick_heat_then_place_in_recep"),
+}
+
+
+def copy_alfworld_games(games_root: str, out: str, splits: tuple[str, ...]) -> str:
+  """`out`: an ALFWorld data folder holding `splits` of the run-wide game set (games and
+  walkthrough files), copied so that the test may change it."""
+  import shutil
+
+  os.makedirs(os.path.join(out, "walkthroughs"), exist_ok=True)
+  for split in splits:
+    shutil.copytree(os.path.join(games_root, split), os.path.join(out, split))
+    name = os.path.join("walkthroughs", f"{split}.jsonl")
+    shutil.copy(os.path.join(games_root, name), os.path.join(out, name))
+  return out
 
 
 def full_logp(

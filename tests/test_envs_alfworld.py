@@ -17,27 +17,18 @@ from envs.alfworld.catalog import LAMPS, ROOMS, scene_numbers
 from envs.alfworld.engine import GameFileError
 from envs.alfworld.problem import pddl_problem
 from envs.alfworld.tasks import TASK_TYPES, extract_task, success_rates, task_type_from_path
+from tests.helpers import copy_alfworld_games
 
 # Every test here generates games or plays them on the real PDDL engine.
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-  """One checked game per task type in train, and two valid_unseen games (real engine + planner)."""
+def data_dir(alfworld_games, tmp_path_factory):
+  """One checked game per task type in train, and two valid_unseen games (real engine + planner):
+  the run-wide game set's splits."""
   out = str(tmp_path_factory.mktemp("alfworld"))
-  engine = generator.engine_lib.start_engine()
-  generator.generate_split(out, "train", 1, seed=7, engine=engine, progress=False)
-  generator.generate_split(
-    out,
-    "valid_unseen",
-    1,
-    seed=7,
-    engine=engine,
-    progress=False,
-    task_types=["pick_and_place_simple", "pick_heat_then_place_in_recep"],
-  )
-  return out
+  return copy_alfworld_games(alfworld_games, out, ("train", "valid_unseen"))
 
 
 @pytest.fixture(scope="module")

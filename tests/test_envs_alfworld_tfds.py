@@ -12,23 +12,21 @@ import pytest
 
 import envs
 from envs import datasets
-from envs.alfworld import collect_game_files, data, generator
+from envs.alfworld import collect_game_files, data
+from tests.helpers import copy_alfworld_games
 
-# Generating the games runs the real engine and planner (about 15 s).
+# The games (the run-wide game set) are played on the real engine.
 pytestmark = pytest.mark.slow
 
 HEAT, LOOK = "pick_heat_then_place_in_recep", "look_at_obj_in_light"
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
+def built(alfworld_games, tmp_path_factory):
   """(ALFWorld folder: one train game per task type, valid_seen games of two types; the tfds
   output folder of its alfworld_games dataset)."""
-  root = str(tmp_path_factory.mktemp("alfworld"))
-  engine = generator.engine_lib.start_engine()
-  generator.generate_split(root, "train", 1, seed=7, engine=engine, progress=False)
-  generator.generate_split(
-    root, "valid_seen", 1, seed=7, engine=engine, progress=False, task_types=[HEAT, LOOK]
+  root = copy_alfworld_games(
+    alfworld_games, str(tmp_path_factory.mktemp("alfworld")), ("train", "valid_seen")
   )
   out = str(tmp_path_factory.mktemp("tfds"))
   datasets.build("alfworld", out, root)

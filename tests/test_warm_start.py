@@ -237,16 +237,14 @@ def test_teacher_student_gap_matches_a_direct_forward():
 
 
 @pytest.mark.slow
-def test_expert_games_on_the_real_engine_become_both_kinds_of_samples(tmp_path, skill_loop):
-  """Two generated games, each played by both experts on the engine: SFT samples of one game with
-  and without the skill block, gap samples from the held-out one."""
+def test_expert_games_on_the_real_engine_become_both_kinds_of_samples(alfworld_games, skill_loop):
+  """Two generated games (of the run-wide game set), each played by both experts on the engine:
+  SFT samples of one game with and without the skill block, gap samples from the held-out one."""
   import envs
-  from envs.alfworld import collect_game_files, generator
+  from envs.alfworld import collect_game_files
 
-  engine = generator.engine_lib.start_engine()
-  for task_type in ("pick_and_place_simple", "pick_heat_then_place_in_recep"):
-    generator.generate_game(str(tmp_path), "train", task_type, 0, seed=5, engine=engine)
-  games = collect_game_files(str(tmp_path), "train")
+  two = ["pick_and_place_simple", "pick_heat_then_place_in_recep"]
+  games = collect_game_files(alfworld_games, "train", task_types=two)
   pool = envs.EnvPool("alfworld", 4, {"game_files": games, "max_steps": 30}, num_workers=0)
   settings = {"expert_holdout": 0.5, "expert_epsilon": 0.0}
   samples, gap, metrics = expert_warm_start_data(
