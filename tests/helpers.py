@@ -202,6 +202,16 @@ def to_np(tree):
 COMPACT_VOCAB = 1664
 
 
+# A real-size config's model section made the tiny demo architecture with random weights (asked
+# for explicitly: a real preset without model.path is refused).
+SMALL_MODEL = {
+  "model.preset": "tiny",
+  "model.random_init": True,
+  "model.dtype": "float32",
+  "model.remat": False,
+}
+
+
 def small_run_overrides(mesh: tuple[int, int, int] = (2, 1, 4)) -> dict:
   """Dotted config keys that shrink any env's `local=True` config to the smallest run the host
   loop plays: one GRPO group of 2 two-turn episodes per iteration, 2 validation episodes, no warm

@@ -15,37 +15,34 @@ import pytest
 
 from envs.search_qa import DATA_SOURCES
 from envs.skills import BLOCK_HEADER
+from tests.helpers import SMALL_MODEL, small_run_overrides
 
 pytestmark = pytest.mark.slow
 
 
 def _config(env: str):
-  from configs import common
+  """`env`'s config at the smallest shapes the loop plays, 2 iterations after a one-step warm start
+  on the family's expert episodes. WebShop runs the paper's SDAR row (configs/paper.py: the
+  method, skill rules and validation of the table's row), which is its one end-to-end test."""
+  from configs import common, paper
 
-  config = importlib.import_module(f"configs.{env}").get_config("model=tiny,algo=sdar,local=True")
+  if env == "webshop":
+    config = paper.get_config("row=sdar,model=qwen2.5-3b,env=webshop")
+    config.unlock()
+    common.override(config, SMALL_MODEL)
+  else:
+    module = importlib.import_module(f"configs.{env}")
+    config = module.get_config("model=tiny,algo=sdar,local=True")
   common.override(
     config,
     {
-      "mesh.data": 2,
-      "mesh.fsdp": 1,
-      "mesh.tensor": 4,
-      "env.tasks_per_step": 1,
-      "env.group_size": 2,
-      "env.max_turns": 2,
-      "env.num_workers": 1,
+      **small_run_overrides(),
       "env.expert_episodes": 4,
-      "eval.num_tasks": 2,
-      "rollout.max_new_tokens": 16,
       "train.total_steps": 2,
       "train.eval_every": 2,
       "train.eval_before_train": False,
-      "train.mini_batch_size": 4,
-      "train.micro_batch_size": 2,
       "warm_start.steps": 1,
       "warm_start.batch_size": 2,
-      "checkpoint.async_save": False,
-      "checkpoint.export_hf": False,
-      "logging.tensorboard": False,
     },
   )
   return config
@@ -89,10 +86,11 @@ def _check_teacher_prompts(episodes, tokenizer) -> list[str]:
   return blocks
 
 
-def test_webshop_trains_two_iterations(tmp_path):
+def test_webshop_sdar_row_trains_two_iterations(tmp_path):
   workdir = str(tmp_path / "run")
   rows, episodes, tokenizer = _train("webshop", workdir)
   assert [r["step"] for r in rows] == [1, 2]
+  assert all("sdar/gate_mean" in row for row in rows)  # the row's method: SDAR
   # The warm start imitated the oracle's purchases (the family's expert records).
   assert os.path.exists(os.path.join(workdir, "warm_start_policy", "config.json"))
   for row in rows:
@@ -101,7 +99,7 @@ def test_webshop_trains_two_iterations(tmp_path):
   assert {"val/score", "val/acc", "val/success_rate"} <= set(rows[-1])
   assert len(episodes) == 4 and all(ep.task for ep in episodes)
   blocks = _check_teacher_prompts(episodes, tokenizer)
-  # local=True keeps the paper's rules (pre_fix): the general WebShop skills only.
+  # The paper's rules for WebShop (pre_fix): the general WebShop skills only.
   assert all("### TASK:" not in block for block in blocks)
 
 

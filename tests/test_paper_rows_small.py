@@ -1,8 +1,9 @@
 """configs/paper.py's WebShop and Search-QA rows at small shapes: every row of the two environments,
 as the table defines it (method, skill rules, validation modes, trained or not), shrunk to the tiny
-model with random initialisation asked for explicitly, passes validation; one trained row of each
-environment runs one training iteration and its validation through the real trainer, on the
-offline data (generated catalogue, generated fact world) over 8 fake CPU devices."""
+model with random initialisation asked for explicitly, passes validation; Search-QA's Skill-GRPO
+row runs one training iteration and both its validations through the real trainer, on the offline
+data (generated fact world) over 8 fake CPU devices. WebShop's SDAR row trains in
+tests/test_envs_training.py (one end-to-end run per environment)."""
 
 from __future__ import annotations
 
@@ -13,33 +14,13 @@ import pytest
 
 from configs import common, paper
 from sdar_jax.config_validation import ConfigError, validate
+from tests.helpers import SMALL_MODEL, small_run_overrides
 
 ENVS = ("webshop", "search_qa")
 # The row's experiment at the smallest shapes the host loop runs: the tiny model (random weights,
 # asked for explicitly: a real preset without model.path is refused), one GRPO group of 2 two-turn
 # episodes, one iteration, 2 validation tasks, no warm start.
-SMALL = {
-  "model.preset": "tiny",
-  "model.random_init": True,
-  "model.dtype": "float32",
-  "model.remat": False,
-  "mesh.data": 2,
-  "mesh.fsdp": 1,
-  "mesh.tensor": 4,
-  "env.tasks_per_step": 1,
-  "env.group_size": 2,
-  "env.max_turns": 2,
-  "env.num_workers": 1,
-  "eval.num_tasks": 2,
-  "rollout.max_new_tokens": 16,
-  "train.mini_batch_size": 4,
-  "train.micro_batch_size": 2,
-  "train.eval_every": 1,
-  "warm_start.steps": 0,
-  "checkpoint.async_save": False,
-  "checkpoint.export_hf": False,
-  "logging.tensorboard": False,
-}
+SMALL = {**SMALL_MODEL, **small_run_overrides(), "train.eval_every": 1}
 
 
 def _rows(env: str) -> list[str]:
@@ -89,15 +70,6 @@ def _train_one_iteration(row_arg: str, workdir: str) -> list[dict]:
     trainer.close()
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     return [json.loads(line) for line in f]
-
-
-@pytest.mark.slow
-def test_webshop_sdar_row_trains_one_iteration(tmp_path):
-  rows = _train_one_iteration("row=sdar,model=qwen2.5-3b,env=webshop", str(tmp_path / "run"))
-  assert [r["step"] for r in rows] == [1]
-  (row,) = rows
-  assert row["episode/env_failures"] == 0 and "train/loss" in row
-  assert 0.0 <= row["episode/score"] <= 1.0 and {"val/score", "val/acc"} <= set(row)
 
 
 @pytest.mark.slow
