@@ -218,10 +218,9 @@ def test_train_cli_refuses_async_with_several_processes_before_joining_them(tmp_
 
 
 # ------------------------------------------------------------------------------------ runs
+# Heavy (~55 s under make test): two whole runs, inline and threaded, whose rows must match.
 @pytest.mark.slow
-def test_max_staleness_zero_runs_serially_and_matches_the_threaded_path(
-  tmp_path, monkeypatch
-):
+def test_max_staleness_zero_runs_serially_and_matches_the_threaded_path(tmp_path, monkeypatch):
   """max_staleness=0 plays every rollout inline (no rollout thread is made); the same run through
   the rollout thread, handed a copy of the parameters at each iteration, logs the same rows
   (evaluation and the teacher branch included), apart from timings and the async-only metrics."""

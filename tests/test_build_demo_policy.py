@@ -9,6 +9,8 @@ from sdar_jax.tokenizer import Tokenizer
 from sdar_jax.tools import build_demo_policy
 
 
+# Heavy (~60 s under make test): the builder's two stages through the real trainer on the demo's
+# own 4-layer model, engine and validation; a smaller model would not be the demo's policy.
 @pytest.mark.slow
 def test_build_writes_a_loadable_policy_with_its_metrics(tmp_path, monkeypatch):
   out = tmp_path / "policy"

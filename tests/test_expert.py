@@ -208,6 +208,8 @@ GAMES_PER_TYPE = 1
 TURN_LIMIT = 50  # the reference's episode limit
 
 
+# Heavy (~50 s under make test, paid once by its first user): 18 expert episodes of up to 50
+# turns on the real engine, the only check that both experts win real games.
 @pytest.fixture(scope="module")
 def played(alfworld_games):
   """Both experts on one generated train game per task type (the run-wide game set), on the real

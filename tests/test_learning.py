@@ -196,6 +196,8 @@ def test_the_dummy_env_plays_the_words_it_is_given():
     envs.make("dummy", words=("mug", " lamp"))
 
 
+# Heavy (~45 s under make test): 100 warm-start steps and 50 GRPO iterations; fewer would not
+# give the margin its chance bound needs.
 @pytest.mark.slow
 def test_grpo_raises_the_reward_of_a_contextual_bandit(tmp_path, say_the_word_family):
   """Validation success (128 episodes at temperature 1) rises by at least 0.25 from before RL to

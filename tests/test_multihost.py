@@ -104,6 +104,8 @@ def _params(workdir, step: int):
   return params, meta
 
 
+# Heavy (~80 s under make test): three training processes, two sharing one mesh and one reference,
+# each compiling its own programs; nothing smaller shows two processes training as one.
 @pytest.mark.slow
 def test_two_processes_train_as_one_and_resume(tmp_path):
   import jax

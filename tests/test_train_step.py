@@ -248,8 +248,12 @@ def test_sdar_vocab_form_gradient_is_the_gated_forward_kl_over_the_vocabulary(pa
     prompt = tokens.shape[1] - R
     return jax.nn.log_softmax(logits[:, prompt - 1 : prompt - 1 + R], axis=-1)
 
-  ls = np.asarray(response_log_softmax(params, batch.student_tokens, batch.student_mask), np.float64)
-  lt = np.asarray(response_log_softmax(params, batch.teacher_tokens, batch.teacher_mask), np.float64)
+  ls = np.asarray(
+    response_log_softmax(params, batch.student_tokens, batch.student_mask), np.float64
+  )
+  lt = np.asarray(
+    response_log_softmax(params, batch.teacher_tokens, batch.teacher_mask), np.float64
+  )
   w = np.exp(lt) / (1.0 + np.exp(-beta * (lt - ls)))
   m = np.asarray(batch.response_mask, np.float64)
 
