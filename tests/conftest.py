@@ -36,6 +36,8 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 # Small programs too: the suite's models are tiny, so most of its programs compile in under
 # JAX's default threshold of one second, and compile again in every test that builds them.
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+# A developer's reruns after code changes add programs; the least recently used go past 2 GiB.
+os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(2 * 2**30))
 
 # Appended, not set by default: a run that restricts XLA (e.g. XLA_FLAGS=--xla_cpu_max_isa=SSE4_2,
 # to check tolerances on an older CPU) keeps its 8 fake devices.
@@ -110,6 +112,7 @@ def pytest_collection_modifyitems(items):
 _SHARED_FIXTURE = re.compile(r'@pytest\.fixture\([^)]*scope="(?:module|session)"')
 
 
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: pytest without xdist ignores it
 def pytest_xdist_make_scheduler(config, log):
   """`--dist loadgroup` (make test): the tests of a module that defines a module- or
   session-scoped fixture run on one worker, which builds that fixture once; every other test goes
