@@ -1,5 +1,7 @@
-"""Test-wide setup (8 fake CPU devices so sharding tests run on one host, fp32 matmuls) and the
-shared fixtures: a tiny model config, its parameters and a turn batch (builders in helpers.py)."""
+"""Test-wide setup (8 fake CPU devices so sharding tests run on one host, fp32 matmuls; the run's
+caches in the system's temporary folder), the shared fixtures (a tiny model config, its parameters,
+a turn batch, a set of real ALFWorld games; builders in helpers.py) and how `make test` spreads the
+tests over its two xdist workers."""
 
 import functools
 import os
@@ -10,8 +12,9 @@ import tempfile
 # Everything the suite caches lives in one folder of the system's temporary folder, made by the
 # first process of a run (pytest, or xdist's controller before it starts its workers) and inherited
 # by every worker and subprocess through the environment:
-# - <run>/data: the generated ALFWorld games, BM25 indexes and the libraries' caches, made once per
-#   run and shared by every test (removed at the end of the run);
+# - <run>: the offline games of the runs' configs and BM25 indexes (data/), the library caches
+#   (alfworld/, matplotlib/) and the `alfworld_games` fixture's games, made once per run and shared
+#   by every test (removed at the end of the run);
 # - <tmp>/sdar_jax_tests/xla/cpu-<fingerprint>: JAX's persistent compilation cache, so a program
 #   compiled once (a Trainer's sampler and update, in-process or in a subprocess) is loaded by
 #   every later test that builds the same one. It outlives the run (its keys name the program, the
