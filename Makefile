@@ -66,7 +66,7 @@ bench: $(DEV_STAMP)
 	$(PY) bench/forward.py
 	$(PY) bench/sampling.py
 	$(PY) bench/train_step.py
-	$(PY) bench/envs.py
+	$(PY) bench/env_pool.py
 	$(PY) bench/rollout.py
 
 fmt: $(DEV_STAMP)

@@ -29,8 +29,8 @@ def test_plan_names_the_qwen2_5_3b_shapes_and_the_peak():
 
 
 def test_peak_is_the_h200_figure_unless_told_otherwise(monkeypatch):
-  # peak_for puts bench/ on sys.path; undone after the test, so that no later worker process
-  # (spawned with this sys.path) finds bench/envs.py in place of the envs package.
+  # peak_for puts bench/ on sys.path; undone after the test, so that later tests, and the worker
+  # processes they spawn with this sys.path, import from bench/ only what they ask for.
   monkeypatch.setattr(sys, "path", list(sys.path))
   gpu_check = _gpu_check_module()
   assert gpu_check.peak_for("NVIDIA H200", None) == 989.0

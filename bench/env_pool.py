@@ -1,6 +1,6 @@
 """EnvPool throughput of the three environments: env steps per second at 1, 8 and 64 envs.
 
-    .venv/bin/python bench/envs.py [--data-dir DIR] [--sizes 1 8 64] [--steps 20] [--workers N]
+    .venv/bin/python bench/env_pool.py [--data-dir DIR] [--sizes 1 8 64] [--steps 20] [--workers N]
         [--envs alfworld webshop search_qa dummy]
 
 ALFWorld (real engine): without --data-dir it first generates one checked game per task type into
