@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
+import shutil
 import sys
 import types
 
@@ -14,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from configs.common import local_overrides
 from envs.alfworld.tasks import TASK_TYPES as ALFWORLD_TASK_TYPES
 from sdar_jax.algos import get_preset
 from sdar_jax.batch import TurnBatch, TurnSample
@@ -87,8 +89,6 @@ ALFWORLD_GAME_SPLITS = {
 def copy_alfworld_games(games_root: str, out: str, splits: tuple[str, ...]) -> str:
   """`out`: an ALFWorld data folder holding `splits` of the run-wide game set (games and
   walkthrough files), copied so that the test may change it."""
-  import shutil
-
   os.makedirs(os.path.join(out, "walkthroughs"), exist_ok=True)
   for split in splits:
     shutil.copytree(os.path.join(games_root, split), os.path.join(out, split))
@@ -205,28 +205,23 @@ COMPACT_VOCAB = 1664
 
 
 # A real-size config's model section made the tiny demo architecture with random weights (asked
-# for explicitly: a real preset without model.path is refused).
-SMALL_MODEL = {
-  "model.preset": "tiny",
-  "model.random_init": True,
-  "model.dtype": "float32",
-  "model.remat": False,
-}
+# for explicitly: a real preset without model.path is refused): the model keys of the configs'
+# own `local=True` shrinking.
+SMALL_MODEL = {k: v for k, v in local_overrides("alfworld").items() if k.startswith("model.")}
 
 
-def small_run_overrides(mesh: tuple[int, int, int] = (2, 1, 4)) -> dict:
+def small_run_overrides() -> dict:
   """Dotted config keys that shrink any env's `local=True` config to the smallest run the host
   loop plays: one GRPO group of 2 two-turn episodes per iteration, 2 validation episodes, no warm
   start, synchronous checkpoints, no HF export, no TensorBoard."""
   from sdar_jax.tokenizer import packaged_tokenizer_dir
 
-  data, fsdp, tensor = mesh
   return {
     "model.tokenizer_dir": str(packaged_tokenizer_dir("alfworld_compact")),
     "model.tiny.vocab_size": COMPACT_VOCAB,
-    "mesh.data": data,
-    "mesh.fsdp": fsdp,
-    "mesh.tensor": tensor,
+    "mesh.data": 2,
+    "mesh.fsdp": 1,
+    "mesh.tensor": 4,
     "env.tasks_per_step": 1,
     "env.group_size": 2,
     "env.max_turns": 2,
@@ -242,9 +237,7 @@ def small_run_overrides(mesh: tuple[int, int, int] = (2, 1, 4)) -> dict:
   }
 
 
-def tiny_run_config(
-  total_steps: int, algo: str = "sdar", mesh: tuple[int, int, int] = (2, 1, 4), **overrides
-):
+def tiny_run_config(total_steps: int, algo: str = "sdar", **overrides):
   """A whole ALFWorld run config for the real host loop, as small as it goes
   (`small_run_overrides`) on one generated game per task type and split. `overrides`: dotted
   config keys, e.g. `**{"train.eval_every": 2}`."""
@@ -253,7 +246,7 @@ def tiny_run_config(
 
   config = alfworld.get_config(f"model=tiny,algo={algo},local=True")
   tiny = {
-    **small_run_overrides(mesh),
+    **small_run_overrides(),
     "env.offline.num_train": 1,
     "env.offline.num_eval": 1,
     "env.offline.rooms": "small",
