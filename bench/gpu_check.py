@@ -274,7 +274,10 @@ def main(argv=None) -> int:
   sizes = DRY if args.dry_run else FULL
   platform = "cpu" if args.dry_run else "cuda"
   os.environ["JAX_PLATFORMS"] = platform
-  sys.path.insert(0, os.path.join(REPO, "bench"))
+  # The repository itself and bench/ importable whatever the interpreter (a GPU image's own
+  # python has no editable install of sdar_jax); the step processes inherit PYTHONPATH.
+  os.environ["PYTHONPATH"] = os.pathsep.join([REPO, *filter(None, [os.environ.get("PYTHONPATH")])])
+  sys.path[:0] = [REPO, os.path.join(REPO, "bench")]
   import jax
 
   if not args.dry_run and jax.default_backend() != "gpu":

@@ -7,11 +7,11 @@
 #   bench/gpu_check.sh --dry-run          # print the plan, then run every step on CPU, tiny sizes
 #   bench/gpu_check.sh --peak-tflops 312  # another GPU's bf16 peak (an A100 here)
 #
-# PYTHON=/path/to/python overrides the interpreter (default: the repository's .venv).
+# PYTHON=/path/to/python (or a name on PATH, e.g. python3) overrides the interpreter (default: the repository's .venv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-.venv/bin/python}"
-if [[ ! -x "$PYTHON" ]]; then
+if ! PYTHON="$(command -v "$PYTHON")"; then
   echo "gpu_check: no interpreter at $PYTHON. Fix: run 'make test' once (builds .venv), or set" \
     "PYTHON=/path/to/python." >&2
   exit 2

@@ -524,6 +524,10 @@ def fused_gpu_attention(
   q_r = _rotate_left(q, lead)
   k_r = _rotate_left(k.transpose(0, 3, 1, 2), lead)  # [B, T, K, H]
   v_r = _rotate_left(v.transpose(0, 2, 1, 3), lead)
+  # cuDNN's backward pass with a padding mask takes only even sequence lengths: an odd T gets one
+  # trailing pad (a key no real query sees, a query row dropped after the call).
+  odd = T % 2
+  q_r, k_r, v_r = (jnp.pad(x, _pad_axis(4, 1, odd)) for x in (q_r, k_r, v_r))
   out = jax.nn.dot_product_attention(
     q_r,
     k_r.astype(q.dtype),
@@ -533,7 +537,7 @@ def fused_gpu_attention(
     key_value_seq_lengths=lengths,
     implementation=implementation,
   )
-  return _rotate_left(out, (T - lead) % T)
+  return _rotate_left(out[:, :T], (T - lead) % T)
 
 
 def splash_attention(
