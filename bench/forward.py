@@ -20,9 +20,9 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from _common import PEER_HF_CONFIG, interleaved, peer_model  # noqa: E402
 
 from sdar_jax.models import forward, load_pretrained  # noqa: E402
-from _common import PEER_HF_CONFIG, interleaved, peer_model  # noqa: E402
 
 
 def main():

@@ -185,8 +185,8 @@ def run_sampler(sizes: Sizes) -> tuple[str, str]:
   import numpy as np
   from _common import median_time
 
+  from sdar_jax.core.sampling import Sampler, SamplingParams
   from sdar_jax.models import init_params
-  from sdar_jax.sampling import Sampler, SamplingParams
 
   config = _model_config(sizes)
   params = jax.jit(init_params, static_argnums=0)(config, jax.random.key(1))

@@ -35,7 +35,7 @@ import sys
 import tempfile
 import time
 
-from sdar_jax.metrics import read_history
+from sdar_jax.observe.metrics import read_history
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

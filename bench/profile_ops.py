@@ -39,7 +39,6 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
-
 from _common import peer_model  # noqa: E402
 
 # Container events (a thunk sequence, a loop, Python frames): their children are counted instead.
@@ -61,8 +60,8 @@ def update_workload():
 
 def sample_workload():
   """bench/sampling.py's greedy call of our sampler; returns a call."""
+  from sdar_jax.core.sampling import Sampler, SamplingParams
   from sdar_jax.models import load_pretrained
-  from sdar_jax.sampling import Sampler, SamplingParams
 
   with tempfile.TemporaryDirectory() as d:
     peer_model(0).save_pretrained(d)

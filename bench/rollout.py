@@ -23,7 +23,7 @@ itself.
 tokens/s = generated response tokens / median wall time of one whole rollout (agent loop) or of
 the replayed calls (raw sampler). env-wait share = seconds blocked on `EnvPool.reset` /
 `EnvPool.step` (overlapped: `EnvPool.wait`) / the agent loop's wall time (median over repeats),
-from the same `sdar_jax.perf.RolloutTimings` that the trainer's `perf/env_wait_share` reads. One
+from the same `sdar_jax.observe.perf.RolloutTimings` that the trainer's `perf/env_wait_share` reads. One
 untimed round first compiles every shape; then the repeats run round-robin over the rows, so load
 from other processes hits them alike. The load average is printed before and after.
 """
@@ -46,9 +46,10 @@ import jax
 import envs
 from configs import common, default
 from envs.alfworld.generator import generate_split
-from sdar_jax import run_setup, sharding
-from sdar_jax.perf import RolloutTimings
-from sdar_jax.sampling import Sampler
+from sdar_jax.core import sharding
+from sdar_jax.core.sampling import Sampler
+from sdar_jax.rollout.trajectory import RolloutTimings
+from sdar_jax.run import setup as run_setup
 
 
 class RecordingSampler:

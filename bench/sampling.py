@@ -52,11 +52,11 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-
-from sdar_jax import sharding  # noqa: E402
-from sdar_jax.models import load_pretrained  # noqa: E402
-from sdar_jax.sampling import Sampler, SamplingParams  # noqa: E402
 from _common import PEER_HF_CONFIG, interleaved, peer_model  # noqa: E402
+
+from sdar_jax.core import sharding  # noqa: E402
+from sdar_jax.core.sampling import Sampler, SamplingParams  # noqa: E402
+from sdar_jax.models import load_pretrained  # noqa: E402
 
 
 def write_checkpoint(path: str, seed: int = 0):

@@ -117,7 +117,7 @@ def base(model: str = "qwen2.5-3b", algo_name: str = "sdar") -> mlc.ConfigDict:
     )
   )
   config.warm_start = mlc.ConfigDict(
-    dict(  # expert SFT before RL (sdar_jax/warm_start.py)
+    dict(  # expert SFT before RL (sdar_jax/run/warm_start.py)
       steps=0,  # 0 = off (the reference starts from instruction-tuned checkpoints)
       lr=1e-5,
       batch_size=16,

@@ -44,7 +44,7 @@ Arguments: algo (sdar_jax.algos.ALGO_PRESETS).
 
 from configs import alfworld, common
 from envs.skills.library import skills_dir
-from sdar_jax.tokenizer import packaged_policy_dir, packaged_tokenizer_dir
+from sdar_jax.text.tokenizer import packaged_policy_dir, packaged_tokenizer_dir
 
 DEMO_TASK_TYPES = "look_at_obj_in_light"
 

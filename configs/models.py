@@ -6,12 +6,12 @@ r"""Model sections of a config: one entry per Qwen model, mapped to `ModelConfig
 Without `path` the architecture comes from the preset and the weights are random, which a run
 accepts only with `random_init=True` (benchmarks, throughput tests; the tiny demo model sets it).
 With `path` the checkpoint's config.json is the architecture; the preset name must then describe
-the same model (checked by `sdar_jax.config_validation`, which also checks that the weight files
+the same model (checked by `sdar_jax.run.config_validation`, which also checks that the weight files
 are there).
 `tokenizer_dir` defaults to `path`, else the bundled Qwen tokenizer files. `chat_template="auto"`
 prompts with the template that folder ships (a real checkpoint's own), else with the built-in
 template of the model's family; "qwen2.5" or "qwen3" forces that built-in template
-(`sdar_jax.chat_templates`).
+(`sdar_jax.text.chat_templates`).
 
 "tiny" is the offline demo's model: the Qwen3 architecture at toy size, but with the full Qwen
 vocabulary so that the real tokenizer drives it.
@@ -87,7 +87,7 @@ def model(name: str) -> mlc.ConfigDict:
       random_init=tiny,
       tokenizer_dir=config_dict.placeholder(str),  # default: path, else the bundled Qwen tokenizer
       # "auto": the template the tokenizer folder ships, else the model family's built-in one;
-      # "qwen2.5" | "qwen3": that built-in template (sdar_jax.chat_templates).
+      # "qwen2.5" | "qwen3": that built-in template (sdar_jax.text.chat_templates).
       chat_template="auto",
       # Qwen3 generation prompt. False: `<|im_start|>assistant\n<think>\n\n</think>\n\n`, thinking
       # switched off as the reference runs hybrid Qwen3 models. True: `<|im_start|>assistant\n`,

@@ -308,12 +308,3 @@ def env_section_problems(section: Any, configured: Sequence[str]) -> list[str]:
       "unset it for the offline generated data"
     )
   return problems
-
-
-def __getattr__(attr: str) -> Any:
-  # EnvPool lives in envs/pool.py (it imports this module); expose it here without a circular import.
-  if attr == "EnvPool":
-    from envs.pool import EnvPool
-
-    return EnvPool
-  raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")

@@ -36,8 +36,8 @@ debugging).
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import multiprocessing.connection as mp_connection
+import os
 import time
 import traceback
 from typing import Any, Mapping, Sequence

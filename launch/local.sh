@@ -9,7 +9,7 @@
 # starts N processes of `python -m sdar_jax.train <train args> --distributed
 # --coordinator_address=localhost:PORT --num_processes=N --process_id=I` with JAX_PLATFORMS=cpu
 # (unless set) and, with -d D, D CPU devices each (XLA_FLAGS). Each plays its share of every
-# iteration's tasks (sdar_jax.multihost); process 0 writes metrics, plots and exports, all of
+# iteration's tasks (sdar_jax.infra.multihost); process 0 writes metrics, plots and exports, all of
 # them the checkpoints. Output lines are prefixed "[process I]"; when one process fails the
 # others are stopped and the script exits with its status. --dry-run prints the commands.
 set -euo pipefail

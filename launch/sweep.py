@@ -26,7 +26,7 @@ root should be shared storage, gs://...). Collect once the jobs are done.
 deep) and writes `sweep.csv` and `sweep.md` (one row per run: algo, gate, beta, lambda, seed,
 steps, validation success before / final / area under the curve, wall time) and `sweep.png`
 (final validation success against beta and against lambda, one line per gate); see
-sdar_jax/collect.py for the definitions.
+sdar_jax/observe/collect.py for the definitions.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO not in sys.path:
   sys.path.insert(0, _REPO)
 
-from sdar_jax import collect  # noqa: E402 (after the sys.path line)
+from sdar_jax.observe import collect  # noqa: E402 (after the sys.path line)
 
 
 def _module(path: str):

@@ -57,8 +57,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from sdar_jax import sharding
-from sdar_jax.batch import batch_bucket, new_tokens_bucket, prompt_bucket
+from sdar_jax.core import sharding
+from sdar_jax.core.batch import batch_bucket, new_tokens_bucket, prompt_bucket
 from sdar_jax.models import ModelConfig, param_shapes
 
 GiB = 2**30
@@ -431,10 +431,10 @@ def plan(
 ) -> Plan:
   """Compiles `parts` of a training iteration of `config` (a run config, as `sdar_jax.train`
   takes) for the TPU slice `topology` and measures each one's per-device memory."""
-  from sdar_jax.batch import TurnBatch
-  from sdar_jax.config_validation import model_config_from
-  from sdar_jax.train_state import create_train_state
-  from sdar_jax.train_step import train_step_from_config
+  from sdar_jax.core.batch import TurnBatch
+  from sdar_jax.core.train_state import create_train_state
+  from sdar_jax.core.train_step import train_step_from_config
+  from sdar_jax.run.config_validation import model_config_from
 
   unknown = sorted(set(parts) - set(PARTS))
   if unknown:
@@ -539,7 +539,7 @@ def plan(
     log(format_report(reports[-1], peak))
 
   if "sampler" in parts:
-    from sdar_jax.sampling import Sampler
+    from sdar_jax.core.sampling import Sampler
 
     sampler = Sampler(model_config, mesh, max_prompt_len=int(config.rollout.max_prompt_len))
     divisor = sharding.batch_divisor(mesh)

@@ -6,12 +6,12 @@ r"""Training entry point.
   python -m sdar_jax.train --config=configs/paper.py:row=grpo,model=qwen3-1.7b \
       --config.model.random_init=True --dry_run       # sizes only: random weights on purpose
 
-The config is validated before anything is built or written (sdar_jax.config_validation): an
+The config is validated before anything is built or written (sdar_jax.run.config_validation): an
 unknown `--config.*` key, an impossible value, a model without weight files (or with truncated
 ones) or an option that is not implemented yet exits with a message naming it, and the workdir is
 left untouched. `--dry_run` validates (the same checks, weight files included), prints the resolved
 config, builds the mesh and the model's abstract train state (no memory), and exits. Otherwise the
-host loop `sdar_jax.trainer.run(config, workdir)` runs.
+host loop `sdar_jax.run.trainer.run(config, workdir)` runs.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO not in sys.path:  # config files import `configs.common`
   sys.path.insert(0, _REPO)
 
-from absl import app, flags  # noqa: E402
 import ml_collections as mlc  # noqa: E402
+from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 DEFAULT_CONFIG = os.path.join(_REPO, "configs", "default.py")
@@ -138,8 +138,8 @@ def _define_flags() -> None:
 def _summary(config, model_config, mesh) -> str:
   import jax
 
-  from sdar_jax.checkpoint import abstract_train_state
-  from sdar_jax.train_state import make_optimizer
+  from sdar_jax.core.train_state import make_optimizer
+  from sdar_jax.run.checkpoint import abstract_train_state
 
   state = abstract_train_state(model_config, make_optimizer(**config.optim), mesh)
   leaves = jax.tree.leaves(state)
@@ -191,15 +191,15 @@ def cpu_fingerprint() -> str:
 def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  from sdar_jax.progress import configure_logging
+  from sdar_jax.observe.progress import configure_logging
 
   configure_logging()  # our INFO lines with timestamps, libraries at WARNING unless --verbosity
-  from sdar_jax.config_validation import ConfigError, validate
-  from sdar_jax.sharding import make_mesh
+  from sdar_jax.core.sharding import make_mesh
+  from sdar_jax.run.config_validation import ConfigError, validate
 
-  if flags.FLAGS.distributed:  # every process plays its share (sdar_jax.multihost)
-    from sdar_jax import multihost
-    from sdar_jax.run_setup import staleness_problems
+  if flags.FLAGS.distributed:  # every process plays its share (sdar_jax.infra.multihost)
+    from sdar_jax.infra import multihost
+    from sdar_jax.run.setup import staleness_problems
 
     processes = flags.FLAGS.num_processes
     refused = staleness_problems(flags.FLAGS.config, processes) if processes else []
@@ -227,9 +227,8 @@ def main(argv: Sequence[str]) -> None:
     return
   if config.train.get("xla_cache_dir"):
     use_xla_cache(config.train.xla_cache_dir)
-  from sdar_jax import trainer  # the workdir is created only now, after validation passed
-
-  from sdar_jax.workdir_lock import WorkdirLockedError
+  from sdar_jax.run import trainer  # the workdir is created only now, after validation passed
+  from sdar_jax.run.workdir_lock import WorkdirLockedError
 
   workdir = flags.FLAGS.workdir or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
   try:

@@ -1,7 +1,7 @@
 """A fake Google Cloud Storage for tests: one in-memory object store reached two ways, as gs://.
 
 * through fsspec (`FakeGcsFileSystem`, registered for the "gs" and "gcs" protocols in place of
-  gcsfs), which is how `etils.epath` (and so orbax's own metadata files and `sdar_jax.paths`)
+  gcsfs), which is how `etils.epath` (and so orbax's own metadata files and `sdar_jax.infra.paths`)
   reads and writes gs:// paths;
 * through a local HTTP server speaking the part of the GCS JSON API that TensorStore's `gcs`
   key-value store uses (media download with byte ranges, media upload, delete, list, generation
@@ -29,7 +29,7 @@ from typing import Any
 import fsspec
 from fsspec.spec import AbstractFileSystem
 
-from sdar_jax import paths
+from sdar_jax.infra import paths
 
 __all__ = ["FakeGcsFileSystem", "FakeGcsStore", "fake_gcs"]
 
@@ -384,7 +384,7 @@ def fake_gcs() -> Iterator[FakeGcsStore]:
   """Routes every gs:// path of this process (epath/fsspec and TensorStore) to a fresh in-memory
   store while active; yields the store. Orbax's hierarchical-namespace probe (which would ask the
   real GCS client about the bucket) answers "no", as for an ordinary bucket, so
-  `sdar_jax.paths.check_remote_workdir` does not ask for that client either."""
+  `sdar_jax.infra.paths.check_remote_workdir` does not ask for that client either."""
   global _ACTIVE
   from etils.epath import backend as epath_backend
   from orbax.checkpoint._src.path import gcs_utils

@@ -18,11 +18,11 @@ import numpy as np
 from configs.common import local_overrides
 from envs.alfworld.tasks import TASK_TYPES as ALFWORLD_TASK_TYPES
 from sdar_jax.algos import get_preset
-from sdar_jax.batch import TurnBatch, TurnSample
+from sdar_jax.core.batch import TurnBatch, TurnSample
+from sdar_jax.core.sampling import GenerationResult, Sampler, SamplingParams
+from sdar_jax.core.train_state import TrainState, create_train_state
 from sdar_jax.models import ModelConfig, forward
 from sdar_jax.rollout.batching import pack_batch
-from sdar_jax.sampling import GenerationResult, Sampler, SamplingParams
-from sdar_jax.train_state import TrainState, create_train_state
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -214,7 +214,7 @@ def small_run_overrides() -> dict:
   """Dotted config keys that shrink any env's `local=True` config to the smallest run the host
   loop plays: one GRPO group of 2 two-turn episodes per iteration, 2 validation episodes, no warm
   start, synchronous checkpoints, no HF export, no TensorBoard."""
-  from sdar_jax.tokenizer import packaged_tokenizer_dir
+  from sdar_jax.text.tokenizer import packaged_tokenizer_dir
 
   return {
     "model.tokenizer_dir": str(packaged_tokenizer_dir("alfworld_compact")),

@@ -19,7 +19,7 @@ import argparse
 import os
 
 import envs
-from sdar_jax.tokenizer import packaged_tokenizer_dir
+from sdar_jax.text.tokenizer import packaged_tokenizer_dir
 from tests.helpers import tiny_run_config
 from tests.test_learning import WORDS, SayTheWordAdapter, say_the_word_split
 
@@ -103,14 +103,14 @@ def main() -> None:
   parser.add_argument("--num_processes", type=int)
   parser.add_argument("--process_id", type=int)
   args = parser.parse_args()
-  from sdar_jax.progress import configure_logging
+  from sdar_jax.observe.progress import configure_logging
 
   configure_logging()
   if args.num_processes:
-    from sdar_jax import multihost
+    from sdar_jax.infra import multihost
 
     multihost.initialize(args.coordinator_address, args.num_processes, args.process_id)
-  from sdar_jax import trainer
+  from sdar_jax.run import trainer
 
   trainer.run(run_config(args.steps, args.skills_dir, args.eval_every), args.workdir)
 

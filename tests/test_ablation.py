@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from sdar_jax import collect
+from sdar_jax.observe import collect
 from tests.helpers import load_script
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -21,8 +21,8 @@ import pytest
 
 from configs import alfworld, common
 from sdar_jax import aot
+from sdar_jax.core.train_step import response_logprobs
 from sdar_jax.models import ModelConfig, param_shapes
-from sdar_jax.train_step import response_logprobs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HAVE_LIBTPU = importlib.util.find_spec("libtpu") is not None

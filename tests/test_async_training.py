@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from sdar_jax.batch import TurnSample
+from sdar_jax.core.batch import TurnSample
 from sdar_jax.rollout import ReplayQueue
 from sdar_jax.rollout.worker import RolloutCancelled, RolloutWorker, StoppablePool
 from tests.helpers import tiny_run_config
@@ -136,7 +136,7 @@ def test_close_stops_a_running_rollout_at_its_next_env_call():
 
 # ------------------------------------------------------------------------------------ refusals
 def _validate(config):
-  from sdar_jax.config_validation import validate
+  from sdar_jax.run.config_validation import validate
 
   return validate(config, num_devices=8)
 
@@ -147,15 +147,15 @@ def test_asynchronous_training_is_accepted_on_one_process():
 
 @pytest.mark.parametrize("bad", [-1, True])  # (a float is refused by the config itself)
 def test_max_staleness_must_be_a_whole_number(bad):
-  from sdar_jax.config_validation import ConfigError
+  from sdar_jax.run.config_validation import ConfigError
 
   with pytest.raises(ConfigError, match=rf"train.max_staleness={bad!r}: must be a whole number"):
     _validate(tiny_run_config(1, **{"train.max_staleness": bad}))
 
 
 def test_recompute_old_logp_with_async_is_refused_before_anything_is_written(tmp_path):
-  from sdar_jax import trainer
-  from sdar_jax.config_validation import ConfigError
+  from sdar_jax.run import trainer
+  from sdar_jax.run.config_validation import ConfigError
 
   config = tiny_run_config(1, **{"train.max_staleness": 1, "algo.recompute_old_logp": True})
   expected = (
@@ -172,8 +172,8 @@ def test_recompute_old_logp_with_async_is_refused_before_anything_is_written(tmp
 def test_several_processes_with_async_are_refused(tmp_path, monkeypatch):
   import jax
 
-  from sdar_jax import trainer
-  from sdar_jax.run_setup import staleness_problems
+  from sdar_jax.run import trainer
+  from sdar_jax.run.setup import staleness_problems
 
   config = tiny_run_config(1, **{"train.max_staleness": 1})
   (problem,) = staleness_problems(config, processes=2)
@@ -224,7 +224,7 @@ def test_max_staleness_zero_runs_serially_and_matches_the_threaded_path(tmp_path
   """max_staleness=0 plays every rollout inline (no rollout thread is made); the same run through
   the rollout thread, handed a copy of the parameters at each iteration, logs the same rows
   (evaluation and the teacher branch included), apart from timings and the async-only metrics."""
-  from sdar_jax import trainer
+  from sdar_jax.run import trainer
 
   config = tiny_run_config(
     2, **{"train.eval_every": 2, "train.eval_before_train": False, "checkpoint.every": 0}
@@ -257,7 +257,7 @@ def test_max_staleness_zero_runs_serially_and_matches_the_threaded_path(tmp_path
 def async_run(tmp_path_factory):
   """3 iterations at max_staleness=1, evaluation at 2 and 3; iteration 3's rollout (index 2) has
   its second episode marked as sampled by policy version -1, 3 versions before the update."""
-  from sdar_jax import trainer
+  from sdar_jax.run import trainer
 
   workdir = str(tmp_path_factory.mktemp("async"))
   config = tiny_run_config(
@@ -326,8 +326,8 @@ def test_killed_async_run_resumes_with_the_same_task_draws(tmp_path, monkeypatch
   drawn): the rollout thread stops, the resumed run restores checkpoint 2, draws the same tasks
   for iteration 3 (the checkpoint's task sampler predates the discarded rollout), plays it with
   the restored parameters and finishes."""
-  from sdar_jax import trainer
-  from sdar_jax.checkpoint import CheckpointManager
+  from sdar_jax.run import trainer
+  from sdar_jax.run.checkpoint import CheckpointManager
 
   workdir = str(tmp_path / "run")
   config = tiny_run_config(

@@ -17,10 +17,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sdar_jax import config_validation, sharding
+from sdar_jax.core import sharding
+from sdar_jax.core.sampling import Sampler, SamplingParams
+from sdar_jax.core.train_step import response_logprobs
 from sdar_jax.models import ModelConfig, forward, init_params, qwen
-from sdar_jax.sampling import Sampler, SamplingParams
-from sdar_jax.train_step import response_logprobs
+from sdar_jax.run import config_validation
 
 EPS = float(np.finfo(np.float32).eps)
 T = 37  # not a multiple of any block length below

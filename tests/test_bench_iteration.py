@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from configs import common, default
-from sdar_jax import config_validation, train
+from sdar_jax import train
+from sdar_jax.run import config_validation
 from tests.helpers import load_script
 
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from sdar_jax.models import load_pretrained
-from sdar_jax.tokenizer import Tokenizer
+from sdar_jax.text.tokenizer import Tokenizer
 from sdar_jax.tools import build_demo_policy
 
 
@@ -36,7 +36,7 @@ def test_build_writes_a_loadable_policy_with_its_metrics(tmp_path, monkeypatch):
   assert "2. 1 steps, seed 6, from the previous stage" in (out / "README.md").read_text()
 
   # A run that starts from a built policy logs its warm_start/* metrics at step 0.
-  from sdar_jax.warm_start import built_policy_metrics
+  from sdar_jax.run.warm_start import built_policy_metrics
 
   assert built_policy_metrics(str(out))["warm_start/steps"] == 2.0
   assert built_policy_metrics(str(tmp_path)) == {}

@@ -13,12 +13,12 @@ import shutil
 import pytest
 
 from configs import models
-from sdar_jax.chat_templates import ChatTemplate, resolve_chat_template
+from sdar_jax.core.sampling import SamplingParams
 from sdar_jax.rollout import AgentLoop
-from sdar_jax.sampling import SamplingParams
-from sdar_jax.tokenizer import Tokenizer, bundled_qwen_tokenizer_dir
+from sdar_jax.run.setup import build_chat_template
+from sdar_jax.text.chat_templates import ChatTemplate, resolve_chat_template
+from sdar_jax.text.tokenizer import Tokenizer, bundled_qwen_tokenizer_dir
 from sdar_jax.tools.build_compact_tokenizer import DEFAULT_OUT_DIR as COMPACT_DIR
-from sdar_jax.trainer import build_chat_template
 
 QWEN25 = ChatTemplate.builtin("qwen2.5")
 QWEN3 = ChatTemplate.builtin("qwen3")

@@ -13,15 +13,15 @@ import optax
 import pytest
 
 from configs import default
-from sdar_jax import sharding
-from sdar_jax.checkpoint import (
+from sdar_jax.core import sharding
+from sdar_jax.core.train_state import create_train_state, make_optimizer, train_state_shardings
+from sdar_jax.models import ModelConfig, forward, init_params
+from sdar_jax.run.checkpoint import (
   CheckpointManager,
   abstract_train_state,
   export_hf,
   model_config_mismatches,
 )
-from sdar_jax.models import ModelConfig, forward, init_params
-from sdar_jax.train_state import create_train_state, make_optimizer, train_state_shardings
 from tests import hf_fixtures
 
 TINY = hf_fixtures.SMALL_QWEN3
@@ -226,7 +226,7 @@ def test_export_hf_loads_in_transformers(saved, tmp_path):
 def test_train_state_holds_only_what_an_update_changes():
   """No field that nothing reads (the update needs no PRNG key: rollout keys come from the seed
   and the iteration)."""
-  from sdar_jax.train_state import TrainState
+  from sdar_jax.core.train_state import TrainState
 
   assert [f.name for f in dataclasses.fields(TrainState)] == [
     "step",

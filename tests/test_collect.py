@@ -1,4 +1,4 @@
-"""Collecting runs (sdar_jax/collect.py, `launch/sweep.py collect`): fake run directories with
+"""Collecting runs (sdar_jax/observe/collect.py, `launch/sweep.py collect`): fake run directories with
 hand-computed tables, the run records a launcher keeps, and which runs a launcher skips."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from sdar_jax import collect
+from sdar_jax.observe import collect
 from tests.helpers import load_script
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

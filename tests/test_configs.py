@@ -18,24 +18,24 @@ from sdar_jax.algos import (
   ADVANTAGE_ESTIMATORS,
   AGG_MODES,
   ALGO_PRESETS,
-  AlgoConfig,
   GATES,
   KL_PENALTIES,
   SDAR_FORMS,
   VOCAB_FORMS,
+  AlgoConfig,
   get_preset,
 )
-from sdar_jax.chat_templates import ChatTemplate
-from sdar_jax.config_validation import (
+from sdar_jax.models import ModelConfig, init_params, save_pretrained
+from sdar_jax.run.config_validation import (
   IMPLEMENTED_ENVS,
   ConfigError,
   model_config_from,
   validate,
 )
-from sdar_jax.models import ModelConfig, init_params, save_pretrained
-from sdar_jax.tokenizer import Tokenizer, bundled_qwen_tokenizer_dir, packaged_policy_dir
+from sdar_jax.run.setup import build_chat_template
+from sdar_jax.text.chat_templates import ChatTemplate
+from sdar_jax.text.tokenizer import Tokenizer, bundled_qwen_tokenizer_dir, packaged_policy_dir
 from sdar_jax.train import unknown_override_keys
-from sdar_jax.trainer import build_chat_template
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV_MODULES = {"alfworld": alfworld, "webshop": webshop, "search_qa": search_qa}
@@ -445,7 +445,8 @@ def test_components_check_their_own_sections_and_validate_collects_them():
   env registry, the skill retriever); validate() reports their lines with everything else."""
   from envs import env_section_problems
   from envs.skills.retrieval import skills_section_problems
-  from sdar_jax import run_setup, warm_start
+  from sdar_jax.run import setup as run_setup
+  from sdar_jax.run import warm_start
 
   overrides = {
     "checkpoint.keep": 0,

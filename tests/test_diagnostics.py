@@ -1,4 +1,4 @@
-"""Gate diagnostics (sdar_jax/diagnostics.py): histogram counts against numpy.histogram, the
+"""Gate diagnostics (sdar_jax/observe/diagnostics.py): histogram counts against numpy.histogram, the
 counts the compiled update returns against independently scored log-probs, the TensorBoard
 fields, the token view's escaping and colour scale, and a tiny run that writes every file.
 """
@@ -16,8 +16,9 @@ import jax
 import numpy as np
 import pytest
 
-from sdar_jax import diagnostics, transcripts
-from sdar_jax.diagnostics import GAP_EDGES, GATE_EDGES, Histogram, masked_histogram
+from sdar_jax.core.histograms import GAP_EDGES, GATE_EDGES, masked_histogram
+from sdar_jax.observe import diagnostics, transcripts
+from sdar_jax.observe.diagnostics import Histogram
 from tests.helpers import (
   RESPONSE_LEN,
   SDAR_LOSS,
@@ -99,8 +100,8 @@ def test_update_returns_counts_of_the_gap_and_gate(tiny_params):
   gives the same integers; the positive-gap share is the share of tokens with Δ > 0; an update
   built without histograms returns none."""
   from sdar_jax.algos import get_preset
-  from sdar_jax.train_state import make_optimizer
-  from sdar_jax.train_step import TrainStep
+  from sdar_jax.core.train_state import make_optimizer
+  from sdar_jax.core.train_step import TrainStep
   from tests.helpers import make_turn_batch
 
   batch = make_turn_batch(tiny_params, seed=11)  # no value within 1e-3 of a bin edge
@@ -208,7 +209,7 @@ def test_token_view_without_teacher_is_unshaded():
 
 
 def test_token_pieces_join_to_the_decoded_text():
-  from sdar_jax.tokenizer import Tokenizer
+  from sdar_jax.text.tokenizer import Tokenizer
 
   tokenizer = Tokenizer.bundled_qwen()
   text = "café ✓ 日本語 <|im_end|> go to cabinet 1"
@@ -258,7 +259,7 @@ def test_a_tiny_run_writes_the_diagnostics(tmp_path, monkeypatch):
   """SDAR, one iteration, evaluations before and after: histograms (JSONL, PNGs, TensorBoard),
   the positive-gap share, a token view per evaluation whose teacher prompts carry the skill
   block; then GRPO evaluated alone writes its token view with the teacher scored for it."""
-  from sdar_jax import trainer
+  from sdar_jax.run import trainer
 
   def config(algo: str):
     return tiny_run_config(1, algo, **{"train.eval_every": 1, "logging.tensorboard": True})

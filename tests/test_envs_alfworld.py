@@ -11,8 +11,7 @@ from collections import Counter
 import pytest
 
 import envs
-from envs.alfworld import AlfworldEnv, collect_game_files, project_action
-from envs.alfworld import generator
+from envs.alfworld import AlfworldEnv, collect_game_files, generator, project_action
 from envs.alfworld.catalog import LAMPS, ROOMS, scene_numbers
 from envs.alfworld.engine import GameFileError
 from envs.alfworld.problem import pddl_problem

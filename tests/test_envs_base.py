@@ -25,7 +25,7 @@ def test_register_refuses_a_second_factory_under_a_taken_name():
 
 
 def test_envpool_is_importable_from_base():
-  from envs.base import EnvPool
+  from envs.pool import EnvPool
 
   assert EnvPool is envs.EnvPool
 

@@ -199,7 +199,7 @@ def test_search_qa_adapter_shows_the_history_records():
 
 # ------------------------------------------------------------------------------------ trainer
 def test_trainer_builds_the_familys_skill_retriever():
-  from sdar_jax.run_setup import build_retriever
+  from sdar_jax.run.setup import build_retriever
 
   search = build_retriever(search_qa_config.get_config("local=True"))  # rules_version pre_fix
   assert isinstance(search, DataSourceSkillRetriever)
@@ -211,7 +211,7 @@ def test_trainer_builds_the_familys_skill_retriever():
 
 
 def test_rollout_metrics_add_the_familys_metrics():
-  from sdar_jax.metrics import rollout_metrics
+  from sdar_jax.observe.metrics import rollout_metrics
   from sdar_jax.rollout.trajectory import Episode
 
   episodes = [

@@ -50,7 +50,7 @@ def _config(env: str):
 
 def _train(env: str, workdir: str):
   """Runs two iterations; returns (metrics rows, training episodes, tokenizer)."""
-  from sdar_jax.trainer import Trainer
+  from sdar_jax.run.trainer import Trainer
 
   trainer = Trainer(_config(env), workdir)
   episodes = []

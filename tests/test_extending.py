@@ -9,11 +9,11 @@ import pytest
 
 from configs import alfworld, common
 from sdar_jax.algos import DISTILL_LOSSES, GATES, AlgoConfig, agg_loss, masked_mean
-from sdar_jax.batch import TurnBatch
-from sdar_jax.config_validation import ConfigError, validate
+from sdar_jax.core.batch import TurnBatch
+from sdar_jax.core.train_state import create_train_state, make_optimizer
+from sdar_jax.core.train_step import TrainStep, loss_and_grads
 from sdar_jax.models import ModelConfig, forward, init_params
-from sdar_jax.train_state import create_train_state, make_optimizer
-from sdar_jax.train_step import TrainStep, loss_and_grads
+from sdar_jax.run.config_validation import ConfigError, validate
 from tests.helpers import tiny_run_config
 
 CONFIG = ModelConfig.tiny(
@@ -209,7 +209,7 @@ def test_a_registered_environment_is_trained_for_one_iteration(tmp_path, dummy_f
   real Trainer for one iteration: its splits were asked for, its task type shows in the metrics."""
   import json
 
-  from sdar_jax import trainer
+  from sdar_jax.run import trainer
 
   family, asked = dummy_family
   overrides = {"env.name": "dummy", "eval.skills": "without", "rollout.max_new_tokens": 8}

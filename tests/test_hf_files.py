@@ -10,9 +10,9 @@ import struct
 import jax
 import pytest
 
-from sdar_jax.checkpoint import export_hf
 from sdar_jax.models import init_params, load_pretrained, save_pretrained
 from sdar_jax.models.hf_io import QWEN_GENERATION_CONFIG, SafetensorsFile, verify_checkpoint
+from sdar_jax.run.checkpoint import export_hf
 from tests.helpers import SMALL_QWEN3
 
 # The tokenizer files of a Hugging Face model directory, as Qwen publishes them.
@@ -139,7 +139,7 @@ def test_export_with_another_tokenizer_writes_that_tokenizers_stop_ids(params, t
 
 
 def test_export_with_the_qwen_tokenizer_writes_the_published_qwen_ids(params, tmp_path):
-  from sdar_jax.tokenizer import Tokenizer
+  from sdar_jax.text.tokenizer import Tokenizer
 
   out = export_hf(
     SMALL_QWEN3, params, tmp_path / "export", tokenizer_dir=Tokenizer.bundled_qwen().path

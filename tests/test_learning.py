@@ -33,7 +33,7 @@ import numpy as np
 import pytest
 
 from envs import EnvSplit, EpisodeView
-from sdar_jax.tokenizer import Tokenizer, packaged_tokenizer_dir
+from sdar_jax.text.tokenizer import Tokenizer, packaged_tokenizer_dir
 from tests.helpers import tiny_run_config
 
 # One token each in the compact tokenizer, bare (the action) and after a space (in the prompt).
@@ -153,7 +153,7 @@ def learning_config(seed: int, algo: str = "grpo"):
 def learning_run(workdir: str, seed: int, algo: str = "grpo") -> dict[str, object]:
   """Trains `learning_config(seed, algo)` in `workdir` with the real Trainer; returns the
   validation success before and after RL and the training success of every iteration."""
-  from sdar_jax import trainer
+  from sdar_jax.run import trainer
 
   trainer.run(learning_config(seed, algo), workdir)
   with open(os.path.join(workdir, "metrics.jsonl")) as f:

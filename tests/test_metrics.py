@@ -12,8 +12,8 @@ import subprocess
 import sys
 import textwrap
 
-from sdar_jax.metrics import MetricsLogger, read_history, validation_summary
-from sdar_jax.progress import Progress, configure_logging, format_duration
+from sdar_jax.observe.metrics import MetricsLogger, read_history, validation_summary
+from sdar_jax.observe.progress import Progress, configure_logging, format_duration
 
 
 def _steps(path) -> list[int]:
@@ -134,7 +134,7 @@ def test_configure_logging_levels():
 def test_metrics_logger_echo_goes_through_logging(tmp_path, caplog):
   with caplog.at_level(logging.INFO, logger="sdar_jax"):
     MetricsLogger(str(tmp_path)).log(7, {"episode/success_rate": 0.5, "other": 1.0})
-  (record,) = [r for r in caplog.records if r.name == "sdar_jax.metrics"]
+  (record,) = [r for r in caplog.records if r.name == "sdar_jax.observe.metrics"]
   assert record.getMessage() == "[step 7] episode/success_rate=0.5"
 
 
@@ -153,10 +153,10 @@ _ABSL_PROGRAM = """
   from absl import app
 
   def main(argv):
-    from sdar_jax.progress import ensure_log_handler
+    from sdar_jax.observe.progress import ensure_log_handler
 
     ensure_log_handler()  # what the Trainer does first
-    logging.getLogger("sdar_jax.trainer").info("iteration 1/3")
+    logging.getLogger("sdar_jax.run.trainer").info("iteration 1/3")
     logging.getLogger("orbax").info("orbax detail")
 
   app.run(main)
@@ -180,14 +180,16 @@ def test_library_use_gets_a_timestamped_handler():
   out = _python(
     """
     import logging
-    from sdar_jax.progress import ensure_log_handler
+    from sdar_jax.observe.progress import ensure_log_handler
 
     ensure_log_handler()
-    logging.getLogger("sdar_jax.trainer").info("iteration 1/3")
+    logging.getLogger("sdar_jax.run.trainer").info("iteration 1/3")
     """
   )
   line = out.stderr.strip()
-  assert re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d I sdar_jax.trainer\] iteration 1/3$", line), line
+  assert re.match(
+    r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d I sdar_jax.run.trainer\] iteration 1/3$", line
+  ), line
 
 
 def test_validation_summary_reads_the_first_and_last_evaluation(tmp_path):

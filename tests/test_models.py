@@ -10,8 +10,15 @@ import pytest
 import torch
 import transformers
 
-from sdar_jax.models import ModelConfig, forward, init_params, load_pretrained, save_pretrained
-from sdar_jax.models import hf_io, qwen
+from sdar_jax.models import (
+  ModelConfig,
+  forward,
+  hf_io,
+  init_params,
+  load_pretrained,
+  qwen,
+  save_pretrained,
+)
 from sdar_jax.models.qwen import decode_step, logits_from_hidden, prefill, unstack_layers
 from tests import hf_fixtures
 
@@ -188,7 +195,7 @@ def test_layer_loop_resolves_by_backend_and_bad_names_are_refused():
   with pytest.raises(ValueError, match=r"layer_loop='python'.*choose one of.*unroll"):
     ModelConfig.tiny(layer_loop="python")
   from configs import alfworld, common
-  from sdar_jax import config_validation
+  from sdar_jax.run import config_validation
 
   run_config = alfworld.get_config("model=tiny,algo=sdar,local=True")
   assert config_validation.model_config_from(run_config).layer_loop == "auto"

@@ -1,4 +1,4 @@
-"""Multi-process training (sdar_jax.multihost): two processes of 4 CPU devices run the same
+"""Multi-process training (sdar_jax.infra.multihost): two processes of 4 CPU devices run the same
 iterations as one process of 8 (the same episodes, metrics and updates), resume together from
 their checkpoint, and launch/local.sh -n starts, labels and stops such processes.
 
@@ -95,8 +95,8 @@ def _rows(workdir) -> list[dict]:
 
 def _params(workdir, step: int):
   """The parameters of checkpoint `step` on the host (any topology) and the update count."""
-  from sdar_jax.checkpoint import CheckpointManager
   from sdar_jax.models import ModelConfig
+  from sdar_jax.run.checkpoint import CheckpointManager
 
   with CheckpointManager(os.path.join(workdir, "checkpoints"), read_only=True) as ckpt:
     meta = ckpt.restore_meta(step)
@@ -175,7 +175,7 @@ def test_episode_shares_are_whole_groups_in_process_order(
   is split; the busiest share is max_share_size (a process may get none when groups < processes)."""
   import jax
 
-  from sdar_jax import multihost
+  from sdar_jax.infra import multihost
 
   n = groups * group_size
   monkeypatch.setattr(jax, "process_count", lambda: processes)
@@ -192,7 +192,7 @@ def test_episode_shares_are_whole_groups_in_process_order(
 
 
 def _sample(rng, group: int, with_teacher: bool):
-  from sdar_jax.batch import TurnSample
+  from sdar_jax.core.batch import TurnSample
 
   prompt = rng.integers(1, 50, int(rng.integers(1, 40))).tolist()
   response = rng.integers(1, 50, int(rng.integers(1, 30))).tolist()
@@ -218,9 +218,8 @@ def test_a_mini_batch_gathered_from_a_wide_block_is_the_one_pack_batch_makes(wit
   import jax
   from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-  from sdar_jax import multihost
-  from sdar_jax.batch import new_tokens_bucket, prompt_bucket
-  from sdar_jax.rollout import pack_batch
+  from sdar_jax.core.batch import new_tokens_bucket, prompt_bucket
+  from sdar_jax.rollout import global_batches, pack_batch
 
   rng = np.random.default_rng(0)
   samples = [_sample(rng, k, with_teacher) for k in range(5)]
@@ -228,7 +227,7 @@ def test_a_mini_batch_gathered_from_a_wide_block_is_the_one_pack_batch_makes(wit
   packed = pack_batch(samples, 5, with_teacher, pad_id=7)
   Ps, R = prompt_bucket(max(len(s.prompt_ids) for s in samples)), 64  # R wider than needed
   Pt = prompt_bucket(max(len(s.teacher_prompt_ids) for s in samples)) if with_teacher else 0
-  wide = multihost._widen(packed, 5, Ps, R, Pt, pad_id=7)
+  wide = global_batches._widen(packed, 5, Ps, R, Pt, pad_id=7)
   block = jax.tree.map(
     lambda x: np.concatenate(
       [np.zeros((3,) + x.shape[1:], x.dtype), x, np.zeros((2,) + x.shape[1:], x.dtype)]
@@ -242,7 +241,7 @@ def test_a_mini_batch_gathered_from_a_wide_block_is_the_one_pack_batch_makes(wit
   pt = prompt_bucket(max(len(s.teacher_prompt_ids) for s in chunk)) if with_teacher else 0
   assert ps < Ps and r < R
   one_device = NamedSharding(Mesh(np.asarray(jax.devices()[:1]), ("batch",)), PartitionSpec())
-  got = multihost._select_fn(one_device)(
+  got = global_batches._select_fn(one_device)(
     block, index, Ps_block=Ps, Ps=ps, R=r, Pt_block=Pt, Pt=pt, pad_id=7
   )
   want = pack_batch(chunk, 4, with_teacher, pad_id=7)

@@ -13,7 +13,7 @@ import os
 import pytest
 
 from configs import common, paper
-from sdar_jax.config_validation import ConfigError, validate
+from sdar_jax.run.config_validation import ConfigError, validate
 from tests.helpers import SMALL_MODEL, small_run_overrides
 
 ENVS = ("webshop", "search_qa")
@@ -59,7 +59,7 @@ def test_every_row_validates_at_small_shapes(env):
 
 
 def _train_one_iteration(row_arg: str, workdir: str) -> list[dict]:
-  from sdar_jax.trainer import Trainer
+  from sdar_jax.run.trainer import Trainer
 
   config = _small(row_arg)
   config.train.eval_before_train = False

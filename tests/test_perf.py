@@ -1,4 +1,4 @@
-"""The per-iteration throughput metrics (sdar_jax.perf): their arithmetic on hand-made timings,
+"""The per-iteration throughput metrics (sdar_jax.observe.perf): their arithmetic on hand-made timings,
 JAX's compile clock, and what the agent loop adds up over a rollout. The metrics of a real run are
 checked in test_trainer_run.py. No test asserts how long anything took."""
 
@@ -10,8 +10,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from sdar_jax.batch import TurnSample
-from sdar_jax.perf import (
+from sdar_jax.core.batch import TurnSample
+from sdar_jax.observe.perf import (
   COMPILE_EVENTS,
   IterationClock,
   RolloutTimings,
@@ -132,11 +132,11 @@ def test_agent_loop_adds_up_env_time_and_generated_tokens():
   counted (its seconds are timings: bench/rollout.py prints them)."""
   from envs import EnvPool
   from envs.alfworld import AlfworldAdapter
-  from sdar_jax.chat_templates import ChatTemplate
+  from sdar_jax.core.sampling import Sampler, SamplingParams
   from sdar_jax.models import init_params
   from sdar_jax.rollout import AgentLoop
-  from sdar_jax.sampling import Sampler, SamplingParams
-  from sdar_jax.tokenizer import Tokenizer
+  from sdar_jax.text.chat_templates import ChatTemplate
+  from sdar_jax.text.tokenizer import Tokenizer
 
   config = QWEN_VOCAB_DECODER
   params = init_params(config, jax.random.key(0))

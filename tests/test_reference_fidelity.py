@@ -16,15 +16,15 @@ import optax
 import pytest
 
 from sdar_jax.algos import AlgoConfig, get_preset
-from sdar_jax.batch import TurnBatch
-from sdar_jax.models import ModelConfig, forward, init_params
-from sdar_jax.sampling import SamplingParams
-from sdar_jax.train_state import create_train_state, make_optimizer
-from sdar_jax.train_step import (
+from sdar_jax.core.batch import TurnBatch
+from sdar_jax.core.sampling import SamplingParams
+from sdar_jax.core.train_state import create_train_state, make_optimizer
+from sdar_jax.core.train_step import (
   TrainStep,
   loss_and_grads,
   train_step_from_config,
 )
+from sdar_jax.models import ModelConfig, forward, init_params
 from tests.helpers import sample_and_pack
 
 CONFIG = ModelConfig.tiny(
@@ -238,7 +238,7 @@ def test_recompute_reports_the_largest_sampler_mismatch_on_response_tokens(param
 
 def test_recompute_old_logp_is_a_config_option():
   from configs import alfworld, common
-  from sdar_jax.config_validation import validate
+  from sdar_jax.run.config_validation import validate
 
   config = alfworld.get_config("local=True")
   assert config.algo.recompute_old_logp is False
@@ -255,7 +255,7 @@ def test_recompute_old_logp_is_a_config_option():
 def test_teacher_old_gap_is_token_weighted_over_the_iteration_with_its_rms():
   """Two mini-batches with 1 and 3 response tokens. Gaps: [4] and [0, 0, 0] → token mean
   4/4 = 1 (a mean of per-mini-batch means would say (4 + 0)/2 = 2), RMS sqrt(16/4) = 2."""
-  from sdar_jax.trainer import teacher_old_gap_metrics
+  from sdar_jax.observe.metrics import teacher_old_gap_metrics
 
   def mb(gaps, slots=4):
     m = np.zeros((1, slots), np.float32)
@@ -308,7 +308,7 @@ def test_qwen3_instruct_2507_preset_gets_no_think_block():
   empty think block. The trainer renders prompts from model.chat_template/enable_thinking."""
   from configs import alfworld, models
   from sdar_jax.models import ModelConfig
-  from sdar_jax.trainer import build_chat_template
+  from sdar_jax.run.setup import build_chat_template
 
   def prompt(model_section):
     family = ModelConfig.preset(model_section.preset).family

@@ -2,7 +2,7 @@
 resumes from its remote checkpoint, and only the primary process writes the run's files.
 
 The bucket is the fake GCS of tests/fake_gcs.py: one in-memory store behind both fsspec (what
-etils.epath and sdar_jax.paths use for gs://) and a local HTTP server speaking the GCS JSON API
+etils.epath and sdar_jax.infra.paths use for gs://) and a local HTTP server speaking the GCS JSON API
 (what TensorStore uses for orbax's checkpoint arrays), so the gs:// code paths run unchanged.
 """
 
@@ -14,7 +14,7 @@ import tempfile
 
 import pytest
 
-from sdar_jax import paths
+from sdar_jax.infra import paths
 from tests.fake_gcs import fake_gcs
 from tests.helpers import tiny_run_config
 
@@ -102,7 +102,7 @@ def test_local_mirror_copies_new_and_grown_files(bucket):
 def test_collecting_a_sweep_on_the_bucket_matches_collecting_it_locally(bucket, tmp_path):
   """The same two runs, one copy local and one in the bucket: the same table, the plot and the
   launcher's run record written next to them."""
-  from sdar_jax import collect
+  from sdar_jax.observe import collect
 
   v = "val/success_rate"
   runs = {
@@ -153,8 +153,9 @@ def test_a_run_on_gs_writes_everything_there_and_resumes(bucket, tmp_path, monke
   TensorBoard events, diagnostics, the token view, checkpoints and the HF export all land in the
   bucket; an evaluation of its latest checkpoint writes its results there too; the working
   directory and the temporary folder stay empty (no local 'gs:' folder)."""
-  from sdar_jax import evaluate, trainer
-  from sdar_jax.checkpoint import CheckpointManager
+  from sdar_jax.run import evaluation as evaluate
+  from sdar_jax.run import trainer
+  from sdar_jax.run.checkpoint import CheckpointManager
 
   cwd, tmp = tmp_path / "cwd", tmp_path / "tmp"
   cwd.mkdir()
@@ -215,7 +216,7 @@ def test_only_the_primary_process_writes_the_runs_files(tmp_path, monkeypatch):
   """A process that is not the primary one writes checkpoints (orbax coordinates every process)
   and nothing else: no config.json, metrics, plots, TensorBoard events, diagnostics, token view,
   export or lock file."""
-  from sdar_jax import trainer
+  from sdar_jax.run import trainer
 
   monkeypatch.setattr(paths, "is_primary_process", lambda: False)
   workdir = tmp_path / "run"

@@ -4,10 +4,10 @@ import jax
 import numpy as np
 import pytest
 
-from sdar_jax import sharding
-from sdar_jax.checkpoint import CheckpointManager, abstract_train_state
-from sdar_jax.train_state import make_optimizer
-from sdar_jax.train_step import TrainStep
+from sdar_jax.core import sharding
+from sdar_jax.core.train_state import make_optimizer
+from sdar_jax.core.train_step import TrainStep
+from sdar_jax.run.checkpoint import CheckpointManager, abstract_train_state
 from tests.helpers import SDAR_LOSS, fresh_state, make_turn_batch, to_np
 
 

@@ -10,14 +10,14 @@ import jax
 import numpy as np
 import pytest
 
-from sdar_jax.batch import TurnSample, batch_bucket, new_tokens_bucket, prompt_bucket
-from sdar_jax.chat_templates import ChatTemplate
+from sdar_jax.core.batch import TurnSample, batch_bucket, new_tokens_bucket, prompt_bucket
+from sdar_jax.core.sampling import Sampler, SamplingParams
+from sdar_jax.core.train_state import make_optimizer
+from sdar_jax.core.train_step import TrainStep
 from sdar_jax.models import init_params
 from sdar_jax.rollout import ReplayQueue, episodes_to_samples, pack_batch, plan_minibatches
 from sdar_jax.rollout.trajectory import Episode, Turn
-from sdar_jax.sampling import Sampler, SamplingParams
-from sdar_jax.train_state import make_optimizer
-from sdar_jax.train_step import TrainStep
+from sdar_jax.text.chat_templates import ChatTemplate
 from tests import hf_fixtures
 from tests.helpers import QWEN_VOCAB_DECODER, sample_and_pack
 
@@ -163,7 +163,7 @@ def test_single_sample_group_uses_mean_zero_std_one():
 
 
 def test_rollout_does_not_import_the_update():
-  """The rollout side reaches the update only through sdar_jax.batch (a fresh interpreter)."""
+  """The rollout side reaches the update only through sdar_jax.core.batch (a fresh interpreter)."""
   code = (
     "import sys, sdar_jax.rollout; "
     "print(sorted(m for m in sys.modules if m.startswith('sdar_jax.')))"
@@ -172,7 +172,7 @@ def test_rollout_does_not_import_the_update():
     [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
   )
   loaded = out.stdout
-  assert "sdar_jax.batch" in loaded
+  assert "sdar_jax.core.batch" in loaded
   for update_side in ("train_step", "train_state", "trainer", "checkpoint", "warm_start"):
     assert f"'sdar_jax.{update_side}'" not in loaded, update_side
 
@@ -309,7 +309,7 @@ def test_agent_loop_survives_a_crashing_env():
   from envs import EnvPool
   from envs.alfworld import AlfworldAdapter
   from sdar_jax.rollout import AgentLoop
-  from sdar_jax.tokenizer import Tokenizer
+  from sdar_jax.text.tokenizer import Tokenizer
 
   config = QWEN_VOCAB_DECODER
   params = init_params(config, jax.random.key(0))
@@ -363,7 +363,7 @@ def _prompt_loop(**kwargs):
   from envs.alfworld import AlfworldAdapter
   from envs.skills import SkillRetriever
   from sdar_jax.rollout import AgentLoop
-  from sdar_jax.tokenizer import Tokenizer
+  from sdar_jax.text.tokenizer import Tokenizer
 
   defaults = {
     "pool": None,
@@ -449,7 +449,7 @@ def test_skill_grpo_student_skills_follow_the_keyword_rule_over_the_user_message
 @pytest.mark.slow
 def test_truncated_prompts_are_marked_on_turns_and_counted_in_the_metrics():
   from envs import EnvPool
-  from sdar_jax.trainer import rollout_metrics
+  from sdar_jax.observe.metrics import rollout_metrics
 
   config = QWEN_VOCAB_DECODER
   params = init_params(config, jax.random.key(0))

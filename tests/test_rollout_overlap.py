@@ -18,14 +18,14 @@ import pytest
 import envs
 from envs.base import EpisodeView
 from envs.dummy import WORDS
-from sdar_jax.batch import batch_bucket, prompt_bucket
-from sdar_jax.chat_templates import ChatTemplate
+from sdar_jax.core.batch import batch_bucket, prompt_bucket
+from sdar_jax.core.sampling import Sampler, SamplingParams
 from sdar_jax.models import init_params
 from sdar_jax.rollout import AgentLoop
 from sdar_jax.rollout.agent_loop import split_halves
 from sdar_jax.rollout.worker import RolloutCancelled, StoppablePool
-from sdar_jax.sampling import Sampler, SamplingParams
-from sdar_jax.tokenizer import Tokenizer
+from sdar_jax.text.chat_templates import ChatTemplate
+from sdar_jax.text.tokenizer import Tokenizer
 from tests.helpers import QWEN_VOCAB_DECODER, tiny_run_config
 
 MAX_TURNS = 3
@@ -318,7 +318,7 @@ def test_env_failures_in_one_half_end_the_same_episodes_as_serially(rollouts):
 
 # ------------------------------------------------------------------------------ the config
 def test_an_unknown_overlap_mode_is_refused_naming_the_value_and_the_fix():
-  from sdar_jax.config_validation import ConfigError, validate
+  from sdar_jax.run.config_validation import ConfigError, validate
 
   validate(tiny_run_config(1, **{"rollout.overlap": "halves"}), num_devices=8)
   with pytest.raises(ConfigError, match=r"rollout.overlap='thirds': unknown mode. Fix: use 'off'"):
@@ -338,7 +338,7 @@ def test_an_unknown_overlap_mode_is_refused_naming_the_value_and_the_fix():
 
 
 def test_overlap_with_several_processes_is_refused(monkeypatch):
-  from sdar_jax.run_setup import setting_problems
+  from sdar_jax.run.setup import setting_problems
 
   config = tiny_run_config(1, **{"rollout.overlap": "halves"})
   assert setting_problems(config) == []
@@ -382,7 +382,7 @@ def test_an_overlapped_asynchronous_run_logs_the_serial_run_s_rows(
   import json
 
   from envs.pool import EnvPool
-  from sdar_jax import trainer
+  from sdar_jax.run import trainer
 
   calls = {"step": [], "step_async": []}  # (EnvPool.step calls step_async itself)
   for name in ("step", "step_async"):

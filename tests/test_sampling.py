@@ -9,9 +9,8 @@ import pytest
 import scipy.stats
 import torch
 
-from sdar_jax import sharding
-from sdar_jax.models import forward, load_pretrained
-from sdar_jax.sampling import (
+from sdar_jax.core import sharding
+from sdar_jax.core.sampling import (
   Sampler,
   SamplingParams,
   _categorical,
@@ -20,7 +19,8 @@ from sdar_jax.sampling import (
   num_compilations,
   stop_string_table,
 )
-from sdar_jax.tokenizer import Tokenizer
+from sdar_jax.models import forward, load_pretrained
+from sdar_jax.text.tokenizer import Tokenizer
 from tests import hf_fixtures
 
 LENGTHS = [11, 4, 7, 1, 9]  # ragged, left-padded; 5 rows run in a batch bucket of 8

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from sdar_jax import sharding
+from sdar_jax.core import sharding
 from sdar_jax.models import ModelConfig, forward, init_params
 from tests import hf_fixtures
 from tests.helpers import TINY_CONFIG
@@ -109,7 +109,7 @@ def test_mesh_resolution_and_batch_divisor():
 
 def test_train_state_shardings_follow_the_params():
   """Adam's moments are placed like the parameters they track; step and counters replicated."""
-  from sdar_jax.train_state import make_optimizer, train_state_shardings
+  from sdar_jax.core.train_state import make_optimizer, train_state_shardings
 
   mesh = sharding.make_mesh((1, 2, 4))
   optimizer = make_optimizer()
@@ -127,9 +127,9 @@ def test_a_custom_rules_table_places_params_state_and_loaded_weights(tmp_path):
   """The `rules=` parameter (a logical-axis table other than DEFAULT_RULES) is honoured by the
   update's state shardings and by load_pretrained, not only by the default path."""
   from sdar_jax.algos import get_preset
+  from sdar_jax.core.train_state import make_optimizer
+  from sdar_jax.core.train_step import TrainStep
   from sdar_jax.models import load_pretrained, save_pretrained
-  from sdar_jax.train_state import make_optimizer
-  from sdar_jax.train_step import TrainStep
 
   # Pure data parallelism: nothing sharded but the batch.
   custom = tuple(

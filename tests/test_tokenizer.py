@@ -9,8 +9,12 @@ import shutil
 
 import pytest
 
-from sdar_jax import tokenizer as tok
-from sdar_jax.tokenizer import Tokenizer, TokenizerFilesNotFoundError, bundled_qwen_tokenizer_dir
+from sdar_jax.text import tokenizer as tok
+from sdar_jax.text.tokenizer import (
+  Tokenizer,
+  TokenizerFilesNotFoundError,
+  bundled_qwen_tokenizer_dir,
+)
 
 
 @pytest.fixture(scope="module")

@@ -9,17 +9,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sdar_jax import sharding
 from sdar_jax.algos import AlgoConfig, get_preset
-from sdar_jax.batch import TurnBatch
-from sdar_jax.models import forward
-from sdar_jax.train_state import make_optimizer
-from sdar_jax.train_step import (
+from sdar_jax.core import sharding
+from sdar_jax.core.batch import TurnBatch
+from sdar_jax.core.train_state import make_optimizer
+from sdar_jax.core.train_step import (
   TrainStep,
   loss_and_grads,
   response_logprobs,
   train_step_from_config,
 )
+from sdar_jax.models import forward
 from tests.helpers import RESPONSE_LEN as R
 from tests.helpers import SDAR_LOSS as SDAR
 from tests.helpers import STUDENT_PROMPT_LEN as PS

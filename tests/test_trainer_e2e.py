@@ -33,9 +33,9 @@ def _rows(workdir):
 
 
 def test_train_checkpoint_export_resume(tmp_path, monkeypatch):
-  from sdar_jax import trainer
-  from sdar_jax.checkpoint import CheckpointManager
-  from sdar_jax.config_validation import validate
+  from sdar_jax.run import trainer
+  from sdar_jax.run.checkpoint import CheckpointManager
+  from sdar_jax.run.config_validation import validate
 
   workdir = str(tmp_path / "run")
   config = _config(total_steps=2)

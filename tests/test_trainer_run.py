@@ -48,7 +48,7 @@ class _Records(logging.Handler):
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
   """3 iterations: eval before training and at 3, checkpoints at 2 and 3, rows every 2."""
-  from sdar_jax import trainer
+  from sdar_jax.run import trainer
 
   workdir = str(tmp_path_factory.mktemp("run"))
   config = _config(
@@ -80,7 +80,7 @@ def _run_files(workdir) -> dict[str, str]:
 
 # ------------------------------------------------------------------------------------ training
 def test_rows_every_logging_every_and_checkpoints(trained):
-  from sdar_jax.checkpoint import CheckpointManager
+  from sdar_jax.run.checkpoint import CheckpointManager
 
   workdir, _, _ = trained
   rows = _rows(os.path.join(workdir, "metrics.jsonl"))
@@ -94,7 +94,7 @@ def test_rows_every_logging_every_and_checkpoints(trained):
 
 
 def test_training_rows_have_the_perf_metrics(trained):
-  """Throughputs, env-wait and compile shares, staleness (sdar_jax.perf) in every training row:
+  """Throughputs, env-wait and compile shares, staleness (sdar_jax.observe.perf) in every training row:
   finite, shares in [0, 1], staleness 0 in the synchronous loop."""
   workdir, _, _ = trained
   for row in _rows(os.path.join(workdir, "metrics.jsonl"))[1:]:
@@ -108,7 +108,7 @@ def test_training_rows_have_the_perf_metrics(trained):
 
 def test_progress_lines_and_compile_messages(trained):
   _, _, messages = trained
-  progress = [m for name, _, m in messages if name == "sdar_jax.trainer" and "iteration " in m]
+  progress = [m for name, _, m in messages if name == "sdar_jax.run.trainer" and "iteration " in m]
   for k in (1, 2, 3):
     (line,) = [m for m in progress if m.startswith(f"iteration {k}/3 ")]
     assert re.search(r" in [\d.:]+s?, elapsed [\d.:]+s?, ETA [\d.:]+s? \| ", line), line
@@ -123,7 +123,8 @@ def test_progress_lines_and_compile_messages(trained):
 def test_evaluate_latest_checkpoint_reproduces_the_runs_evaluation(trained, monkeypatch):
   """The run's own evaluation at step 3 and an eval-only run of checkpoint 3 play the same
   episodes with the same parameters; the run's files are not touched, no optimizer is built."""
-  from sdar_jax import evaluate, trainer
+  from sdar_jax.run import evaluation as evaluate
+  from sdar_jax.run import trainer
 
   workdir, config, _ = trained
   before = _run_files(workdir)
@@ -137,7 +138,7 @@ def test_evaluate_latest_checkpoint_reproduces_the_runs_evaluation(trained, monk
   monkeypatch.setattr(trainer, "create_train_state", forbidden)
   monkeypatch.setattr(trainer, "train_step_from_config", forbidden)
   monkeypatch.setattr(trainer, "abstract_train_state", forbidden)
-  from sdar_jax.workdir_lock import WorkdirLock
+  from sdar_jax.run.workdir_lock import WorkdirLock
 
   with WorkdirLock(workdir):  # a training run holding its workdir does not block evaluation
     t = trainer.Trainer(config, plan.output, eval_only=True, params_from=plan.params_from)
@@ -157,7 +158,7 @@ def test_evaluate_latest_checkpoint_reproduces_the_runs_evaluation(trained, monk
   assert os.path.exists(os.path.join(out, "metrics.png"))
   with open(os.path.join(out, "config.json")) as f:
     assert json.load(f)["train"]["total_steps"] == 3
-  with open(os.path.join(out, trainer.EVAL_RECORD)) as f:
+  with open(os.path.join(out, evaluate.EVAL_RECORD)) as f:
     assert json.load(f)["evaluated"]["step"] == 3
   assert _run_files(workdir) == before
 
@@ -168,8 +169,8 @@ def test_validation_draws_depend_on_eval_seed_only(trained, tmp_path, monkeypatc
   own metrics at step 3); another eval.seed draws other tokens."""
   import copy
 
-  from sdar_jax import trainer
   from sdar_jax.rollout.agent_loop import AgentLoop
+  from sdar_jax.run import trainer
 
   workdir, config, _ = trained
   played = []
@@ -202,7 +203,8 @@ def test_validation_draws_depend_on_eval_seed_only(trained, tmp_path, monkeypatc
 
 
 def test_evaluate_a_chosen_step_and_again(trained):
-  from sdar_jax import evaluate, trainer
+  from sdar_jax.run import evaluation as evaluate
+  from sdar_jax.run import trainer
 
   workdir, config, _ = trained
   plan = evaluate.plan_evaluation(config, workdir, step=2)
@@ -222,7 +224,7 @@ def test_evaluate_a_chosen_step_and_again(trained):
 
 
 def test_evaluate_refuses_a_run_without_checkpoints_as_output(trained, tmp_path):
-  from sdar_jax import evaluate
+  from sdar_jax.run import evaluation as evaluate
 
   _, config, _ = trained
   run = tmp_path / "young_run"
@@ -301,8 +303,8 @@ def _broken(total_steps: int, data: str, **overrides):
 
 
 def test_every_env_failing_stops_the_run(broken_data, tmp_path, caplog):
-  from sdar_jax import trainer
-  from sdar_jax.workdir_lock import WorkdirLock
+  from sdar_jax.run import trainer
+  from sdar_jax.run.workdir_lock import WorkdirLock
 
   workdir = str(tmp_path / "run")
   config = _broken(5, broken_data, **{"train.max_failed_iterations": 2})
@@ -326,8 +328,8 @@ def test_every_env_failing_stops_the_run(broken_data, tmp_path, caplog):
 
 
 def test_checkpoint_every_zero_saves_at_the_end(broken_data, tmp_path):
-  from sdar_jax import trainer
-  from sdar_jax.checkpoint import CheckpointManager
+  from sdar_jax.run import trainer
+  from sdar_jax.run.checkpoint import CheckpointManager
 
   workdir = str(tmp_path / "run")
   trainer.run(_broken(2, broken_data, **{"checkpoint.every": 0}), workdir)
@@ -336,7 +338,7 @@ def test_checkpoint_every_zero_saves_at_the_end(broken_data, tmp_path):
 
 
 def test_kill_between_row_and_checkpoint_logs_each_step_once(broken_data, tmp_path, monkeypatch):
-  from sdar_jax import trainer
+  from sdar_jax.run import trainer
 
   workdir = str(tmp_path / "run")
   config = _broken(3, broken_data, **{"checkpoint.every": 2, "train.max_failed_iterations": 10})
@@ -357,8 +359,8 @@ def test_kill_between_row_and_checkpoint_logs_each_step_once(broken_data, tmp_pa
 
 
 def test_second_trainer_on_a_workdir_is_refused(broken_data, tmp_path):
-  from sdar_jax import trainer
-  from sdar_jax.workdir_lock import WorkdirLock, WorkdirLockedError
+  from sdar_jax.run import trainer
+  from sdar_jax.run.workdir_lock import WorkdirLock, WorkdirLockedError
 
   workdir = tmp_path / "run"
   refused = pytest.raises(WorkdirLockedError, match=f"pid {os.getpid()} on host")
@@ -368,7 +370,7 @@ def test_second_trainer_on_a_workdir_is_refused(broken_data, tmp_path):
 
 
 def test_max_staleness_is_refused_before_anything_is_written(tmp_path):
-  from sdar_jax import trainer
+  from sdar_jax.run import trainer
 
   config = _config(1, **{"train.max_staleness": 2, "algo.recompute_old_logp": True})
   with pytest.raises(ValueError, match=r"train.max_staleness=2 with algo.recompute_old_logp"):

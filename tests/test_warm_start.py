@@ -8,13 +8,11 @@ import pytest
 from envs.alfworld import ALFWORLD_FAMILY, AlfworldAdapter, build_prompt
 from envs.alfworld.data import read_walkthroughs
 from envs.skills import BLOCK_HEADER, SkillLibrary, SkillRetriever
-from sdar_jax.batch import TurnSample
-from sdar_jax.chat_templates import ChatTemplate
+from sdar_jax.core.batch import TurnSample
+from sdar_jax.core.sampling import SamplingParams
 from sdar_jax.models import ModelConfig, forward, init_params
 from sdar_jax.rollout.agent_loop import AgentLoop
-from sdar_jax.sampling import SamplingParams
-from sdar_jax.tokenizer import Tokenizer
-from sdar_jax.warm_start import (
+from sdar_jax.run.warm_start import (
   expert_response,
   expert_samples,
   expert_summary,
@@ -25,6 +23,8 @@ from sdar_jax.warm_start import (
   warm_start,
   warm_start_loop,
 )
+from sdar_jax.text.chat_templates import ChatTemplate
+from sdar_jax.text.tokenizer import Tokenizer
 
 RECORD = {
   "task": "put a mug in coffeemachine.",

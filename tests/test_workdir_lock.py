@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from sdar_jax.workdir_lock import LOCK_NAME, WorkdirLock, WorkdirLockedError, read_holder
+from sdar_jax.run.workdir_lock import LOCK_NAME, WorkdirLock, WorkdirLockedError, read_holder
 
 
 def test_lock_file_records_host_pid_and_start(tmp_path):
@@ -43,7 +43,7 @@ def test_lock_held_by_another_process_is_refused(tmp_path):
   script = textwrap.dedent(
     f"""
     import sys, time
-    from sdar_jax.workdir_lock import WorkdirLock
+    from sdar_jax.run.workdir_lock import WorkdirLock
     lock = WorkdirLock({str(tmp_path)!r}).acquire()
     print("locked", flush=True)
     sys.stdin.readline()
@@ -81,7 +81,7 @@ def test_killed_holder_releases_the_lock(tmp_path):
   script = textwrap.dedent(
     f"""
     import os, signal
-    from sdar_jax.workdir_lock import WorkdirLock
+    from sdar_jax.run.workdir_lock import WorkdirLock
     WorkdirLock({str(tmp_path)!r}).acquire()
     os.kill(os.getpid(), signal.SIGKILL)
     """

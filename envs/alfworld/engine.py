@@ -125,8 +125,8 @@ def start_engine(policy_commands: bool = False, facts: bool = False) -> Any:
     if _IDLE.get(key):
       return _IDLE[key].pop()
   import textworld
-  from textworld.envs import PddlEnv
   from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
+  from textworld.envs import PddlEnv
 
   infos = textworld.EnvInfos(
     won=True,

@@ -311,9 +311,9 @@ def _search_qa_sources(settings: dict[str, Any]) -> tuple[dict[str, list], Itera
   question_sets = {n: qa_data.read_parquet(os.path.join(source, f"{n}.parquet")) for n in names}
   corpus = settings.get("corpus")
   if corpus is None:
-    from envs.search_qa import _corpus_in
+    from envs.search_qa.retrieval import corpus_in
 
-    corpus = _corpus_in(source)
+    corpus = corpus_in(source)
   passages = (
     {"id": str(record.get("id", k)), "contents": record["contents"]}
     for k, (_, _, record) in enumerate(retrieval._iter_corpus_lines(corpus))

@@ -75,6 +75,7 @@ from envs.search_qa.retrieval import (
   RetrievalServerClient,
   Retriever,
   SearchError,
+  corpus_in,
 )
 from envs.search_qa.reward import compute_score, em_check, normalize_answer
 from envs.skills.data_source_rules import DataSourceSkillRetriever
@@ -106,7 +107,6 @@ __all__ = [
   "success_rates",
 ]
 
-CORPUS_NAMES = ("corpus.jsonl", "wiki-18.jsonl")
 _BM25_CACHE: dict[tuple[str, str | None], BM25Retriever] = {}
 
 
@@ -117,17 +117,6 @@ def _sources(data_sources: Sequence[str] | str | None) -> list[str] | None:
     data_sources = data_sources.split(",")
   names = [s.strip() for s in data_sources if s.strip()]
   return names or None
-
-
-def _corpus_in(data_dir: str) -> str:
-  for name in CORPUS_NAMES:
-    path = os.path.join(os.path.expanduser(data_dir), name)
-    if os.path.isfile(path):
-      return path
-  raise FileNotFoundError(
-    f"no corpus in {data_dir} (looked for {', '.join(CORPUS_NAMES)}); pass corpus_path=<wiki-18 "
-    "style .jsonl> or search_url=<retrieval server /retrieve endpoint>"
-  )
 
 
 def _bm25_for(corpus_path: str, index_dir: str | None) -> BM25Retriever:
@@ -201,7 +190,7 @@ def make_search_qa(
   elif corpus_path is not None:
     retriever = _bm25_for(corpus_path, index_dir)
   elif retriever is None and data_dir is not None:
-    retriever = _bm25_for(_corpus_in(data_dir), index_dir)
+    retriever = _bm25_for(corpus_in(data_dir), index_dir)
   assert retriever is not None
   return SearchQAEnv(
     records,

@@ -373,3 +373,18 @@ class RetrievalServerClient:
 
   def close(self) -> None:
     pass
+
+
+CORPUS_NAMES = ("corpus.jsonl", "wiki-18.jsonl")  # a prepared data folder's passage corpus
+
+
+def corpus_in(data_dir: str) -> str:
+  """The passage corpus of a prepared data folder: the first of `CORPUS_NAMES` it holds."""
+  for name in CORPUS_NAMES:
+    path = os.path.join(os.path.expanduser(data_dir), name)
+    if os.path.isfile(path):
+      return path
+  raise FileNotFoundError(
+    f"no corpus in {data_dir} (looked for {', '.join(CORPUS_NAMES)}); pass corpus_path=<wiki-18 "
+    "style .jsonl> or search_url=<retrieval server /retrieve endpoint>"
+  )

@@ -27,7 +27,7 @@ import numpy as np
 
 from sdar_jax.models.config import ModelConfig
 from sdar_jax.models.qwen import Params, param_specs
-from sdar_jax.tokenizer import Tokenizer
+from sdar_jax.text.tokenizer import Tokenizer
 
 # ----------------------------------------------------------------------------------- name table
 # (HF name relative to `model.layers.{i}.`, our name under params["layers"], transform)
@@ -356,7 +356,7 @@ def load_pretrained(
   np_dtype = np.dtype(config.jnp_param_dtype)
   shardings = None
   if mesh is not None:
-    from sdar_jax import sharding as sharding_lib
+    from sdar_jax.core import sharding as sharding_lib
 
     shardings = sharding_lib.param_shardings(config, mesh, rules)
 

@@ -12,7 +12,7 @@ inside it (docs/reference.md §2.6).
 
 Random keys: turn t samples with key_t, where (rng_{t+1}, key_t) = split(rng_t) from the call's
 rng_0, and the k-th episode (in index order) of those still playing draws from key_t's row
-stream k (`sdar_jax.sampling`; with several processes k counts over all processes' episodes),
+stream k (`sdar_jax.core.sampling`; with several processes k counts over all processes' episodes),
 so a turn's draws depend on the call's key, the turn and which episodes are still playing, not
 on how the turn is split into sampler calls: the overlapped mode
 below passes each half's ranks as `row_ids` and draws what the serial loop's one batch draws.
@@ -39,12 +39,11 @@ import jax
 from tqdm import tqdm
 
 from envs.base import EnvAdapter, EpisodeView
-from sdar_jax import multihost
-from sdar_jax.chat_templates import ChatTemplate
-from sdar_jax.perf import RolloutTimings
-from sdar_jax.rollout.trajectory import Episode, Turn
-from sdar_jax.sampling import GenerationResult, Sampler, SamplingParams
-from sdar_jax.tokenizer import Tokenizer
+from sdar_jax.core.sampling import GenerationResult, Sampler, SamplingParams
+from sdar_jax.infra import multihost
+from sdar_jax.rollout.trajectory import Episode, RolloutTimings, Turn
+from sdar_jax.text.chat_templates import ChatTemplate
+from sdar_jax.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +86,7 @@ class AgentLoop:
     adapter: the environment's `EnvAdapter` (``envs.env_family(name).adapter()``).
     sampler: a `sampling.Sampler` for the policy's model config (and mesh).
     tokenizer: the policy's tokenizer; `chat_template` the template its prompts are rendered with
-      (`sdar_jax.chat_templates.resolve_chat_template` picks it from the config).
+      (`sdar_jax.text.chat_templates.resolve_chat_template` picks it from the config).
     sampling: sampling parameters of every turn.
     max_turns / history_length: episode cap and prompt history window.
     max_prompt_len / truncation: a student prompt longer than `max_prompt_len` tokens is an error
@@ -134,7 +133,7 @@ class AgentLoop:
     if not isinstance(chat_template, ChatTemplate):
       raise TypeError(
         f"chat_template={chat_template!r} is not a ChatTemplate. Fix: pass "
-        "sdar_jax.chat_templates.ChatTemplate.builtin(name) or resolve_chat_template(...)."
+        "sdar_jax.text.chat_templates.ChatTemplate.builtin(name) or resolve_chat_template(...)."
       )
     self.pool = pool
     self.adapter = adapter
@@ -249,7 +248,7 @@ class AgentLoop:
   ) -> list[Episode]:
     """Plays one episode per entry of `tasks` on envs 0..len(tasks)-1 and returns them.
     `timings`, when given, gets the seconds blocked on the envs and in the sampler and the
-    generated tokens added to it (`sdar_jax.perf`). With several processes every process calls
+    generated tokens added to it (`sdar_jax.observe.perf`). With several processes every process calls
     it with its own share of the episodes (possibly none) and the same `rng`."""
     sampling = sampling or self.sampling
     timings = RolloutTimings() if timings is None else timings
@@ -289,7 +288,7 @@ class AgentLoop:
     for turn in range(self.max_turns):
       active = [i for i in range(n) if not episodes[i].done]
       # A turn runs while any process has an active episode (one with none joins the sampler's
-      # collective with no prompts; sdar_jax.multihost).
+      # collective with no prompts; sdar_jax.infra.multihost).
       if not (multihost.any_process(bool(active)) if collective else active):
         break
       decoded = self._decode(play, active, turn)

@@ -9,7 +9,7 @@ inadmissible commands); advantages are normalised over all turn-samples of a GRP
 (docs/reference.md §2.1), and, when `step_adv_coef` > 0, a step-level advantage compares the
 turns a group took from the same state (GiGPO's; `episodes_to_samples`).
 
-Shapes are bucketed (`sdar_jax.batch`) so the compiled update sees a bounded set of shapes, and a
+Shapes are bucketed (`sdar_jax.core.batch`) so the compiled update sees a bounded set of shapes, and a
 mini-batch that is not full is padded with rows whose masks are all zero.
 """
 
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from sdar_jax import algos
-from sdar_jax.batch import TurnBatch, TurnSample, new_tokens_bucket, prompt_bucket
+from sdar_jax.core.batch import TurnBatch, TurnSample, new_tokens_bucket, prompt_bucket
 from sdar_jax.rollout.trajectory import Episode, Turn
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Sequence
 
-from sdar_jax.batch import TurnSample
+from sdar_jax.core.batch import TurnSample
 
 
 class ReplayQueue:

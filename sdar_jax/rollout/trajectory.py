@@ -1,9 +1,15 @@
-"""Records of what happened in a rollout: one `Turn` per model call, one `Episode` per env run."""
+"""Records of what happened in a rollout: one `Turn` per model call, one `Episode` per env run,
+the rollout's `RolloutTimings`, and every process's episodes for the metrics (`episode_summaries`)."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
+
+import jax
+
+from sdar_jax.infra import multihost
 
 
 @dataclasses.dataclass
@@ -64,3 +70,32 @@ class Episode:
   @property
   def valid_action_ratio(self) -> float:
     return sum(t.valid for t in self.turns) / max(1, len(self.turns))
+
+
+@dataclasses.dataclass
+class RolloutTimings:
+  """What `AgentLoop.run(..., timings=...)` adds up over a rollout."""
+
+  env_seconds: float = 0.0  # blocked in EnvPool.reset / EnvPool.step / EnvPool.wait
+  sampler_seconds: float = 0.0  # in Sampler.generate (device work and the copy back included)
+  generated_tokens: int = 0  # response tokens the sampler returned
+  sampler_calls: int = 0
+
+
+def episode_summaries(episodes: Sequence[Any]) -> list[Any]:
+  """Every process's episodes in process order, each turn without its prompts, log-probs and
+  observation (what the rollout metrics and the failure count read: rewards, outcomes, infos,
+  response ids, validity, truncation). One process: `episodes` themselves."""
+  if jax.process_count() == 1:
+    return list(episodes)
+  light = [
+    dataclasses.replace(
+      ep,
+      turns=[
+        dataclasses.replace(t, prompt_ids=[], teacher_prompt_ids=None, logprobs=[], observation="")
+        for t in ep.turns
+      ],
+    )
+    for ep in episodes
+  ]
+  return [ep for part in multihost.allgather(light) for ep in part]

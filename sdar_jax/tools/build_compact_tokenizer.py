@@ -6,7 +6,7 @@
 The full Qwen vocabulary (151,669 ids) leaves a tiny model almost all of its compute in the
 embedding and the lm_head. This tool trains a byte-level BPE with the `tokenizers` library on the
 text an ALFWorld agent reads and writes, and saves it as a Hugging Face tokenizer folder that
-`sdar_jax.tokenizer.Tokenizer.from_dir` and transformers' `AutoTokenizer` both load. The Qwen
+`sdar_jax.text.tokenizer.Tokenizer.from_dir` and transformers' `AutoTokenizer` both load. The Qwen
 tokenizer stays the default; a config selects this one with `model.tokenizer_dir`.
 
 Corpus (a function of `--seed` and `--games-per-type` alone; the output is byte-identical from run
@@ -34,7 +34,7 @@ Tokenizer:
   is one token (ALFWorld's language is small: about 1,650 ids with the default corpus);
 - tokenizer_config.json holds eos/pad and the Qwen3 chat template (copied from the bundled Qwen
   files), so transformers' `apply_chat_template` renders what
-  `sdar_jax.chat_templates.ChatTemplate.builtin("qwen3")` renders.
+  `sdar_jax.text.chat_templates.ChatTemplate.builtin("qwen3")` renders.
 """
 
 from __future__ import annotations
@@ -174,7 +174,7 @@ def _episode_texts(
 ) -> Iterator[str]:
   """Chat-templated turns (prompt + response) of one played episode."""
   from envs.alfworld.prompts import build_prompt
-  from sdar_jax.chat_templates import ChatTemplate
+  from sdar_jax.text.chat_templates import ChatTemplate
 
   template = ChatTemplate.builtin("qwen3")
   history: list[tuple[str, str]] = []
@@ -226,7 +226,7 @@ def collect_corpus(
   from envs.alfworld.tasks import TASK_TYPES
   from envs.skills.library import SkillLibrary
   from envs.skills.retrieval import BLOCK_HEADER, SkillRetriever
-  from sdar_jax.chat_templates import ChatTemplate
+  from sdar_jax.text.chat_templates import ChatTemplate
 
   library = SkillLibrary.load("alfworld")
   retriever = SkillRetriever(library, strategy="rules", rules_version="post_fix")
@@ -317,8 +317,8 @@ def train_tokenizer(texts: Sequence[str], vocab_size: int = VOCAB_SIZE) -> token
 # ------------------------------------------------------------------------------------- output
 def _qwen3_chat_template() -> str:
   """The Qwen3 jinja chat template of the bundled Qwen tokenizer files."""
-  from sdar_jax.chat_templates import ChatTemplate
-  from sdar_jax.tokenizer import bundled_qwen_tokenizer_dir
+  from sdar_jax.text.chat_templates import ChatTemplate
+  from sdar_jax.text.tokenizer import bundled_qwen_tokenizer_dir
 
   shipped = ChatTemplate.from_folder(bundled_qwen_tokenizer_dir())
   template = shipped.jinja_source if shipped is not None else None

@@ -59,7 +59,7 @@ BUILD_OVERRIDES = {
 @contextlib.contextmanager
 def _reuse_expert_games() -> Iterator[None]:
   """Within the block, the warm start plays the expert once and reuses its samples afterwards."""
-  from sdar_jax import warm_start
+  from sdar_jax.run import warm_start
 
   original, cache = warm_start.expert_warm_start_data, []
 
@@ -105,8 +105,8 @@ def build(
 
 def _stage(init: str | None, steps: int | None, extra: dict, seed: int) -> tuple[dict, dict]:
   from configs import common, default
-  from sdar_jax import trainer
-  from sdar_jax.metrics import read_history
+  from sdar_jax.observe.metrics import read_history
+  from sdar_jax.run import trainer
 
   config = default.get_config()
   overrides = {**BUILD_OVERRIDES, **extra, "train.seed": seed}
@@ -144,7 +144,7 @@ def _stage(init: str | None, steps: int | None, extra: dict, seed: int) -> tuple
 
 
 def _write(out_dir: str | os.PathLike, metrics: dict, log: list) -> None:
-  from sdar_jax.warm_start import BUILT_POLICY_METRICS
+  from sdar_jax.run.warm_start import BUILT_POLICY_METRICS
 
   staged = pathlib.Path(metrics.pop("_staged"))
   out = pathlib.Path(out_dir)

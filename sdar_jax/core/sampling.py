@@ -1,6 +1,6 @@
 """Rollout sampler: batched generation with a KV cache in one jitted loop, with exact log-probs.
 
-    from sdar_jax.sampling import generate, SamplingParams
+    from sdar_jax.core.sampling import generate, SamplingParams
     result = generate(config, params, prompts, SamplingParams(max_new_tokens=64), jax.random.key(0))
     result.tokens[i], result.logprobs[i], result.finish_reasons[i]
 
@@ -39,7 +39,7 @@ depend on the batch bucket or the device mesh (they do depend on the row's index
 the agent loop's overlapped mode passes each half's rows the indices they would have in the
 serial loop's one batch, so both draw the same tokens.
 
-Several processes (sdar_jax.multihost): `generate` is a collective that every process calls
+Several processes (sdar_jax.infra.multihost): `generate` is a collective that every process calls
 with its own prompts (none is allowed); they become that process's rows of one global batch, and
 prompt i of process p draws as row (the prompts of processes 0..p-1) + i of the batch one process
 would have built, so the samples do not depend on the number of processes.
@@ -68,8 +68,9 @@ import numpy as np
 from jax import lax
 from jax.sharding import Mesh, NamedSharding
 
-from sdar_jax import multihost, sharding
-from sdar_jax.batch import batch_bucket, new_tokens_bucket, next_power_of_two, prompt_bucket
+from sdar_jax.core import sharding
+from sdar_jax.core.batch import batch_bucket, new_tokens_bucket, next_power_of_two, prompt_bucket
+from sdar_jax.infra import multihost
 from sdar_jax.models.config import ModelConfig
 from sdar_jax.models.qwen import (
   KVCache,
@@ -315,7 +316,7 @@ class Sampler:
     self._device_cache: dict[Any, Any] = {}
     # Held by each `generate`: a run's rollout thread (asynchronous training) and its main thread
     # (evaluation) share one Sampler; the trainer also holds it around each update so that two
-    # multi-device programs never run at once (sdar_jax.trainer).
+    # multi-device programs never run at once (sdar_jax.run.trainer).
     self.lock = threading.RLock()
     self._run_jit = sharding.with_kernel_mesh(
       jax.jit(
@@ -329,7 +330,7 @@ class Sampler:
   @property
   def tokenizer(self):
     if self._tokenizer is None:
-      from sdar_jax.tokenizer import Tokenizer
+      from sdar_jax.text.tokenizer import Tokenizer
 
       self._tokenizer = Tokenizer.bundled_qwen()
     return self._tokenizer

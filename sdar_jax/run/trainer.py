@@ -31,9 +31,9 @@ hold the TrainState plus the iteration and the task sampler's state, so a killed
 where it stopped (metric rows of iterations after the restored checkpoint are dropped first); the
 final policy is exported as Hugging Face safetensors.
 
-The workdir may be local or a gs:// URL (sdar_jax.paths): config.json, metrics, plots,
+The workdir may be local or a gs:// URL (sdar_jax.infra.paths): config.json, metrics, plots,
 diagnostics and the export are written by the primary process, checkpoints by every process.
-A run holds its workdir's lock (sdar_jax.workdir_lock) from start to close. Each iteration logs a
+A run holds its workdir's lock (sdar_jax.run.workdir_lock) from start to close. Each iteration logs a
 progress line (elapsed time, ETA) and, every `logging.every` iterations, a metrics row. The first
 failure of each kind of an environment is logged with its env and game file; failures are counted
 in `episode/env_failures`, and the run stops with `EnvFailureError` when every environment failed
@@ -43,8 +43,8 @@ in `train.max_failed_iterations` consecutive iterations.
 the checkpoint's parameters alone (no optimizer state, no KL reference, no training envs), the
 validation episodes of that step, and its own config.json / metrics.jsonl / metrics.png in `out_dir`
 (sdar_jax.evaluate runs it and picks `<workdir>/eval/step_<N>/`). What a run builds from its config
-(tokenizer, policy, env pools, agent loops) is in sdar_jax.run_setup, the expert warm start in
-sdar_jax.warm_start, the metric reductions in sdar_jax.metrics.
+(tokenizer, policy, env pools, agent loops) is in sdar_jax.run.setup, the expert warm start in
+sdar_jax.run.warm_start, the metric reductions in sdar_jax.observe.metrics.
 """
 
 from __future__ import annotations
@@ -62,16 +62,14 @@ import jax.numpy as jnp
 import numpy as np
 
 import envs
-from sdar_jax import diagnostics, multihost, paths, run_setup, sharding, transcripts
-from sdar_jax.checkpoint import CheckpointManager, abstract_train_state, export_hf
-from sdar_jax.evaluate import (  # noqa: F401  (EVAL_RECORD, run_evaluation re-exported)
-  EVAL_RECORD,
-  evaluate_once,
-  evaluated_source,
-  run_evaluation,
-  start_eval_record,
-)
-from sdar_jax.metrics import (
+from sdar_jax.algos import AlgoConfig
+from sdar_jax.core import sharding
+from sdar_jax.core.sampling import Sampler
+from sdar_jax.core.train_state import create_train_state
+from sdar_jax.core.train_step import TrainStep, train_step_from_config
+from sdar_jax.infra import multihost, paths
+from sdar_jax.observe import diagnostics, transcripts
+from sdar_jax.observe.metrics import (
   MetricsLogger,
   mean_over_updates,
   plot_history,
@@ -79,12 +77,16 @@ from sdar_jax.metrics import (
   teacher_old_gap_metrics,
   validation_summary,
 )
-from sdar_jax.perf import IterationClock, RolloutTimings
-from sdar_jax.progress import Progress, ensure_log_handler
+from sdar_jax.observe.perf import IterationClock
+from sdar_jax.observe.progress import Progress, ensure_log_handler
 from sdar_jax.rollout import ReplayQueue, episodes_to_samples
-from sdar_jax.rollout.trajectory import Episode
+from sdar_jax.rollout.global_batches import global_minibatches
+from sdar_jax.rollout.trajectory import Episode, RolloutTimings, episode_summaries
 from sdar_jax.rollout.worker import RolloutWorker, StoppablePool
-from sdar_jax.run_setup import (  # noqa: F401  (build_chat_template, build_retriever re-exported)
+from sdar_jax.run import setup as run_setup
+from sdar_jax.run.checkpoint import CheckpointManager, abstract_train_state, export_hf
+from sdar_jax.run.evaluation import evaluated_source, now, start_eval_record, write_eval_record
+from sdar_jax.run.setup import (
   build_agent_loops,
   build_chat_template,
   build_policy,
@@ -92,15 +94,13 @@ from sdar_jax.run_setup import (  # noqa: F401  (build_chat_template, build_retr
   build_tokenizer,
   restore_policy,
 )
-from sdar_jax.sampling import Sampler
-from sdar_jax.train_state import create_train_state
-from sdar_jax.train_step import TrainStep, train_step_from_config
-from sdar_jax.warm_start import built_policy_metrics, warm_start_run
-from sdar_jax.workdir_lock import WorkdirLock
+from sdar_jax.run.warm_start import built_policy_metrics, warm_start_run
+from sdar_jax.run.workdir_lock import WorkdirLock
 
 log = logging.getLogger(__name__)
 
 _PAD_FALLBACK = 0
+_UNSET = object()
 
 
 class EnvFailureError(RuntimeError):
@@ -129,7 +129,7 @@ class LoopState:
 
 @dataclasses.dataclass
 class _Rollout:
-  """One iteration's episodes with the rollout's wall time and timings (sdar_jax.perf)."""
+  """One iteration's episodes with the rollout's wall time and timings (sdar_jax.observe.perf)."""
 
   episodes: list[Episode]
   seconds: float
@@ -238,7 +238,19 @@ class Trainer:
       self.eval_params = params
     else:
       if config.get("warm_start") and config.warm_start.steps > 0:
-        params, self.warm_start_metrics = warm_start_run(self, params)
+        params, self.warm_start_metrics = warm_start_run(
+          config,
+          params,
+          model_config=self.model_config,
+          family=self.env_family,
+          loop=self.loop,
+          pool=self.pool,
+          num_games=len(self.train_games),
+          end_token_id=self.tokenizer.eos_token_ids[0],
+          shard_batch=self.step_fn.shard_batch,
+          mesh=self.mesh,
+          workdir=self.workdir,
+        )
       else:
         self.warm_start_metrics = built_policy_metrics(config.model.get("path"))
       # the frozen initial policy (after any warm start): the KL term's, or a frozen teacher's
@@ -267,6 +279,7 @@ class Trainer:
     # iteration, and the rollouts handed to it by iteration.
     self._worker: RolloutWorker | None = None
     self._queued: dict[int, _Queued] = {}
+    self._fallback_retriever: Any = _UNSET  # the token view's skill retriever (_view_retriever)
 
   # ---------------------------------------------------------------------------- resume
   def maybe_restore(self) -> bool:
@@ -354,12 +367,14 @@ class Trainer:
     fresh sampling noise."""
     tasks = self.eval_tasks
     mine = multihost.episode_share(len(tasks))  # all of them with one process
+    params = self.eval_params if self.state is None else self.state.params
+    out_dir = self.eval_output_dir()
     metrics = {}
     for mode, (prefix, loop) in enumerate(self.eval_loops):
-      if mode == 0:  # the token view's episode needs its teacher prompts (sdar_jax.diagnostics)
-        loop = diagnostics.with_teacher_prompts(self, loop)
+      if mode == 0:  # the token view's episode needs its teacher prompts (observe.diagnostics)
+        loop = diagnostics.with_teacher_prompts(loop, self._view_retriever(loop))
       episodes = loop.run(
-        self.eval_params if self.state is None else self.state.params,
+        params,
         tasks[mine],
         list(range(len(tasks)))[mine],
         jax.random.fold_in(self.eval_rng, mode),
@@ -367,14 +382,51 @@ class Trainer:
         desc=prefix,
       )
       self._report_env_failures(episodes, self.eval_games, prefix)
-      everyone = multihost.episode_summaries(episodes)  # every process's, for the metrics
+      everyone = episode_summaries(episodes)  # every process's, for the metrics
       metrics.update(rollout_metrics(everyone, prefix, self.env_family.episode_metrics))
       if mode == 0:
-        diagnostics.write_token_view(self, multihost.token_view_candidates(episodes))
-      transcripts.write_transcripts(
-        diagnostics.eval_output_dir(self), prefix, episodes, self.tokenizer.decode
-      )
+        diagnostics.write_token_view(
+          diagnostics.token_view_candidates(episodes),
+          paths.join(out_dir, diagnostics.TOKEN_VIEW_FILE),
+          diagnostics.TokenViewSource(
+            self.model_config,
+            params,
+            self.step_fn.algo_config if self.step_fn else AlgoConfig.from_config(self.config.algo),
+            self.tokenizer,
+            self.pad_id,
+            initial_params=self.ref_params,
+          ),
+          step=self.loop_state.iteration,
+          run=self.workdir,
+        )
+      transcripts.write_transcripts(out_dir, prefix, episodes, self.tokenizer.decode)
     return metrics
+
+  def eval_output_dir(self) -> str:
+    """Where an evaluation's files go: `<workdir>/eval/step_<N>`; an evaluation-only run: its
+    results directory (`<workdir>`)."""
+    if self.eval_only:
+      return self.workdir
+    return paths.join(self.workdir, "eval", f"step_{self.loop_state.iteration}")
+
+  def _view_retriever(self, loop):
+    """The skill retriever the token view's teacher prompts use when `loop` has none: the
+    training loop's or another evaluation loop's, else one built from env.skills (None, with a
+    warning, when that fails). Built once."""
+    if loop.with_teacher or loop.retriever is not None:
+      return None
+    if self._fallback_retriever is _UNSET:
+      loops = [self.loop, *(l for _, l in self.eval_loops)]
+      found = [l.retriever for l in loops if l is not None and l.retriever is not None]
+      if found:
+        self._fallback_retriever = found[0]
+      else:
+        try:
+          self._fallback_retriever = build_retriever(self.config)
+        except Exception as e:  # noqa: BLE001 (the view goes on without a gate)
+          log.warning("token view: no skill retriever (%s); tokens are shown without a gate", e)
+          self._fallback_retriever = None
+    return self._fallback_retriever
 
   def _report_env_failures(self, episodes: list[Episode], games: list[str], prefix: str) -> None:
     """Logs the first failure of each kind with its env and game file; the rest are counted."""
@@ -488,7 +540,7 @@ class Trainer:
 
   def train_iteration(self) -> dict[str, float]:
     it = self.loop_state.iteration
-    clock = IterationClock()  # the perf/* metrics (sdar_jax.perf)
+    clock = IterationClock()  # the perf/* metrics (sdar_jax.observe.perf)
     if self._asynchronous():
       waited = time.perf_counter()
       rollout = self._queued_rollout(it)
@@ -499,7 +551,7 @@ class Trainer:
       rollout = self._play(it, self.state.params, it, tasks, groups, timings=clock.rollout)
     episodes, t_rollout = rollout.episodes, rollout.seconds
     self._report_env_failures(episodes, self.train_games, "episode")
-    everyone = multihost.episode_summaries(episodes)  # every process's, for the metrics
+    everyone = episode_summaries(episodes)  # every process's, for the metrics
     self._check_all_failed(everyone)
     metrics = rollout_metrics(everyone, "episode", self.env_family.episode_metrics)
     samples = episodes_to_samples(
@@ -533,7 +585,7 @@ class Trainer:
     t1 = time.perf_counter()
     mb_size = self.config.train.mini_batch_size
     # plan_minibatches + pack_batch of every process's samples, placed on the mesh
-    batches = multihost.global_minibatches(
+    batches = global_minibatches(
       self.step_fn,
       samples,
       mb_size,
@@ -582,7 +634,7 @@ class Trainer:
     """Trains up to train.total_steps iterations (resuming from the latest checkpoint) and returns
     the last metrics row; an eval-only Trainer evaluates once instead."""
     if self.eval_only:
-      return evaluate_once(self)
+      return self._evaluate_once()
     cfg = self.config
     total = cfg.train.total_steps
     resumed = self.maybe_restore()
@@ -634,6 +686,20 @@ class Trainer:
       log.info("%s", summary)
     return last
 
+  def _evaluate_once(self) -> dict[str, float]:
+    """What an eval-only Trainer runs: one evaluation of its parameters (validation episodes of
+    every eval mode), a metrics row at the evaluated step, metrics.png and evaluation.json (what
+    was evaluated) in its directory."""
+    t0 = time.perf_counter()
+    metrics = self.evaluate()
+    metrics["val/seconds"] = time.perf_counter() - t0
+    row = self.logger.log(self.loop_state.iteration, metrics)
+    self.plot_metrics()
+    source = evaluated_source(self.config, self.params_from)
+    write_eval_record(self.workdir, source, finished=now(), metrics=row)
+    log.info("evaluation results in %s", self.workdir)
+    return row
+
   def plot_metrics(self) -> None:
     """metrics.png from metrics.jsonl (logging.plots)."""
     if self.config.logging.plots and self.logger.path:
@@ -661,6 +727,18 @@ def _jsonable(value):
 def run(config, workdir: str) -> dict[str, float]:
   """Trains with `config` in `workdir` (resuming from its checkpoints); returns the last metrics."""
   trainer = Trainer(config, workdir)
+  try:
+    return trainer.run()
+  finally:
+    trainer.close()
+
+
+def run_evaluation(
+  config, out_dir: str, params_from: tuple[str, int] | None = None
+) -> dict[str, float]:
+  """Evaluates checkpoint `params_from` = (checkpoint directory, step) (None: the config's weights)
+  into `out_dir` with an eval-only Trainer and returns the metrics row (`Trainer._evaluate_once`)."""
+  trainer = Trainer(config, out_dir, eval_only=True, params_from=params_from)
   try:
     return trainer.run()
   finally:

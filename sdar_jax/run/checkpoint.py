@@ -8,7 +8,7 @@ Layout of one checkpoint, `<directory>/<step>/`:
   the sdar-jax version, the step;
 * ``extra``  JSON: host-side state the trainer wants back (replay queue, env-iterator positions).
 
-`<directory>` may be local or a gs:// URL (`sdar_jax.paths`; orbax reaches it through etils.epath
+`<directory>` may be local or a gs:// URL (`sdar_jax.infra.paths`; orbax reaches it through etils.epath
 and TensorStore's GCS driver). Every process of a multi-process run calls `save` and `restore`:
 orbax coordinates them (each process writes its own shards, the primary one the metadata).
 
@@ -43,10 +43,10 @@ from etils import epath
 from jax.sharding import Mesh
 
 import sdar_jax
-from sdar_jax import paths
-from sdar_jax import sharding as sharding_lib
+from sdar_jax.core import sharding as sharding_lib
+from sdar_jax.core.train_state import TrainState, init_train_state, train_state_shardings
+from sdar_jax.infra import paths
 from sdar_jax.models import ModelConfig, param_shapes, save_pretrained
-from sdar_jax.train_state import TrainState, init_train_state, train_state_shardings
 
 __all__ = [
   "ARCH_FIELDS",
@@ -347,7 +347,7 @@ def export_hf(
   the generation_config.json of `source_dir` (the model the run started from) when it has one.
   Sharded parameters are gathered first; on a multi-host run every process must call this (the
   gather is collective) and the primary process writes. `out_dir` may be remote (gs://): the
-  directory is written locally, then copied up (`sdar_jax.paths.staged_output`). Returns the
+  directory is written locally, then copied up (`sdar_jax.infra.paths.staged_output`). Returns the
   directory (None elsewhere)."""
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils

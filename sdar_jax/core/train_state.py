@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
+from sdar_jax.core.sharding import Rules, param_shardings, replicated
 from sdar_jax.models import ModelConfig, Params, init_params, param_shapes
-from sdar_jax.sharding import Rules, param_shardings, replicated
 
 
 @flax.struct.dataclass

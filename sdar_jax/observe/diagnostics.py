@@ -2,18 +2,18 @@
 tokens of a response the teacher endorses.
 
 Two products, both written by the trainer without any setting (by the primary process only, into a
-local or gs:// workdir: sdar_jax.paths):
+local or gs:// workdir: sdar_jax.infra.paths):
 
 * Per-iteration histograms of the gap Δ = lT − lθ (teacher minus current student log-prob of each
   sampled response token) and of the gate g over the response tokens of the iteration's updates.
-  The counts are taken inside the compiled update on fixed bins (`masked_histogram`: the update
+  The counts are taken inside the compiled update on fixed bins (`sdar_jax.core.histograms`: the update
   returns two small integer vectors, never the [B, R] token arrays), summed over micro-batches by
   the update and over mini-batches here (`record_update_histograms`), then written to
   `<workdir>/diagnostics/`: `histograms.jsonl` (one row of counts per iteration),
   `histograms_step_<N>.png` (when logging.plots is on: the iteration's two histograms, with every
   iteration so far as a heat map below them; `histograms.png` is a copy of the latest) and, when
   logging.tensorboard is on, TensorBoard histograms `diagnostics/gap` and `diagnostics/gate`. The share of tokens with
-  Δ > 0 is the update's metric `sdar/positive_gap_share` (sdar_jax/train_step.py).
+  Δ > 0 is the update's metric `sdar/positive_gap_share` (sdar_jax/core/train_step.py).
   Bins: Δ in [−8, 4] by 0.1 (`GAP_EDGES`), g in [0, 1] by 0.05 (`GATE_EDGES`), plus one count
   below and one above the range. The gap is counted whenever the algorithm scores the teacher, the
   gate only when its loss has one (algo.distill="sdar"); plain GRPO (and Skill-GRPO) have neither.
@@ -49,55 +49,26 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from sdar_jax import paths
-from sdar_jax.metrics import read_history
+from sdar_jax import algos
+from sdar_jax.core.batch import TurnSample, batch_bucket
+from sdar_jax.core.histograms import HISTOGRAM_EDGES, METRIC_PREFIX
+from sdar_jax.core.train_step import response_logprobs
+from sdar_jax.infra import multihost, paths
+from sdar_jax.observe.metrics import read_history
+from sdar_jax.rollout.batching import pack_batch
 
 log = logging.getLogger(__name__)
 
 Array = jax.Array
 
-# Fixed bins (float32, as the compiled update compares them): the gap from -8 to 4 by 0.1 (most of
-# the gates.py range of real gaps, about [-10, 2], with room on the positive side, and fine where
-# σ(βΔ) turns: 20 bins over [-1, 1]), the gate by 0.05.
-GAP_EDGES = np.linspace(-8.0, 4.0, 121).astype(np.float32)
-GATE_EDGES = np.linspace(0.0, 1.0, 21).astype(np.float32)
-HISTOGRAM_EDGES: dict[str, np.ndarray] = {"gap": GAP_EDGES, "gate": GATE_EDGES}
-METRIC_PREFIX = "diag/"  # update metrics holding histogram counts (arrays, not scalars)
 DIAGNOSTICS_DIR = "diagnostics"
 TOKEN_VIEW_FILE = "tokens.html"
 
 # Token colour: white at gate 0, this green at gate 1, linear in between (each channel monotone).
 GATE_LOW_RGB = (255, 255, 255)
 GATE_HIGH_RGB = (46, 160, 67)
-
-
-# ------------------------------------------------------------------------ histograms in the jit
-def masked_histogram(values: jax.typing.ArrayLike, mask: jax.typing.ArrayLike, edges) -> Array:
-  """Counts (int32, length len(edges) + 1) of the entries of `values` where `mask` > 0:
-  [below edges[0], the len(edges) − 1 bins, above edges[-1]]. Bins are numpy.histogram's:
-  [e_i, e_{i+1}) and the last one closed [e_{n-1}, e_n]; NaNs are in no count. Traceable, and
-  additive over disjoint masks (micro-batches sum)."""
-  edges = jnp.asarray(edges, jnp.float32)
-  x = jnp.asarray(values, jnp.float32).reshape(-1, 1)
-  keep = (jnp.asarray(mask) > 0).reshape(-1, 1)
-  below_edge = jnp.sum(keep & (x < edges), axis=0, dtype=jnp.int32)  # [n+1]: #(x < e_k)
-  at_most_last = jnp.sum(keep & (x <= edges[-1]), dtype=jnp.int32)
-  above = jnp.sum(keep & (x > edges[-1]), dtype=jnp.int32)
-  bins = jnp.concatenate(
-    [below_edge[1:-1] - below_edge[:-2], (at_most_last - below_edge[-2])[None]]
-  )
-  return jnp.concatenate([below_edge[:1], bins, above[None]])
-
-
-def update_histograms(gap: Array, gate: Array | None, mask: Array) -> dict[str, Array]:
-  """The update's histogram metrics (`METRIC_PREFIX` keys) of one micro-batch."""
-  out = {f"{METRIC_PREFIX}gap_counts": masked_histogram(gap, mask, GAP_EDGES)}
-  if gate is not None:
-    out[f"{METRIC_PREFIX}gate_counts"] = masked_histogram(gate, mask, GATE_EDGES)
-  return out
 
 
 # ------------------------------------------------------------------------ histograms on the host
@@ -181,7 +152,7 @@ def record_update_histograms(
   `<workdir>/diagnostics/histograms.jsonl`, sends them to TensorBoard through `logger`
   (a `MetricsLogger`; nothing without TensorBoard) and, with `plots`, draws
   `histograms_step_<step>.png` and `histograms.png`. Returns the histograms ({} for an algorithm
-  without a teacher). Only the primary process writes (`sdar_jax.paths`); `workdir` may be
+  without a teacher). Only the primary process writes (`sdar_jax.infra.paths`); `workdir` may be
   remote."""
   hists = pop_update_histograms(per_batch)
   if not hists or not paths.is_primary_process():
@@ -214,7 +185,7 @@ def record_update_histograms(
 
 def read_histogram_rows(path: str, up_to_step: int | None = None) -> list[dict[str, Any]]:
   """The rows of histograms.jsonl by step, up to `up_to_step` when given: read as a metrics.jsonl
-  is (`sdar_jax.metrics.read_history`), so a later row of a step, as a resumed run logs the
+  is (`sdar_jax.observe.metrics.read_history`), so a later row of a step, as a resumed run logs the
   iterations after its checkpoint again, overwrites the earlier one's histograms and torn lines
   are skipped."""
   rows = read_history(path)
@@ -340,8 +311,6 @@ _SCORE_FNS: dict[Any, Any] = {}
 def _score_fn(model_config):
   """The jitted `response_logprobs` of one model (compiled once per shape bucket)."""
   if model_config not in _SCORE_FNS:
-    from sdar_jax.train_step import response_logprobs
-
     _SCORE_FNS[model_config] = jax.jit(
       lambda params, tokens, mask, response_len, temperature, with_entropy: response_logprobs(
         model_config, params, tokens, mask, response_len, temperature, with_entropy
@@ -363,10 +332,6 @@ def score_turns(
   under `params` (the teacher's under `teacher_params` when given: a frozen teacher), at
   algo.temperature, as the update scores them (`response_logprobs`); the gate is algo.gate at
   algo.beta (the student's entropy for the entropy gates)."""
-  from sdar_jax import algos
-  from sdar_jax.batch import TurnSample, batch_bucket
-  from sdar_jax.rollout import pack_batch
-
   turns = [t for t in turns if t.response_ids]
   if not turns:
     return []
@@ -490,32 +455,19 @@ def render_token_view(
   return "\n".join(parts) + "\n"
 
 
-# ----------------------------------------------------------------------- trainer hooks (eval)
+# ------------------------------------------------------------------ evaluation hooks
 _TEACHER_LOOPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _skill_retriever(trainer):
-  """The run's skill retriever: the training loop's or an evaluation loop's, else one built from
-  env.skills (None, with a warning, when that fails)."""
-  for loop in [getattr(trainer, "loop", None), *(l for _, l in trainer.eval_loops)]:
-    if loop is not None and loop.retriever is not None:
-      return loop.retriever
-  try:
-    from sdar_jax.trainer import build_retriever
-
-    return build_retriever(trainer.config)
-  except Exception as e:  # noqa: BLE001 (the view goes on without a gate)
-    log.warning("token view: no skill retriever (%s); tokens are shown without a gate", e)
-    return None
-
-
-def with_teacher_prompts(trainer, loop):
+def with_teacher_prompts(loop, retriever):
   """`loop` (an evaluation `AgentLoop`) made to record each turn's teacher prompt as training
-  builds it; sampling is unchanged (the same episodes are played). One copy per loop, reused."""
+  builds it, with the loop's own skill retriever or else `retriever` (the run's; None and none of
+  its own: `loop` unchanged, the view has no gate); sampling is unchanged (the same episodes are
+  played). One copy per loop, reused."""
   if loop.with_teacher:
     return loop
   if loop not in _TEACHER_LOOPS:
-    retriever = loop.retriever or _skill_retriever(trainer)
+    retriever = loop.retriever or retriever
     if retriever is None:
       return loop
     recording = copy.copy(loop)
@@ -524,52 +476,66 @@ def with_teacher_prompts(trainer, loop):
   return _TEACHER_LOOPS[loop]
 
 
-def eval_output_dir(trainer) -> str:
-  """Where an evaluation's files go: `<workdir>/eval/step_<N>`; an evaluation-only run: its
-  results directory (`<workdir>`)."""
-  if trainer.eval_only:
-    return trainer.workdir
-  return paths.join(trainer.workdir, "eval", f"step_{trainer.loop_state.iteration}")
+def token_view_candidates(episodes: Sequence[Any]) -> list[Any]:
+  """Episodes among which `diagnostics.pick_episode` picks the one it would pick from every
+  process's episodes (the first won one in process order, else the first finished one): each
+  process's first won and first finished episode, in process order, whole. One process:
+  `episodes`. A collective."""
+  if jax.process_count() == 1:
+    return list(episodes)
+  won = pick_episode([ep for ep in episodes if ep.won])
+  first = pick_episode(episodes)
+  mine = [won] if won is not None else []
+  if first is not None and first is not won:
+    mine.append(first)
+  return [ep for part in multihost.allgather(mine) for ep in part]
 
 
-def token_view_path(trainer) -> str:
-  """`<workdir>/eval/step_<N>/tokens.html`; an evaluation-only run: `<workdir>/tokens.html`."""
-  return paths.join(eval_output_dir(trainer), TOKEN_VIEW_FILE)
+@dataclasses.dataclass(frozen=True)
+class TokenViewSource:
+  """What a token view is scored with: the evaluated policy and the run's algorithm."""
+
+  model_config: Any
+  params: Any  # the evaluated parameters
+  algo: Any  # the run's AlgoConfig (its gate, beta, temperature, teacher_weights)
+  tokenizer: Any
+  pad_id: int
+  initial_params: Any = None  # the frozen initial policy, when the run keeps one
 
 
-def write_token_view(trainer, episodes: Sequence[Any]) -> str | None:
-  """The trainer's hook after the first evaluation mode: scores the shown episode
-  (`pick_episode`) and writes its token view (`token_view_path`). Returns the path (None when
-  no episode finished). Never raises: a failure is logged and the evaluation goes on."""
+def write_token_view(
+  episodes: Sequence[Any], path: str, source: TokenViewSource, *, step: int, run: str
+) -> str | None:
+  """The hook after the first evaluation mode: scores the shown episode (`pick_episode`) with
+  `source` and writes its token view to `path` (`<workdir>/eval/step_<N>/tokens.html`; an
+  evaluation-only run: `<workdir>/tokens.html`). `step` and `run` (the workdir) are printed on the
+  page. Returns the path (None when no episode finished). Never raises: a failure is logged and
+  the evaluation goes on."""
   try:
-    return _write_token_view(trainer, episodes)
+    return _write_token_view(episodes, path, source, step, run)
   except Exception as e:  # a diagnostic must never stop training (logged with its traceback)
     log.warning("token view not written: %s: %s", type(e).__name__, e, exc_info=True)
     return None
 
 
-def _write_token_view(trainer, episodes: Sequence[Any]) -> str | None:
-  from sdar_jax.algos import AlgoConfig
-
+def _write_token_view(
+  episodes: Sequence[Any], path: str, source: TokenViewSource, step: int, run: str
+) -> str | None:
   episode = pick_episode(episodes)
   if episode is None:
     return None
-  config = trainer.config
-  step_fn = getattr(trainer, "step_fn", None)  # None in an evaluation-only run
-  algo = step_fn.algo_config if step_fn is not None else AlgoConfig.from_config(config.algo)
-  params = trainer.eval_params if trainer.state is None else trainer.state.params
+  algo = source.algo
   turns = [t for t in episode.turns if t.response_ids]
-  ref_params = getattr(trainer, "ref_params", None)
-  frozen_teacher = algo.teacher_weights == "initial" and ref_params is not None
+  frozen_teacher = algo.teacher_weights == "initial" and source.initial_params is not None
   scores = score_turns(
-    trainer.model_config,
-    params,
+    source.model_config,
+    source.params,
     turns,
     algo,
-    trainer.pad_id,
-    teacher_params=ref_params if frozen_teacher else None,
+    source.pad_id,
+    teacher_params=source.initial_params if frozen_teacher else None,
   )
-  tokenizer = trainer.tokenizer
+  tokenizer = source.tokenizer
   shown = []
   for turn, (student, teacher, gate) in zip(turns, scores):
     block = ""
@@ -588,9 +554,8 @@ def _write_token_view(trainer, episodes: Sequence[Any]) -> str | None:
         skill_block=block,
       )
     )
-  step = trainer.loop_state.iteration
   facts = [
-    ("run", trainer.workdir),
+    ("run", run),
     ("step", str(step)),
     ("algorithm", f"{algo.name} (gate {algo.gate}, beta {algo.beta:g}, lambda {algo.lam:g})"),
     ("episode", f"validation task {episode.task_id} ({episode.task_type}): {episode.task}"),
@@ -625,7 +590,6 @@ def _write_token_view(trainer, episodes: Sequence[Any]) -> str | None:
   page = render_token_view(shown, title=f"Token view, step {step}", facts=facts, note=note)
   if not paths.is_primary_process():  # every process scored the episode (collectives)
     return None
-  path = token_view_path(trainer)
   paths.write_text(path, page)
   log.info("token view of validation task %d written to %s", episode.task_id, path)
   return path

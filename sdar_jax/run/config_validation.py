@@ -21,12 +21,15 @@ import jax
 from envs.base import env_section_problems, families_among
 from envs.skills.retrieval import skills_section_problems
 from sdar_jax.algos import AlgoConfig
-from sdar_jax.chat_templates import resolve_chat_template
+from sdar_jax.core.sampling import SamplingParams
+from sdar_jax.core.sharding import batch_divisor, resolve_mesh_shape
+from sdar_jax.core.train_state import make_optimizer
 from sdar_jax.models import ModelConfig
 from sdar_jax.rollout.batching import MINIBATCH_ORDERS
-from sdar_jax.sampling import SamplingParams
-from sdar_jax.sharding import batch_divisor, resolve_mesh_shape
-from sdar_jax.train_state import make_optimizer
+from sdar_jax.run import setup as run_setup
+from sdar_jax.run import warm_start
+from sdar_jax.run.setup import ConfigError, model_config_from
+from sdar_jax.text.chat_templates import resolve_chat_template
 
 ENVS = ("alfworld", "webshop", "search_qa")  # the environments that have configs
 IMPLEMENTED_ENVS = families_among(ENVS)  # those the host loop can run (an `envs.EnvFamily`)
@@ -34,49 +37,6 @@ SECTIONS = ("model", "algo", "mesh", "optim", "train", "rollout", "eval", "check
 SECTIONS += ("env",)  # set by the environment's config; the others by configs.common.base
 OPTIONAL_SECTIONS = ("paper", "warm_start")
 QWEN_TOKENIZER_SIZE = 151669  # the bundled tokenizer's ids: a model it drives needs as many rows
-
-
-class ConfigError(ValueError):
-  """A run config that cannot work; the message lists every problem found."""
-
-
-# ------------------------------------------------------------------------------------ model
-def model_config_from(config: Any) -> ModelConfig:
-  """The ModelConfig a run uses: the checkpoint's config.json when `model.path` is set (it must
-  describe the model named by `model.preset`), the tiny demo architecture for preset "tiny",
-  else the named preset. dtype / param_dtype / remat / attention / layer_loop always come from the
-  config."""
-  model = config.model
-  numerics = {"dtype": model.dtype, "param_dtype": model.param_dtype, "remat": bool(model.remat)}
-  numerics["attention"] = model.get("attention", "auto")
-  numerics["layer_loop"] = model.get("layer_loop", "auto")
-  if model.preset == "tiny":
-    named = ModelConfig.tiny(**dict(model.tiny), **numerics, name="tiny")
-  elif model.preset in ModelConfig.preset_names():
-    named = ModelConfig.preset(model.preset, **numerics)
-  else:
-    raise ConfigError(
-      f"model.preset={model.preset!r}: unknown model. Fix: use one of "
-      f"{ModelConfig.preset_names() + ['tiny']}."
-    )
-  if not model.path:
-    return named
-  if not os.path.isdir(model.path):
-    raise ConfigError(
-      f"model.path={model.path!r}: no such directory. Fix: point it at a local "
-      "Hugging Face model directory (config.json + *.safetensors)."
-    )
-  found = ModelConfig.from_hf_config(model.path, **numerics)
-  from sdar_jax.checkpoint import model_config_mismatches  # orbax import only when needed
-
-  diffs = model_config_mismatches(dict(found.__dict__), named)
-  if diffs:
-    fields = ", ".join(f"{f}={a!r} (preset: {b!r})" for f, a, b in diffs)
-    raise ConfigError(
-      f"model.path={model.path!r} holds a different model than model.preset={model.preset!r}: "
-      f"{fields}. Fix: set --config.model.preset to the checkpoint's model."
-    )
-  return found
 
 
 # ------------------------------------------------------------------------------------ checks
@@ -221,8 +181,6 @@ def validate(config: Any, num_devices: int | None = None) -> ModelConfig:
   p.build(SamplingParams, temperature=r.val_temperature, prefix="rollout.val_")
   _check_temperatures(config, p)
   _check_batches(config, jax.device_count() if num_devices is None else num_devices, p)
-  from sdar_jax import run_setup, warm_start  # (they import this module)
-
   p.extend(run_setup.setting_problems(config))
   p.extend(env_section_problems(config.env, ENVS))
   p.extend(skills_section_problems(config.env.skills))

@@ -6,8 +6,8 @@ iterations the restored checkpoint does not contain (a run killed between loggin
 its checkpoint logs that step again). `plot_history` turns it into a grid of curves
 (`metrics.png`): success rate, reward, the SDAR gate and gap, losses. TensorBoard event files go to
 the same directory when `logging.tensorboard` is on and tensorboardX is installed. The directory may
-be remote (gs://, through `sdar_jax.paths`; TensorBoard writes locally and is copied up), and only
-the primary process writes (`sdar_jax.paths.is_primary_process`).
+be remote (gs://, through `sdar_jax.infra.paths`; TensorBoard writes locally and is copied up), and only
+the primary process writes (`sdar_jax.infra.paths.is_primary_process`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from sdar_jax import paths
+from sdar_jax.infra import paths
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ class MetricsLogger:
   def log_histogram(self, name: str, step: int, **fields: Any) -> None:
     """A histogram to TensorBoard (nothing without it): `fields` are tensorboardX's
     `add_histogram_raw` arguments (min, max, num, sum, sum_squares, bucket_limits, bucket_counts);
-    `sdar_jax.diagnostics.Histogram.tensorboard_fields` makes them from fixed-bin counts."""
+    `sdar_jax.observe.diagnostics.Histogram.tensorboard_fields` makes them from fixed-bin counts."""
     if self._tb is not None:
       self._tb.add_histogram_raw(name, global_step=step, **fields)
       self._tb.flush()
@@ -151,7 +151,7 @@ class MetricsLogger:
 def read_history(path: str) -> list[dict[str, Any]]:
   """The rows of a metrics.jsonl file by step (a later row for the same step updates an earlier
   one); lines that do not parse (a write cut by a kill) are skipped, a missing file gives [].
-  Also reads the gate histograms' histograms.jsonl (`sdar_jax.diagnostics`)."""
+  Also reads the gate histograms' histograms.jsonl (`sdar_jax.observe.diagnostics`)."""
   rows: dict[int, dict[str, Any]] = {}
   if not paths.exists(path):
     return []
@@ -272,7 +272,7 @@ def teacher_old_gap_metrics(batches, rows=np.asarray, combine=None) -> dict[str,
   mini-batches, token-weighted (Σ gap / Σ tokens, not a mean of per-mini-batch means), and its
   root mean square (the reference's "std" of this gap is this RMS). Several processes: `rows`
   reads this process's rows of a batch array and `combine` sums [Σ gap, Σ gap², tokens] over the
-  processes (`sdar_jax.multihost.host_rows`, `sum_over_processes`)."""
+  processes (`sdar_jax.infra.multihost.host_rows`, `sum_over_processes`)."""
   total = sq = tokens = 0.0
   for b in batches:
     mask = np.asarray(rows(b.response_mask), np.float64) > 0

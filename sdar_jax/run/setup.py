@@ -1,29 +1,73 @@
 """What a run builds from its config before the host loop starts, and the settings it reads.
 
-`Trainer` (sdar_jax.trainer) calls these: the tokenizer and chat template of the model folder, the
+`Trainer` (sdar_jax.run.trainer) calls these: the tokenizer and chat template of the model folder, the
 policy's parameters (model.path, random init, or a checkpoint's), the skill retriever of the env
 family, and the env pools and agent loops of training and evaluation (`build_agent_loops`).
 `setting_problems` checks the settings the host loop reads straight from the config; a Trainer
-refuses a training config that has any, and sdar_jax.config_validation reports them with the
+refuses a training config that has any, and sdar_jax.run.config_validation reports them with the
 config's other problems.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 import jax
 
 import envs
-from sdar_jax import multihost, sharding
-from sdar_jax.chat_templates import ChatTemplate, resolve_chat_template
-from sdar_jax.config_validation import model_config_from
+from sdar_jax.core import sharding
+from sdar_jax.core.sampling import Sampler, SamplingParams
+from sdar_jax.infra import multihost
 from sdar_jax.models import ModelConfig, init_params, load_pretrained
 from sdar_jax.rollout import AgentLoop, validation_tasks
 from sdar_jax.rollout.agent_loop import overlap_problem
-from sdar_jax.sampling import Sampler, SamplingParams
-from sdar_jax.tokenizer import Tokenizer
+from sdar_jax.text.chat_templates import ChatTemplate, resolve_chat_template
+from sdar_jax.text.tokenizer import Tokenizer
+
+
+class ConfigError(ValueError):
+  """A run config that cannot work; the message lists every problem found."""
+
+
+def model_config_from(config: Any) -> ModelConfig:
+  """The ModelConfig a run uses: the checkpoint's config.json when `model.path` is set (it must
+  describe the model named by `model.preset`), the tiny demo architecture for preset "tiny",
+  else the named preset. dtype / param_dtype / remat / attention / layer_loop always come from the
+  config."""
+  model = config.model
+  numerics = {"dtype": model.dtype, "param_dtype": model.param_dtype, "remat": bool(model.remat)}
+  numerics["attention"] = model.get("attention", "auto")
+  numerics["layer_loop"] = model.get("layer_loop", "auto")
+  if model.preset == "tiny":
+    named = ModelConfig.tiny(**dict(model.tiny), **numerics, name="tiny")
+  elif model.preset in ModelConfig.preset_names():
+    named = ModelConfig.preset(model.preset, **numerics)
+  else:
+    raise ConfigError(
+      f"model.preset={model.preset!r}: unknown model. Fix: use one of "
+      f"{ModelConfig.preset_names() + ['tiny']}."
+    )
+  if not model.path:
+    return named
+  if not os.path.isdir(model.path):
+    raise ConfigError(
+      f"model.path={model.path!r}: no such directory. Fix: point it at a local "
+      "Hugging Face model directory (config.json + *.safetensors)."
+    )
+  found = ModelConfig.from_hf_config(model.path, **numerics)
+  from sdar_jax.run.checkpoint import model_config_mismatches  # orbax import only when needed
+
+  diffs = model_config_mismatches(dict(found.__dict__), named)
+  if diffs:
+    fields = ", ".join(f"{f}={a!r} (preset: {b!r})" for f, a, b in diffs)
+    raise ConfigError(
+      f"model.path={model.path!r} holds a different model than model.preset={model.preset!r}: "
+      f"{fields}. Fix: set --config.model.preset to the checkpoint's model."
+    )
+  return found
+
 
 # eval.skills -> [(metric prefix, skills in the student prompt)]; Skill-GRPO's table rows read
 # "val" without skills and "val_with_skill" with them (docs/reference.md §2.6).
@@ -80,7 +124,7 @@ def setting_problems(config) -> list[str]:
 
 
 def staleness_problems(config, processes: int | None = None) -> list[str]:
-  """What asynchronous training (train.max_staleness > 0, sdar_jax.trainer) cannot run with:
+  """What asynchronous training (train.max_staleness > 0, sdar_jax.run.trainer) cannot run with:
   re-scored old log-probs, and several processes (`processes`, default `jax.process_count()`)."""
   k = config.train.max_staleness
   if isinstance(k, bool) or not isinstance(k, int) or k < 0:
@@ -122,7 +166,7 @@ def build_tokenizer(model_cfg) -> Tokenizer:
 
 def build_chat_template(model_cfg, model_family: str) -> ChatTemplate:
   """model.chat_template resolved against the tokenizer's folder: "auto" takes the template that
-  folder ships, else the built-in one of `model_family` (sdar_jax.chat_templates)."""
+  folder ships, else the built-in one of `model_family` (sdar_jax.text.chat_templates)."""
   return resolve_chat_template(model_cfg.chat_template, _tokenizer_folder(model_cfg), model_family)
 
 
@@ -146,7 +190,7 @@ def build_policy(config, mesh) -> tuple[ModelConfig, Any]:
 def restore_policy(config, mesh, checkpoint_dir: str, step: int) -> tuple[ModelConfig, Any]:
   """(model config, params placed on the mesh) of checkpoint `step` in `checkpoint_dir`: the
   parameters alone, read without writing into the directory (no optimizer state is built)."""
-  from sdar_jax.checkpoint import CheckpointManager
+  from sdar_jax.run.checkpoint import CheckpointManager
 
   model_config = model_config_from(config)
   with CheckpointManager(checkpoint_dir, read_only=True) as ckpt:
@@ -231,7 +275,7 @@ def build_agent_loops(
   loops = AgentLoops(train_games=train_split.task_names if train_split else [])
   try:
     if train_split is not None:
-      # this process's share of the episodes (sdar_jax.multihost; one process: all of them)
+      # this process's share of the episodes (sdar_jax.infra.multihost; one process: all of them)
       n_train = multihost.max_share_size(env.tasks_per_step * env.group_size, env.group_size)
       loops.pool = envs.EnvPool(
         env.name,

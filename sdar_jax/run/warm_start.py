@@ -39,7 +39,7 @@ import json
 import logging
 import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -47,15 +47,14 @@ import numpy as np
 import optax
 
 from envs.base import EnvFamily
-from sdar_jax import multihost, paths
-from sdar_jax.batch import TurnSample, prompt_bucket
-from sdar_jax.models import ModelConfig, Params
+from sdar_jax.core.batch import TurnSample, prompt_bucket
+from sdar_jax.core.train_step import response_logprobs
+from sdar_jax.infra import multihost, paths
+from sdar_jax.models import ModelConfig, Params, load_pretrained
 from sdar_jax.rollout.agent_loop import AgentLoop, EpisodeView
 from sdar_jax.rollout.batching import pack_batch
-from sdar_jax.train_step import response_logprobs
-
-if TYPE_CHECKING:
-  from sdar_jax.trainer import Trainer
+from sdar_jax.run.checkpoint import export_hf
+from sdar_jax.run.setup import build_retriever
 
 log = logging.getLogger(__name__)
 
@@ -497,29 +496,45 @@ def built_policy_metrics(model_path: str | None) -> dict[str, float]:
   }
 
 
-def warm_start_run(trainer: Trainer, params: Params) -> tuple[Params, dict[str, float]]:
+def warm_start_run(
+  config,
+  params: Params,
+  *,
+  model_config: ModelConfig,
+  family: EnvFamily,
+  loop: AgentLoop,
+  pool,
+  num_games: int,
+  end_token_id: int,
+  shard_batch,
+  mesh,
+  workdir: str,
+) -> tuple[Params, dict[str, float]]:
   """A run's warm start (warm_start.steps > 0): expert SFT on the env family's expert records
   (ALFWorld: the walkthroughs), or (warm_start.source="expert") on its expert's games with and
-  without skills, then the teacher-student gap on held-out expert turns. Once per workdir: the
-  result is saved as a Hugging Face directory and reloaded on resume (metrics {} then), so the KL
-  reference stays the warm-started policy. Returns (params, warm_start/* metrics)."""
-  from sdar_jax.checkpoint import export_hf
-  from sdar_jax.models import load_pretrained
-  from sdar_jax.run_setup import build_retriever
-
-  config, family, shard_batch = trainer.config, trainer.env_family, trainer.step_fn.shard_batch
-  out = paths.join(trainer.workdir, "warm_start_policy")
+  without skills (played on `pool`'s `num_games` training games through `loop`), then the
+  teacher-student gap on held-out expert turns. Once per workdir: the result is saved as a Hugging
+  Face directory in `<workdir>/warm_start_policy` and reloaded on resume (metrics {} then), so the
+  KL reference stays the warm-started policy. `shard_batch` places a batch on the run's mesh
+  (`TrainStep.shard_batch`), `end_token_id` ends each expert response. Returns (params,
+  warm_start/* metrics)."""
+  out = paths.join(workdir, "warm_start_policy")
   if paths.exists(paths.join(out, "config.json")):  # complete: config.json is written last
     with paths.local_copy(out) as local_dir:  # a download when the workdir is remote
-      _, params = load_pretrained(local_dir, dtype=config.model.param_dtype, mesh=trainer.mesh)
+      _, params = load_pretrained(local_dir, dtype=config.model.param_dtype, mesh=mesh)
     return params, {}
   w = config.warm_start
-  end = trainer.tokenizer.eos_token_ids[0]
+  end = end_token_id
   gap, metrics = [], {}
   if w.get("source", "walkthroughs") == "expert":
-    loop = warm_start_loop(trainer.loop, build_retriever(config))
     samples, gap, metrics = expert_warm_start_data(
-      w, loop, trainer.pool, len(trainer.train_games), end, family=family, seed=config.train.seed
+      w,
+      warm_start_loop(loop, build_retriever(config)),
+      pool,
+      num_games,
+      end,
+      family=family,
+      seed=config.train.seed,
     )
   else:
     if family.expert_records is None:
@@ -529,9 +544,9 @@ def warm_start_run(trainer: Trainer, params: Params) -> tuple[Params, dict[str, 
         "warm_start.source='expert' if the env has an expert."
       )
     records = family.expert_records(config.env, w.split)
-    samples = expert_samples(records, trainer.loop, end_token_id=end)
+    samples = expert_samples(records, loop, end_token_id=end)
   params, losses = warm_start(
-    trainer.model_config,
+    model_config,
     params,
     samples,
     steps=w.steps,
@@ -549,7 +564,7 @@ def warm_start_run(trainer: Trainer, params: Params) -> tuple[Params, dict[str, 
   if gap:  # measured before RL: does the skill text raise the skill-following actions?
     metrics.update(
       teacher_student_gap_on_expert(
-        trainer.model_config, params, gap, batch_size=w.batch_size, shard_batch=shard_batch
+        model_config, params, gap, batch_size=w.batch_size, shard_batch=shard_batch
       )
     )
     log.info(
@@ -566,5 +581,5 @@ def warm_start_run(trainer: Trainer, params: Params) -> tuple[Params, dict[str, 
   )
   # Every process calls it (a multi-host gather); the primary one writes, through a local folder
   # when the workdir is remote.
-  export_hf(trainer.model_config, params, out)
+  export_hf(model_config, params, out)
   return params, metrics

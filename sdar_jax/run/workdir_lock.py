@@ -12,10 +12,10 @@ enforced.
 
 Where this lock has no meaning it is not taken, and `acquire()` says so in the log:
 
-* a remote workdir (gs://, `sdar_jax.paths.is_remote`): an object store offers no lock that a
+* a remote workdir (gs://, `sdar_jax.infra.paths.is_remote`): an object store offers no lock that a
   killed holder releases (a lease would have to expire, and a preempted TPU slice resumes at once),
   so nothing refuses a second run on the same gs:// workdir: give every run its own workdir;
-* a process other than the primary one of a multi-process run (`sdar_jax.paths.is_primary_process`):
+* a process other than the primary one of a multi-process run (`sdar_jax.infra.paths.is_primary_process`):
   the processes of one run share its workdir, and the primary process's lock stands for the run.
 """
 
@@ -31,7 +31,7 @@ import sys
 import time
 from typing import Any, Self
 
-from sdar_jax import paths
+from sdar_jax.infra import paths
 
 log = logging.getLogger(__name__)
 

@@ -31,12 +31,13 @@ trainer already fetches each update's metrics, so the wall times cover the devic
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from collections.abc import Sequence
 
 import jax
+
+from sdar_jax.rollout.trajectory import RolloutTimings
 
 # JAX's monitoring events for the phases of compiling a top-level computation (jax._src.dispatch).
 COMPILE_EVENTS = (
@@ -82,16 +83,6 @@ def compile_events() -> int:
   with _compile_lock:
     _listen()
     return _compile_events
-
-
-@dataclasses.dataclass
-class RolloutTimings:
-  """What `AgentLoop.run(..., timings=...)` adds up over a rollout."""
-
-  env_seconds: float = 0.0  # blocked in EnvPool.reset / EnvPool.step / EnvPool.wait
-  sampler_seconds: float = 0.0  # in Sampler.generate (device work and the copy back included)
-  generated_tokens: int = 0  # response tokens the sampler returned
-  sampler_calls: int = 0
 
 
 def _per_second(amount: float, seconds: float) -> float:

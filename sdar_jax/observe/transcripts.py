@@ -24,7 +24,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from sdar_jax import multihost, paths
+from sdar_jax.infra import multihost, paths
 
 __all__ = ["TRANSCRIPT_PREFIX", "read_transcripts", "summarise", "transcript", "write_transcripts"]
 

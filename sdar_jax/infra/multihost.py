@@ -13,13 +13,13 @@ computation over the mesh is entered by all of them with arrays of the same glob
   built (the prompts of the lower processes first), so the episodes do not depend on the number
   of processes.
 * Samples. Turn-samples stay with the process that played them (a group's advantages need only
-  its own episodes). `global_minibatches` packs them into one global block and gathers, inside a
+  its own episodes). `sdar_jax.rollout.global_batches` packs them into one global block and gathers, inside a
   jitted function, exactly the mini-batches a single process would pack from all of them in
   process order: the same updates, whatever the number of processes.
 * Metrics. Those of the episodes come from every process's episode summaries
-  (`episode_summaries`), sums over batch rows from every process's rows (`sum_over_processes`),
+  (`sdar_jax.rollout.trajectory.episode_summaries`), sums over batch rows from every process's rows (`sum_over_processes`),
   and the update's own metrics are replicated outputs of the update: every process computes the
-  row a single process would log, and the primary process writes it (sdar_jax.paths). The
+  row a single process would log, and the primary process writes it (sdar_jax.infra.paths). The
   perf/* timings are each process's own (the primary's are logged).
 * Checkpoints are saved and restored by all processes together (orbax: each writes its shards).
 
@@ -35,22 +35,12 @@ import functools
 import logging
 import os
 import pickle
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
-
-from sdar_jax import sharding as sharding_lib
-from sdar_jax.batch import (
-  TurnBatch,
-  TurnSample,
-  new_tokens_bucket,
-  next_power_of_two,
-  prompt_bucket,
-)
 
 log = logging.getLogger(__name__)
 
@@ -61,10 +51,8 @@ __all__ = [
   "allgather_ints",
   "any_process",
   "episode_share",
-  "episode_summaries",
   "fetch",
   "get_rows",
-  "global_minibatches",
   "host_rows",
   "initialize",
   "is_multiprocess",
@@ -73,7 +61,6 @@ __all__ = [
   "put_rows",
   "rows_by_process",
   "sum_over_processes",
-  "token_view_candidates",
   "total",
 ]
 
@@ -160,7 +147,7 @@ def allgather(value: Any) -> list[Any]:
   data = np.frombuffer(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
   sizes = allgather_ints([data.size])[:, 0]
   # a power of two of bytes: the all-gather compiles once per size, not once per message
-  padded = np.zeros(max(_MIN_MESSAGE, next_power_of_two(int(sizes.max()))), np.uint8)
+  padded = np.zeros(max(_MIN_MESSAGE, 1 << max(int(sizes.max()) - 1, 0).bit_length()), np.uint8)
   padded[: data.size] = data
   everyone = np.asarray(multihost_utils.process_allgather(padded))
   return [pickle.loads(everyone[i, : int(n)].tobytes()) for i, n in enumerate(sizes)]
@@ -180,44 +167,6 @@ def sum_over_processes(values: Sequence[float]) -> list[float]:
     return [float(v) for v in values]
   parts = allgather([float(v) for v in values])
   return [float(sum(column)) for column in zip(*parts)]
-
-
-def episode_summaries(episodes: Sequence[Any]) -> list[Any]:
-  """Every process's episodes in process order, each turn without its prompts, log-probs and
-  observation (what the rollout metrics and the failure count read: rewards, outcomes, infos,
-  response ids, validity, truncation). One process: `episodes` themselves."""
-  if jax.process_count() == 1:
-    return list(episodes)
-  import dataclasses
-
-  light = [
-    dataclasses.replace(
-      ep,
-      turns=[
-        dataclasses.replace(t, prompt_ids=[], teacher_prompt_ids=None, logprobs=[], observation="")
-        for t in ep.turns
-      ],
-    )
-    for ep in episodes
-  ]
-  return [ep for part in allgather(light) for ep in part]
-
-
-def token_view_candidates(episodes: Sequence[Any]) -> list[Any]:
-  """Episodes among which `diagnostics.pick_episode` picks the one it would pick from every
-  process's episodes (the first won one in process order, else the first finished one): each
-  process's first won and first finished episode, in process order, whole. One process:
-  `episodes`. A collective."""
-  if jax.process_count() == 1:
-    return list(episodes)
-  from sdar_jax.diagnostics import pick_episode
-
-  won = pick_episode([ep for ep in episodes if ep.won])
-  first = pick_episode(episodes)
-  mine = [won] if won is not None else []
-  if first is not None and first is not won:
-    mine.append(first)
-  return [ep for part in allgather(mine) for ep in part]
 
 
 # ------------------------------------------------------------------------ rows of a batch
@@ -325,153 +274,3 @@ def total(x: Any) -> float:
   if jax.process_count() == 1:
     return float(np.asarray(x).sum())
   return sum_over_processes([host_rows(x).sum(dtype=np.float64)])[0]
-
-
-# ------------------------------------------------------------------------- mini-batches
-def _widen(batch: TurnBatch, rows: int, Ps: int, R: int, Pt: int, pad_id: int) -> TurnBatch:
-  """A packed (numpy) batch with `rows` rows at the wider lengths Ps / R / Pt: prompts stay
-  right-aligned at Ps (Pt), responses start there; new cells are padding."""
-
-  def place(x, width, prompt_pad, fill, dtype):
-    out = np.full((rows, width), fill, dtype)
-    if x is not None:
-      out[: x.shape[0], prompt_pad : prompt_pad + x.shape[1]] = x
-    return out
-
-  def get(name):
-    return None if batch is None else getattr(batch, name)
-
-  def prompt_pad(tokens, width):  # a token row is prompt + response: the extra prompt padding
-    return width if tokens is None else width - (tokens.shape[1] - batch.response_len)
-
-  advantages = np.zeros((rows,), np.float32)
-  if batch is not None:
-    advantages[: batch.batch_size] = batch.advantages
-  student = get("student_tokens")
-  widened = {
-    "student_tokens": place(student, Ps + R, prompt_pad(student, Ps), pad_id, np.int32),
-    "student_mask": place(get("student_mask"), Ps + R, prompt_pad(student, Ps), 0, np.int32),
-    "response_mask": place(get("response_mask"), R, 0, 0, np.float32),
-    "old_logp": place(get("old_logp"), R, 0, 0, np.float32),
-    "advantages": advantages,
-  }
-  if Pt:
-    teacher = get("teacher_tokens")
-    widened["teacher_tokens"] = place(teacher, Pt + R, prompt_pad(teacher, Pt), pad_id, np.int32)
-    widened["teacher_mask"] = place(
-      get("teacher_mask"), Pt + R, prompt_pad(teacher, Pt), 0, np.int32
-    )
-  return TurnBatch(**widened)
-
-
-@functools.lru_cache(maxsize=8)
-def _select_fn(out_sharding: NamedSharding) -> Callable:
-  """Jitted: the rows `index` of a block (-1 = a padding row), cut to one mini-batch's lengths."""
-
-  def select(block: TurnBatch, index, *, Ps_block, Ps, R, Pt_block, Pt, pad_id):
-    keep = index >= 0
-
-    def rows(x, fill):
-      y = jnp.take(x, jnp.maximum(index, 0), axis=0)
-      return jnp.where(keep.reshape((-1,) + (1,) * (y.ndim - 1)), y, jnp.asarray(fill, y.dtype))
-
-    picked = {
-      "student_tokens": rows(block.student_tokens, pad_id)[:, Ps_block - Ps : Ps_block + R],
-      "student_mask": rows(block.student_mask, 0)[:, Ps_block - Ps : Ps_block + R],
-      "response_mask": rows(block.response_mask, 0)[:, :R],
-      "old_logp": rows(block.old_logp, 0)[:, :R],
-      "advantages": rows(block.advantages, 0),
-    }
-    if Pt:
-      picked["teacher_tokens"] = rows(block.teacher_tokens, pad_id)[:, Pt_block - Pt : Pt_block + R]
-      picked["teacher_mask"] = rows(block.teacher_mask, 0)[:, Pt_block - Pt : Pt_block + R]
-    return TurnBatch(**picked)
-
-  return jax.jit(
-    select,
-    static_argnames=("Ps_block", "Ps", "R", "Pt_block", "Pt", "pad_id"),
-    out_shardings=out_sharding,
-  )
-
-
-def global_minibatches(
-  step_fn: Any,
-  samples: Sequence[TurnSample],
-  mini_batch_size: int,
-  with_teacher: bool,
-  pad_id: int = 0,
-  order: str = "rollout",
-) -> list[TurnBatch]:
-  """The iteration's mini-batches placed on `step_fn`'s mesh: what `plan_minibatches` (in
-  `order`, see `minibatch_permutation`) and `pack_batch` make of every process's turn-samples
-  taken in process order (one process: of `samples`, the single-process code path).
-
-  Several processes: each packs its own samples at the iteration's widest lengths into its rows
-  of one global block; every process computes the same plan from all processes' sample lengths
-  (one exchange), and a jitted gather takes each mini-batch's rows out of the block, cut to the
-  mini-batch's own bucketed lengths. The result equals the single-process mini-batch array for
-  array, row for row; the samples themselves never leave the devices."""
-  from sdar_jax.rollout import pack_batch, plan_minibatches
-  from sdar_jax.rollout.batching import minibatch_permutation, sample_lengths
-
-  if jax.process_count() == 1 or step_fn.mesh is None:
-    return [
-      step_fn.shard_batch(pack_batch(mb, mini_batch_size, with_teacher, pad_id))
-      for mb in plan_minibatches(samples, mini_batch_size, order=order)
-    ]
-  per_process = allgather(sample_lengths(samples, with_teacher))
-  everyone = np.concatenate(per_process)
-  permutation = minibatch_permutation(everyone, order)  # every process computes the same one
-  everyone = everyone[permutation]
-  if not len(everyone):
-    return []
-  if with_teacher and not everyone[:, 2].all():
-    raise ValueError(
-      "The algorithm needs teacher log-probs but some samples have no teacher prompt; the rollout "
-      "must build teacher prompts (AgentLoop(with_teacher=True))."
-    )
-  chunks = [
-    (start, min(start + mini_batch_size, len(everyone)))
-    for start in range(0, len(everyone), mini_batch_size)
-  ]
-  shapes = []
-  for start, end in chunks:
-    longest = everyone[start:end].max(axis=0)
-    shapes.append(
-      (
-        prompt_bucket(int(longest[0])),
-        new_tokens_bucket(int(longest[1])),
-        prompt_bucket(int(longest[2])) if with_teacher else 0,
-      )
-    )
-  Ps, R, Pt = (max(column) for column in zip(*shapes))
-
-  out_sharding = sharding_lib.batch_sharding(step_fn.mesh, 1, step_fn.rules)
-  counts = [len(part) for part in per_process]
-  divisor = sharding_lib.batch_divisor(step_fn.mesh, step_fn.rules)
-  block_rows = -(-jax.process_count() * max(counts) // divisor) * divisor
-  owners = rows_by_process(out_sharding, (block_rows,))
-  mine = owners[jax.process_index()]
-  if len(mine) < max(counts):
-    raise ValueError(
-      f"a block of {block_rows} rows gives each process {len(mine)} rows, fewer than the "
-      f"{max(counts)} turn-samples of the busiest process; the batch axes must split the rows "
-      "evenly over the processes."
-    )
-  packed = pack_batch(samples, len(mine), with_teacher, pad_id) if samples else None
-  local = _widen(packed, len(mine), Ps, R, Pt, pad_id)
-  block = jax.tree.map(
-    lambda x: put_rows(x, out_sharding, (block_rows,) + x.shape[1:]),
-    local,
-  )
-  # Global sample g (process q's j-th) sits in block row owners[q][j].
-  where = np.concatenate([owners[q][:n] for q, n in enumerate(counts)])[permutation]
-  select = _select_fn(out_sharding)
-  batches = []
-  for (start, end), (ps, r, pt) in zip(chunks, shapes):
-    index = np.full((mini_batch_size,), -1, np.int32)
-    index[: end - start] = where[start:end]
-    batches.append(
-      select(block, index, Ps_block=Ps, Ps=ps, R=r, Pt_block=Pt, Pt=pt, pad_id=int(pad_id))
-    )
-  return batches

@@ -6,7 +6,7 @@ One call = one mini-batch = one optimizer update, compiled once per bucket shape
     state = step.shard_state(state)
     state, metrics = step(state, batch)                # batch: a TurnBatch, donated state
 
-The batch layout is `sdar_jax.batch.TurnBatch`'s (B turn-samples, R response slots; RLSD makes
+The batch layout is `sdar_jax.core.batch.TurnBatch`'s (B turn-samples, R response slots; RLSD makes
 its sequence-level advantages token-level here). The index map between the two branches is a
 static offset: response token r sits at position
 P+r and is predicted by the logits at P+r-1, with P = Ps for the student and Pt for the teacher.
@@ -58,19 +58,21 @@ from typing import Any, Callable, Mapping
 import jax
 import jax.numpy as jnp
 import optax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from sdar_jax import algos, diagnostics, sharding
+from sdar_jax import algos
 from sdar_jax.algos import AlgoConfig
-from sdar_jax.batch import TurnBatch
-from sdar_jax.models import ModelConfig, Params, apply, logits_from_hidden
-from sdar_jax.models import positions_from_mask
-from sdar_jax.train_state import (
+from sdar_jax.core import sharding
+from sdar_jax.core.batch import TurnBatch
+from sdar_jax.core.histograms import update_histograms
+from sdar_jax.core.train_state import (
   TrainState,
   make_lr_schedule,
   make_optimizer,
   train_state_shardings,
 )
+from sdar_jax.models import ModelConfig, Params, apply, logits_from_hidden, positions_from_mask
 
 Array = jax.Array
 Metrics = dict[str, Array]
@@ -221,7 +223,7 @@ def micro_loss(
   `teacher`: (teacher params, teacher hidden states [B, R, D]) for SDAR form "vocab", whose
   teacher log-probs are formed in the student's lm_head pass (`teacher_logp` is then None).
   `histograms`: also the fixed-bin counts of the gap and the gate over the response tokens
-  (int32 vectors under "diag/" keys, `sdar_jax.diagnostics`; additive like the other shares)."""
+  (int32 vectors under "diag/" keys, `sdar_jax.core.histograms`; additive like the other shares)."""
   mask = micro_batch.response_mask.astype(jnp.float32)
   logp, entropy, vocab_term, head_teacher_logp = _student_scores(
     config, algo, params, micro_batch, teacher
@@ -288,7 +290,7 @@ def micro_loss(
         gate = algos.compute_gate(
           algo.gate, beta=algo.beta, gap=gap, entropy=entropy, vocab_size=config.vocab_size
         )
-      metrics.update(diagnostics.update_histograms(gap, gate, mask))
+      metrics.update(update_histograms(gap, gate, mask))
   metrics["train/loss"] = loss
   return loss, jax.lax.stop_gradient(metrics)
 
@@ -432,7 +434,7 @@ class TrainStep:
   mesh: `step(state, batch, ref_params=None, iteration=None) -> (state, metrics)`. `num_traces`
   counts traces of the update (= compilations: one per bucket shape). `histograms=True` adds the
   gap / gate histogram counts to the metrics (int32 vectors under "diag/" keys, read by
-  `sdar_jax.diagnostics.record_update_histograms`; the trainer's update has them)."""
+  `sdar_jax.observe.diagnostics.record_update_histograms`; the trainer's update has them)."""
 
   def __init__(
     self,

@@ -36,8 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from sdar_jax import paths
-from sdar_jax.metrics import read_history
+from sdar_jax.infra import paths
+from sdar_jax.observe.metrics import read_history
 
 RUN_STATUS = "run_status.json"
 SUCCESS_KEY = "val/success_rate"
@@ -55,7 +55,7 @@ SWEEP_KEYS: tuple[tuple[str, str], ...] = (
 
 # ------------------------------------------------------------------------------------ reading
 def read_metrics(path: str) -> list[dict[str, Any]]:
-  """The rows of a metrics.jsonl by step, torn lines skipped (`sdar_jax.metrics.read_history`)."""
+  """The rows of a metrics.jsonl by step, torn lines skipped (`sdar_jax.observe.metrics.read_history`)."""
   return read_history(path)
 
 
