@@ -1,4 +1,4 @@
-"""The attention implementations of `ModelConfig.attention` (models/qwen.py) against float64 NumPy
+"""The attention implementations of `ModelConfig.attention` (models/attention.py) against float64 NumPy
 and against each other: the chunked online softmax and its hand-written backward pass, the
 cuDNN path's left-padding rotation (run through JAX's reference implementation on CPU), the
 splash kernel's wrapper (run in the Pallas interpreter), and xla vs chunked for the whole model:
@@ -20,7 +20,7 @@ import pytest
 from sdar_jax.core import sharding
 from sdar_jax.core.sampling import Sampler, SamplingParams
 from sdar_jax.core.train_step import response_logprobs
-from sdar_jax.models import ModelConfig, forward, init_params, qwen
+from sdar_jax.models import ModelConfig, attention, forward, init_params
 from sdar_jax.run import config_validation
 
 EPS = float(np.finfo(np.float32).eps)
@@ -80,8 +80,10 @@ def test_chunked_attention_equals_float64_reference(heads, block):
   q, k, v = _qkv(0, 5, N, K, 8)
   valid = _key_valid(T)
   want, _, _ = _reference(q, k, v, valid)
-  got = np.asarray(qwen.chunked_attention(q, k, v, jnp.asarray(valid), block))
-  xla = np.asarray(qwen._attention(q, k, v, np.tril(np.ones((T, T), bool))[None] & valid[:, None]))
+  got = np.asarray(attention.chunked_attention(q, k, v, jnp.asarray(valid), block))
+  xla = np.asarray(
+    attention.xla_attention(q, k, v, np.tril(np.ones((T, T), bool))[None] & valid[:, None])
+  )
   # Output = a convex combination of values: rounding of the scores (relative to their size)
   # moves the weights, rounding of the sum moves it by a few eps of max|v|.
   tol = 8 * EPS * float(np.max(np.abs(v))) * (1 + _score_size(q, k))
@@ -115,10 +117,10 @@ def test_chunked_attention_gradients_equal_autodiff_of_xla(block):
   mask = jnp.asarray(np.tril(np.ones((T, T), bool))[None] & valid[:, None])
 
   def xla_loss(q, k, v):
-    return jnp.sum(qwen._attention(q, k, v, mask) * w)
+    return jnp.sum(attention.xla_attention(q, k, v, mask) * w)
 
   def chunked_loss(q, k, v):
-    return jnp.sum(qwen.chunked_attention(q, k, v, jnp.asarray(valid), block) * w)
+    return jnp.sum(attention.chunked_attention(q, k, v, jnp.asarray(valid), block) * w)
 
   want = jax.grad(xla_loss, argnums=(0, 1, 2))(q, k, v)
   got = jax.grad(chunked_loss, argnums=(0, 1, 2))(q, k, v)
@@ -157,7 +159,9 @@ def test_xla_attention_gradients_equal_float64_reference(heads):
   valid = _key_valid(T)
   w = np.random.default_rng(4).normal(size=q.shape).astype(np.float32)
   mask = jnp.asarray(np.tril(np.ones((T, T), bool))[None] & valid[:, None])
-  got = jax.grad(lambda *a: jnp.sum(qwen._attention(*a, mask) * w), argnums=(0, 1, 2))(q, k, v)
+  got = jax.grad(lambda *a: jnp.sum(attention.xla_attention(*a, mask) * w), argnums=(0, 1, 2))(
+    q, k, v
+  )
   want = _reference_gradients(q, k, v, w, valid)
   sizes = _gradient_sizes(q, k, v, w, valid)
   for name, a, b, size in zip("qkv", got, want, sizes):
@@ -171,7 +175,7 @@ def test_cudnn_path_rotation_equals_reference_at_every_query_that_sees_a_key():
   q, k, v = _qkv(3, 5, 4, 2, 8)
   valid = _key_valid(T)
   want, _, sees_any = _reference(q, k, v, valid)
-  got = np.asarray(qwen.fused_gpu_attention(q, k, v, jnp.asarray(valid), implementation="xla"))
+  got = np.asarray(attention.fused_gpu_attention(q, k, v, jnp.asarray(valid), implementation="xla"))
   tol = 8 * EPS * float(np.max(np.abs(v))) * (1 + _score_size(q, k))
   assert np.max(np.abs(got - want)[sees_any]) < tol
   assert np.all(np.isfinite(got))
@@ -183,7 +187,7 @@ def test_splash_wrapper_equals_reference_at_real_queries():
   q, k, v = _qkv(4, 5, 4, 2, 8)
   valid = _key_valid(T)
   want, _, _ = _reference(q, k, v, valid)
-  got = np.asarray(qwen.splash_attention(q, k, v, jnp.asarray(valid), interpret=True))
+  got = np.asarray(attention.splash_attention(q, k, v, jnp.asarray(valid), interpret=True))
   tol = 8 * EPS * float(np.max(np.abs(v))) * (1 + _score_size(q, k))
   assert np.max(np.abs(got - want)[valid]) < tol
   assert np.all(np.isfinite(got))
@@ -196,7 +200,7 @@ def test_splash_wrapper_under_shard_map_on_a_mesh_equals_reference():
   valid = _key_valid(T)[:4]
   want, _, _ = _reference(q, k, v, valid)
   mesh = sharding.make_mesh({"data": 1, "fsdp": 2, "tensor": 2}, devices=jax.devices()[:4])
-  splash = jax.jit(functools.partial(qwen.splash_attention, interpret=True))
+  splash = jax.jit(functools.partial(attention.splash_attention, interpret=True))
   with jax.set_mesh(mesh):
     assert "manual_computation" in splash.lower(q, k, v, valid).as_text()  # shard_map
     got = np.asarray(splash(q, k, v, valid))
@@ -228,14 +232,14 @@ def test_kernel_mesh_is_in_context_only_for_splash_on_several_devices():
 def test_auto_resolves_by_backend_dtype_and_length():
   bf16 = ModelConfig.tiny(dtype="bfloat16", head_dim=64)
   fp32 = ModelConfig.tiny(dtype="float32", head_dim=64)
-  resolve = qwen.attention_implementation
+  resolve = attention.attention_implementation
   assert resolve(bf16, 4096, "tpu") == "splash"
   assert resolve(bf16, 100, "gpu") == "cudnn"
   assert resolve(fp32, 100, "gpu") == "xla"  # cuDNN's fused kernel takes bf16 / fp16 only
   assert resolve(fp32, 4096, "gpu") == "chunked"
   assert resolve(bf16.replace(head_dim=256), 100, "gpu") == "xla"
-  assert resolve(fp32, qwen.CHUNKED_FROM - 1, "cpu") == "xla"
-  assert resolve(fp32, qwen.CHUNKED_FROM, "cpu") == "chunked"
+  assert resolve(fp32, attention.CHUNKED_FROM - 1, "cpu") == "xla"
+  assert resolve(fp32, attention.CHUNKED_FROM, "cpu") == "chunked"
   for name in ("xla", "chunked", "cudnn", "splash"):
     assert resolve(fp32.replace(attention=name), 10, "cpu") == name
 
@@ -387,11 +391,11 @@ def test_chunked_gradient_keeps_no_t_by_t_scores_inside_a_layer_scan():
     return compiled.memory_analysis().temp_size_in_bytes
 
   def xla(q, k, v, valid):
-    return qwen._attention(q, k, v, jnp.tril(jnp.ones((T, T), bool))[None] & valid[:, None])
+    return attention.xla_attention(q, k, v, jnp.tril(jnp.ones((T, T), bool))[None] & valid[:, None])
 
   scores = B * N * T * T * 4  # one layer's float32 scores
   assert temporaries(xla) > scores
-  assert temporaries(lambda *a: qwen.chunked_attention(*a, block=256)) < 0.5 * scores
+  assert temporaries(lambda *a: attention.chunked_attention(*a, block=256)) < 0.5 * scores
 
 
 # ------------------------------------------------------------------------ on a GPU (gpu_check)
@@ -413,7 +417,7 @@ def test_cudnn_attention_equals_float64_reference_on_gpu():
   (q16, k16, v16), (q, k, v) = _bf16_qkv(5)
   valid = _key_valid(T)
   want, _, sees_any = _reference(q, k, v, valid)
-  got = np.asarray(qwen.fused_gpu_attention(q16, k16, v16, jnp.asarray(valid)), np.float64)
+  got = np.asarray(attention.fused_gpu_attention(q16, k16, v16, jnp.asarray(valid)), np.float64)
   # bf16 probabilities times values, then a bf16 output: each rounds by eps_bf16 / 2 of max|v|.
   assert np.max(np.abs(got - want)[sees_any]) < 4 * EPS_BF16 * float(np.max(np.abs(v)))
   assert np.all(np.isfinite(got))
@@ -428,11 +432,11 @@ def test_cudnn_attention_gradients_equal_float32_autodiff_on_gpu():
   mask = jnp.asarray(np.tril(np.ones((T, T), bool))[None] & valid[:, None])
 
   def cudnn_loss(q, k, v):
-    out = qwen.fused_gpu_attention(q, k, v, jnp.asarray(valid))
+    out = attention.fused_gpu_attention(q, k, v, jnp.asarray(valid))
     return jnp.sum(out.astype(jnp.float32) * w)
 
   def xla_loss(q, k, v):
-    return jnp.sum(qwen._attention(q, k, v, mask) * w)
+    return jnp.sum(attention.xla_attention(q, k, v, mask) * w)
 
   got = jax.grad(cudnn_loss, argnums=(0, 1, 2))(q16, k16, v16)
   want = jax.grad(xla_loss, argnums=(0, 1, 2))(q, k, v)

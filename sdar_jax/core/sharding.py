@@ -23,6 +23,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from sdar_jax.models.config import ModelConfig
+from sdar_jax.models.attention import attention_implementation
 from sdar_jax.models.qwen import ParamSpec, param_specs
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -232,8 +233,6 @@ def with_kernel_mesh(fn: Any, mesh: Mesh | None, config: ModelConfig) -> Any:
   attention may run a Pallas kernel ("splash", or "auto" on TPU): XLA cannot partition a Pallas
   call, so the kernel runs under `shard_map` over the mesh it finds there. Unchanged otherwise
   (and without a mesh or with one device)."""
-  from sdar_jax.models.qwen import attention_implementation
-
   if mesh is None or mesh.size == 1:
     return fn
   if attention_implementation(config, length=1) != "splash":
