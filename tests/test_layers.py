@@ -201,3 +201,20 @@ def test_no_module_getattr_imports_on_demand():
 def test_few_modules_directly_in_sdar_jax():
   top = sorted(n for n in os.listdir(os.path.join(_REPO, "sdar_jax")) if n.endswith(".py"))
   assert len(top) <= MAX_TOP_LEVEL_MODULES, top
+
+
+def test_only_run_and_the_commands_take_a_trainer():
+  """Below run/, functions take what they use (a step function, a mesh, a folder), never the
+  Trainer: no parameter named `trainer` or annotated `Trainer`."""
+  found = []
+  for module, path in MODULES.items():
+    if layer_of(module) >= layer_of("sdar_jax.run"):
+      continue
+    tree = ast.parse(open(path, encoding="utf-8").read(), path)
+    for node in ast.walk(tree):
+      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        for arg in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]:
+          annotation = ast.unparse(arg.annotation) if arg.annotation else ""
+          if arg.arg == "trainer" or "Trainer" in annotation:
+            found.append(f"{_where(module, node.lineno)}: {node.name}({arg.arg})")
+  assert not found, "\n".join(found)
