@@ -21,7 +21,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
   ("sdar_jax.rollout", "envs"),  # 2: episodes and the environments they play
   ("sdar_jax.observe",),  # 3: metrics, diagnostics, transcripts
   ("sdar_jax.run",),  # 4: the trainer and what it composes
-  ("sdar_jax.train", "sdar_jax.evaluate", "sdar_jax.aot", "sdar_jax.tools"),  # 5: commands
+  # 5: the commands
+  ("sdar_jax.train", "sdar_jax.evaluate", "sdar_jax.aot", "sdar_jax.compare", "sdar_jax.tools"),
 )
 MAX_TOP_LEVEL_MODULES = 12
 

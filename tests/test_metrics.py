@@ -206,3 +206,45 @@ def test_validation_summary_reads_the_first_and_last_evaluation(tmp_path):
   assert validation_summary(str(path)) == (
     "validation success_rate 0.125 (step 0) -> 0.375 (step 10), change +0.250"
   )
+
+
+# ------------------------------------------------------------------ validation rates, outcomes
+def _episodes(outcomes, task_type="pick", start=0):
+  from sdar_jax.rollout.trajectory import Episode
+
+  return [
+    Episode(k, task_id=start + k, group_id=k, task_type=task_type, won=w, reward=10.0 * w)
+    for k, w in enumerate(outcomes)
+  ]
+
+
+def test_rates_weigh_every_episode_the_same_and_the_macro_mean_weighs_types():
+  """An evaluation played in two batches, 8 episodes (2 won) then a trailing 1 (won), or by two
+  processes with unequal shares: the rate is over the 9 episodes, 3/9, not the mean of the
+  batches' rates (0.625). The macro rate is the mean of the task types' rates."""
+  from sdar_jax.observe.metrics import rollout_metrics
+
+  batches = _episodes([1, 1, 0, 0, 0, 0, 0, 0]) + _episodes([1], task_type="heat", start=8)
+  m = rollout_metrics(batches, prefix="val")
+  assert m["val/success_rate"] == 3 / 9
+  assert m["val/pick_success_rate"] == 2 / 8 and m["val/heat_success_rate"] == 1.0
+  assert m["val/macro_success_rate"] == (2 / 8 + 1.0) / 2
+
+
+def test_outcomes_file_round_trips_one_row_per_finished_episode(tmp_path):
+  from sdar_jax.observe.transcripts import OUTCOME_COLUMNS, read_outcomes, write_outcomes
+
+  episodes = _episodes([0, 1, 1])
+  episodes[0].gamefile = "valid_seen/pick-Egg-1/game.tw-pddl"
+  episodes[2].env_error = "RuntimeError: boom"  # no outcome, no row
+  path = write_outcomes(
+    str(tmp_path), "val", episodes[::-1], arm="sdar", seed=2, step=8, split="valid_seen"
+  )
+  with open(path) as f:
+    assert f.readline().strip() == ",".join(OUTCOME_COLUMNS)
+  rows = read_outcomes(path)
+  assert [(r["task_id"], r["success"], r["reward"]) for r in rows] == [(0, 0, 0.0), (1, 1, 10.0)]
+  assert rows[0]["gamefile"] == "valid_seen/pick-Egg-1/game.tw-pddl"
+  assert {(r["arm"], r["seed"], r["step"], r["split"]) for r in rows} == {
+    ("sdar", 2, 8, "valid_seen")
+  }

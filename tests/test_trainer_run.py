@@ -161,6 +161,12 @@ def test_evaluate_latest_checkpoint_reproduces_the_runs_evaluation(trained, monk
   with open(os.path.join(out, evaluate.EVAL_RECORD)) as f:
     assert json.load(f)["evaluated"]["step"] == 3
   assert _run_files(workdir) == before
+  # Per-game outcomes beside the transcripts: their success rate is the logged one.
+  from sdar_jax.observe.transcripts import read_outcomes
+
+  outcomes = read_outcomes(os.path.join(out, "outcomes_val.csv"))
+  assert outcomes and {(r["step"], r["seed"]) for r in outcomes} == {(3, config.train.seed)}
+  assert sum(r["success"] for r in outcomes) / len(outcomes) == row["val/success_rate"]
 
 
 def test_validation_draws_depend_on_eval_seed_only(trained, tmp_path, monkeypatch):

@@ -224,8 +224,10 @@ def rollout_metrics(
   episodes: Sequence[Any], prefix: str = "episode", episode_metrics=None
 ) -> dict[str, float]:
   """Success, reward, length and format rates of `episodes` (`sdar_jax.rollout.Episode`s),
-  success per task type, and the env family's own metrics (`EnvFamily.episode_metrics` of the
-  finished episodes' last infos). Failed episodes (env_error) are counted, not averaged."""
+  success per task type and their mean (`macro_success_rate`), and the env family's own metrics
+  (`EnvFamily.episode_metrics` of the finished episodes' last infos). Every rate is over episodes
+  (or turns), never a mean of per-batch rates: pass all of an evaluation's episodes at once.
+  Failed episodes (env_error) are counted, not averaged."""
   from envs.common import success_rates
 
   done = [ep for ep in episodes if ep.env_error is None]
@@ -235,7 +237,10 @@ def rollout_metrics(
   if not done:
     return m
   rates = success_rates((ep.task_type, ep.won) for ep in done)
-  m[f"{prefix}/success_rate"] = rates.pop("success_rate")
+  m[f"{prefix}/success_rate"] = rates.pop("success_rate")  # over episodes (each weighs the same)
+  # The mean over task types (ALFWorld) or data sources (Search-QA) of their own rates: the
+  # paper's Search-QA "Avg" column; ALFWorld's "All" is success_rate.
+  m[f"{prefix}/macro_success_rate"] = float(np.mean(list(rates.values())))
   m[f"{prefix}/reward_mean"] = float(np.mean([ep.reward for ep in done]))
   m[f"{prefix}/length_mean"] = float(np.mean([ep.length for ep in done]))
   turns = [t for ep in done for t in ep.turns]

@@ -16,19 +16,40 @@ output had the required format and `admissible` whether the env listed the actio
 env has no list to check). With several
 processes every process's episodes are gathered (a collective) and the primary process writes.
 `read_transcripts` reads a file back; `summarise` counts outcomes per task type.
+
+Beside each transcript the trainer writes `outcomes_<prefix>.csv`: one row per episode with the
+run's arm (algo.name), seed, step and split, the game (`task_id`, the game's index in the sorted
+validation split, and its file), the task type, success and reward. These small files are what
+paired comparisons of runs read (`sdar_jax.observe.stats`); `read_outcomes` reads one back.
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from collections.abc import Sequence
 from typing import Any
 
 from sdar_jax.infra import multihost, paths
 
-__all__ = ["TRANSCRIPT_PREFIX", "read_transcripts", "summarise", "transcript", "write_transcripts"]
+__all__ = [
+  "OUTCOMES_PREFIX",
+  "OUTCOME_COLUMNS",
+  "TRANSCRIPT_PREFIX",
+  "read_outcomes",
+  "read_transcripts",
+  "summarise",
+  "transcript",
+  "write_outcomes",
+  "write_transcripts",
+]
 
 TRANSCRIPT_PREFIX = "episodes_"  # episodes_<eval mode prefix>.jsonl
+OUTCOMES_PREFIX = "outcomes_"  # outcomes_<eval mode prefix>.csv
+OUTCOME_COLUMNS = (
+  "arm", "seed", "step", "split", "task_id", "gamefile", "task_type", "success", "reward"
+)  # fmt: skip
 
 
 def transcript(episode: Any, decode) -> dict[str, Any]:
@@ -86,3 +107,44 @@ def summarise(episodes: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]
     }
     for name, eps in groups.items()
   }
+
+
+def write_outcomes(
+  out_dir: str,
+  prefix: str,
+  episodes: Sequence[Any],
+  *,
+  arm: str,
+  seed: int,
+  step: int,
+  split: str,
+) -> str | None:
+  """Writes `<out_dir>/outcomes_<prefix>.csv`, one row per finished episode of `episodes` (every
+  process's already: `sdar_jax.rollout.trajectory.episode_summaries`), sorted by task id; the
+  primary process writes and gets the path, the others None. Episodes whose env failed have no
+  outcome and no row."""
+  if not paths.is_primary_process():
+    return None
+  rows = sorted((ep for ep in episodes if ep.env_error is None), key=lambda ep: ep.task_id)
+  out = io.StringIO()
+  writer = csv.writer(out, lineterminator="\n")
+  writer.writerow(OUTCOME_COLUMNS)
+  for ep in rows:
+    writer.writerow(
+      [arm, int(seed), int(step), split, int(ep.task_id), ep.gamefile or "", ep.task_type]
+      + [int(bool(ep.won)), f"{float(ep.reward):g}"]
+    )
+  path = paths.join(out_dir, f"{OUTCOMES_PREFIX}{prefix}.csv")
+  paths.write_text(path, out.getvalue())
+  return path
+
+
+def read_outcomes(path: str) -> list[dict[str, Any]]:
+  """The rows of an outcomes file (`write_outcomes`), with seed, step, task_id and success as
+  ints and reward as a float."""
+  rows = list(csv.DictReader(io.StringIO(paths.read_text(path))))
+  for row in rows:
+    for key in ("seed", "step", "task_id", "success"):
+      row[key] = int(row[key])
+    row["reward"] = float(row["reward"])
+  return rows

@@ -384,6 +384,15 @@ class Trainer:
       self._report_env_failures(episodes, self.eval_games, prefix)
       everyone = episode_summaries(episodes)  # every process's, for the metrics
       metrics.update(rollout_metrics(everyone, prefix, self.env_family.episode_metrics))
+      transcripts.write_outcomes(
+        out_dir,
+        prefix,
+        everyone,
+        arm=str(self.config.algo.get("name", "")),
+        seed=int(self.config.train.seed),
+        step=self.loop_state.iteration,
+        split=str(self.config.eval.get("split", "")),
+      )
       if mode == 0:
         diagnostics.write_token_view(
           diagnostics.token_view_candidates(episodes),

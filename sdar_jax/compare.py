@@ -1,0 +1,41 @@
+r"""Finished runs beside the paper's table, and two arms against each other, as markdown.
+
+  python -m sdar_jax.compare runs/sdar-3b                       # one run vs its paper row
+  python -m sdar_jax.compare runs/ablation/sdar_vocab_s{0,1,2} runs/ablation/grpo_s{0,1,2}
+
+Each run's final validation metrics go beside the figures its paper row reports (read from the
+run's own config.json, set by configs/paper.py; a run of another config is shown without them),
+with the environment's averaging rule, the differences, and what in the run's setup differs from
+the paper's. With the runs of exactly two arms (algo.name) on common seeds, the paired difference
+of final success and of the area under the success curve follows, with its 95% two-way
+bootstrap interval and an exact sign test (sdar_jax.observe.stats). Nothing is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from sdar_jax.observe import stats
+from sdar_jax.observe.compare import CompareError, compare_runs
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(
+    prog="python -m sdar_jax.compare", description=__doc__.splitlines()[0]
+  )
+  parser.add_argument("runs", nargs="+", help="run folders (a training run's --workdir)")
+  parser.add_argument("--resamples", type=int, default=stats.RESAMPLES, help="bootstrap resamples")
+  parser.add_argument("--rng_seed", type=int, default=stats.RNG_SEED, help="bootstrap RNG seed")
+  args = parser.parse_args(argv)
+  try:
+    print(compare_runs(args.runs, resamples=args.resamples, rng_seed=args.rng_seed), end="")
+  except CompareError as e:
+    print(f"Cannot compare: {e}", file=sys.stderr)
+    return 2
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,300 @@
+"""Finished runs beside the paper's table, and two arms against each other.
+
+`run_vs_paper(run_dir)` reads a run's own files only: config.json (its `paper` section, set by
+configs/paper.py, holds the row, model, environment, which validation the row reads and the
+figures the paper reports, in %), metrics.jsonl (the last validation row) and names what differs
+in the run's setup from the paper's (model, steps, data, skills, evaluation). Each environment's
+columns follow its averaging rule:
+
+* ALFWorld: one column per task type (that type's success rate) and "avg", the overall success
+  rate over episodes (`success_rate`), not a mean of the types.
+* Search-QA: one column per data source and "avg", the macro mean over the sources
+  (`macro_success_rate`: the paper's 303.8 / 7 = 43.4 for SDAR 3B).
+* WebShop: "score" (mean purchase score) and "acc" (share of purchases scoring 1).
+
+`paired_arms(run_dirs)` pairs the runs of two arms (algo.name) on their common seeds and compares
+final success and the area under the success curve per (seed, game) with
+`sdar_jax.observe.stats.paired_comparison`, from each evaluation's outcomes file (or, for runs
+written before those files existed, its transcript).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from sdar_jax.infra import paths
+from sdar_jax.observe import stats
+from sdar_jax.observe.transcripts import (
+  OUTCOMES_PREFIX,
+  TRANSCRIPT_PREFIX,
+  read_outcomes,
+  read_transcripts,
+)
+
+ALFWORLD_COLUMNS = {
+  "pick": "pick_and_place_simple",
+  "look": "look_at_obj_in_light",
+  "clean": "pick_clean_then_place_in_recep",
+  "heat": "pick_heat_then_place_in_recep",
+  "cool": "pick_cool_then_place_in_recep",
+  "pick2": "pick_two_obj_and_place",
+}
+AVERAGING = {
+  "alfworld": "avg = success rate over all episodes (not a mean of the task types)",
+  "search_qa": "avg = macro mean over the data sources (each source's rate weighs the same)",
+  "webshop": "score = mean purchase score x 100; acc = share of purchases scoring 1",
+}
+
+
+class CompareError(ValueError):
+  """A run folder that cannot be compared; the message names the fix."""
+
+
+def _read_json(path: str) -> dict[str, Any]:
+  return json.loads(paths.read_text(path))
+
+
+def read_run(run_dir: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+  """(config, metrics rows) of a run folder."""
+  config_path = paths.join(run_dir, "config.json")
+  metrics_path = paths.join(run_dir, "metrics.jsonl")
+  if not paths.exists(config_path) or not paths.exists(metrics_path):
+    raise CompareError(
+      f"{run_dir}: no config.json and metrics.jsonl. Fix: pass a run folder (the --workdir of "
+      "python -m sdar_jax.train) or an evaluation's results folder."
+    )
+  rows = [json.loads(line) for line in paths.read_text(metrics_path).splitlines() if line.strip()]
+  return _read_json(config_path), rows
+
+
+def val_prefix(config: Mapping[str, Any]) -> str:
+  """The validation a run's paper row reads: "val", or "val_with_skill" for a row that reads the
+  validation with skills of a run validated both ways (Skill-GRPO*)."""
+  reads = (config.get("paper") or {}).get("reads", "without")
+  both = config.get("eval", {}).get("skills") == "both"
+  return "val_with_skill" if reads == "with" and both else "val"
+
+
+def final_validation(rows: Sequence[Mapping[str, Any]], prefix: str = "val") -> dict[str, Any]:
+  """The last metrics row holding `<prefix>/success_rate`, or {} when there is none."""
+  for row in reversed(rows):
+    if f"{prefix}/success_rate" in row:
+      return dict(row)
+  return {}
+
+
+def our_columns(env: str, row: Mapping[str, Any], prefix: str) -> dict[str, float | None]:
+  """The run's figures (in %) under the paper's column names for `env`."""
+
+  def pct(key: str) -> float | None:
+    value = row.get(f"{prefix}/{key}")
+    return None if value is None else 100.0 * float(value)
+
+  if env == "alfworld":
+    out = {col: pct(f"{task_type}_success_rate") for col, task_type in ALFWORLD_COLUMNS.items()}
+    out["avg"] = pct("success_rate")
+    return out
+  if env == "webshop":
+    return {"score": pct("score"), "acc": pct("acc")}
+  if env == "search_qa":
+    sources = sorted(
+      k[len(prefix) + 1 : -len("_success_rate")]
+      for k in row
+      if k.startswith(f"{prefix}/")
+      and k.endswith("_success_rate")
+      and k not in (f"{prefix}/success_rate", f"{prefix}/macro_success_rate")
+    )
+    out = {source: pct(f"{source}_success_rate") for source in sources}
+    out["avg"] = pct("macro_success_rate")
+    return out
+  return {"success_rate": pct("success_rate")}
+
+
+def setup_differences(config: Mapping[str, Any]) -> list[str]:
+  """What in the run's setup differs from the paper's runs of its row, one line each."""
+  paper = config.get("paper") or {}
+  model, env, train, ev = config["model"], config["env"], config["train"], config["eval"]
+  notes = []
+  if model.get("preset") != paper.get("model"):
+    notes.append(f"model: {model.get('preset')} (the paper: {paper.get('model')})")
+  if not model.get("path"):
+    notes.append("weights: random or the built-in demo policy, not the paper's checkpoint")
+  notes.append(f"steps: {train.get('total_steps')} training iterations")
+  if not env.get("data_dir"):
+    notes.append("data: the offline generated data, not the environment's real data")
+  skills = (env.get("skills") or {}).get("dir")
+  notes.append(
+    f"skills: {skills or 'the built-in skills'} (rules {env['skills'].get('rules_version')})"
+  )
+  split, n = ev.get("split"), ev.get("num_tasks")
+  whole = "the whole split" if n is not None and int(n) < 0 else f"{n} sampled tasks"
+  notes.append(
+    f"evaluation: {split}, {whole}, temperature {config['rollout'].get('val_temperature')}"
+  )
+  return notes
+
+
+@dataclasses.dataclass
+class PaperComparison:
+  run_dir: str
+  row: str
+  env: str
+  step: int | None
+  columns: dict[str, tuple[float | None, float | None]]  # column -> (ours %, paper %)
+  differences: list[str]
+
+  def markdown(self) -> str:
+    lines = [
+      f"### {self.run_dir}: paper row {self.row!r} ({self.env}), validation at step {self.step}",
+      "",
+      AVERAGING.get(self.env, ""),
+      "",
+      "| column | ours (%) | paper (%) | ours - paper |",
+      "|---|---:|---:|---:|",
+    ]
+    for col, (ours, theirs) in self.columns.items():
+      diff = "" if ours is None or theirs is None else f"{ours - theirs:+.1f}"
+      lines.append(f"| {col} | {_fmt(ours)} | {_fmt(theirs)} | {diff} |")
+    lines += ["", "Setup (what differs from the paper's runs):"]
+    lines += [f"- {note}" for note in self.differences]
+    return "\n".join(lines)
+
+
+def _fmt(value: float | None) -> str:
+  return "n/a" if value is None else f"{value:.1f}"
+
+
+def run_vs_paper(run_dir: str) -> PaperComparison:
+  """A finished run's final validation beside its paper row's reported figures."""
+  config, rows = read_run(run_dir)
+  paper = config.get("paper")
+  env = config["env"]["name"]
+  prefix = val_prefix(config)
+  final = final_validation(rows, prefix)
+  ours = our_columns(env, final, prefix)
+  reported = (paper or {}).get("reported") or {}
+  columns = {col: (ours.get(col), reported.get(col)) for col in dict.fromkeys([*reported, *ours])}
+  return PaperComparison(
+    run_dir=run_dir,
+    row=(paper or {}).get("row", "none (not a configs/paper.py run)"),
+    env=env,
+    step=final.get("step"),
+    columns=columns,
+    differences=setup_differences(config),
+  )
+
+
+# ---------------------------------------------------------------------------- two arms, paired
+def eval_outcomes(run_dir: str, prefix: str = "val") -> dict[int, dict[int, float]]:
+  """{step: {task id: success}} of every evaluation of a run: the outcomes files, or the
+  transcripts of runs written before them."""
+  eval_root = paths.join(run_dir, "eval")
+  out: dict[int, dict[int, float]] = {}
+  if not paths.isdir(eval_root):
+    return out
+  for name in paths.listdir(eval_root):
+    if not name.startswith("step_"):
+      continue
+    step = int(name[len("step_") :])
+    folder = paths.join(eval_root, name)
+    csv_path = paths.join(folder, f"{OUTCOMES_PREFIX}{prefix}.csv")
+    jsonl_path = paths.join(folder, f"{TRANSCRIPT_PREFIX}{prefix}.jsonl")
+    if paths.exists(csv_path):
+      out[step] = {r["task_id"]: float(r["success"]) for r in read_outcomes(csv_path)}
+    elif paths.exists(jsonl_path):
+      out[step] = {
+        int(t["task_id"]): float(bool(t["won"]))
+        for t in read_transcripts(jsonl_path)
+        if t.get("env_error") is None
+      }
+  return dict(sorted(out.items()))
+
+
+@dataclasses.dataclass
+class ArmComparison:
+  arm_a: str
+  arm_b: str
+  seeds: list[int]
+  final: stats.PairedComparison
+  auc: stats.PairedComparison | None
+
+  def markdown(self) -> str:
+    lines = [
+      f"### {self.arm_a} - {self.arm_b}, paired on seeds {self.seeds}",
+      "",
+      f"- final validation success: {self.final.describe()}",
+    ]
+    if self.auc is not None:
+      lines.append(f"- area under the success curve: {self.auc.describe()}")
+    return "\n".join(lines)
+
+
+def paired_arms(
+  run_dirs: Sequence[str],
+  resamples: int = stats.RESAMPLES,
+  rng_seed: int = stats.RNG_SEED,
+) -> ArmComparison | None:
+  """The two arms (algo.name) among `run_dirs` compared on their common seeds (A minus B, A the
+  arm of the first run given), or None unless there are exactly two arms with a seed in common. Games are those every run evaluated at its
+  final step (and, for the AUC, at every evaluation step the runs share)."""
+  by_arm: dict[str, dict[int, dict[int, dict[int, float]]]] = {}
+  for run_dir in run_dirs:
+    config, _ = read_run(run_dir)
+    arm = str(config["algo"].get("name", "?"))
+    by_arm.setdefault(arm, {})[int(config["train"]["seed"])] = eval_outcomes(run_dir)
+  if len(by_arm) != 2:
+    return None
+  (arm_a, runs_a), (arm_b, runs_b) = by_arm.items()  # A: the arm of the first run given
+  seeds = sorted(s for s in set(runs_a) & set(runs_b) if runs_a[s] and runs_b[s])
+  if not seeds:
+    return None
+  steps = sorted(set.intersection(*(set(r[s]) for r in (runs_a, runs_b) for s in seeds)))
+  if not steps:
+    raise CompareError(
+      f"arms {arm_a!r} and {arm_b!r} share no evaluation step on seeds {seeds}. Fix: compare "
+      "runs with the same train.eval_every and total_steps."
+    )
+  games = sorted(
+    set.intersection(*(set(r[s][step]) for r in (runs_a, runs_b) for s in seeds for step in steps))
+  )
+  if not games:
+    raise CompareError(
+      "the runs share no validation game. Fix: compare runs with the same eval.seed and "
+      "eval.num_tasks (the same validation draw)."
+    )
+
+  def grid(runs, step):
+    return np.array([[runs[s][step][g] for g in games] for s in seeds])
+
+  final = stats.paired_comparison(
+    grid(runs_a, steps[-1]), grid(runs_b, steps[-1]), resamples, rng_seed
+  )
+  auc = None
+  if len(steps) >= 2:
+    curves_a = np.stack([grid(runs_a, step) for step in steps], axis=1)  # [seeds, steps, games]
+    curves_b = np.stack([grid(runs_b, step) for step in steps], axis=1)
+    auc = stats.paired_comparison(
+      stats.per_game_auc(steps, curves_a),
+      stats.per_game_auc(steps, curves_b),
+      resamples,
+      rng_seed,
+    )
+  return ArmComparison(arm_a, arm_b, seeds, final, auc)
+
+
+def compare_runs(run_dirs: Sequence[str], **kwargs: Any) -> str:
+  """The whole report as markdown: each run beside its paper row, then the paired arms."""
+  missing = [d for d in run_dirs if not os.path.isdir(d) and not paths.is_remote(d)]
+  if missing:
+    raise CompareError(f"no such run folder(s): {missing}. Fix: pass existing run folders.")
+  parts = [run_vs_paper(d).markdown() for d in run_dirs]
+  arms = paired_arms(run_dirs, **kwargs)
+  if arms is not None:
+    parts.append(arms.markdown())
+  return "\n\n".join(parts) + "\n"

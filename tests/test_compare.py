@@ -1,0 +1,102 @@
+"""`python -m sdar_jax.compare` on run folders written here in the trainer's formats: a run beside
+its paper row under each environment's averaging rule, and two arms paired on their seeds."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from sdar_jax.observe import compare, stats
+from sdar_jax.observe.transcripts import write_outcomes
+from sdar_jax.rollout.trajectory import Episode
+
+
+def _write_run(root, name, *, env="alfworld", arm="sdar", seed=0, rows=(), paper=None, evals=None):
+  run = os.path.join(root, name)
+  os.makedirs(run)
+  config = {
+    "model": {"preset": "tiny", "path": None},
+    "env": {"name": env, "data_dir": None, "skills": {"dir": None, "rules_version": "pre_fix"}},
+    "train": {"seed": seed, "total_steps": 16},
+    "eval": {"split": "valid_seen", "num_tasks": 64, "skills": "without"},
+    "rollout": {"val_temperature": 0.4},
+    "algo": {"name": arm},
+  }
+  if paper is not None:
+    config["paper"] = paper
+  with open(os.path.join(run, "config.json"), "w") as f:
+    json.dump(config, f)
+  with open(os.path.join(run, "metrics.jsonl"), "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in rows)
+  for step, outcomes in (evals or {}).items():
+    episodes = [Episode(k, task_id=k, group_id=k, won=bool(w)) for k, w in enumerate(outcomes)]
+    out = os.path.join(run, "eval", f"step_{step}")
+    write_outcomes(out, "val", episodes, arm=arm, seed=seed, step=step, split="valid_seen")
+  return run
+
+
+def test_search_qa_run_beside_its_paper_row_uses_the_macro_mean(tmp_path):
+  reported = {"nq": 40.0, "hotpotqa": 30.0, "avg": 35.0}
+  row = {"step": 16, "val/success_rate": 0.5, "val/macro_success_rate": 0.45}
+  row |= {"val/nq_success_rate": 0.6, "val/hotpotqa_success_rate": 0.3}
+  paper = {"row": "sdar", "model": "qwen2.5-3b", "env": "search_qa", "reads": "without"}
+  run = _write_run(
+    str(tmp_path),
+    "run",
+    env="search_qa",
+    rows=[{"step": 0}, row],
+    paper={**paper, "reported": reported},
+  )
+  result = compare.run_vs_paper(run)
+  assert result.step == 16 and result.row == "sdar"
+  assert result.columns["avg"] == pytest.approx((45.0, 35.0))  # the macro mean, not 50
+  assert result.columns["nq"] == pytest.approx((60.0, 40.0))
+  text = result.markdown()
+  assert "| avg | 45.0 | 35.0 | +10.0 |" in text and "macro mean" in text
+  assert any(line.startswith("model: tiny (the paper: qwen2.5-3b)") for line in result.differences)
+
+
+def test_alfworld_avg_is_the_overall_rate_and_a_run_without_a_paper_row_still_shows():
+  row = {"step": 8, "val/success_rate": 0.25, "val/pick_and_place_simple_success_rate": 0.5}
+  assert compare.our_columns("alfworld", row, "val")["avg"] == 25.0
+  assert compare.our_columns("alfworld", row, "val")["pick"] == 50.0
+  assert compare.our_columns("alfworld", row, "val")["heat"] is None
+
+
+def test_two_arms_are_paired_on_seeds_and_games(tmp_path):
+  """Arm "sdar" beats "grpo" on game 0 of both seeds at the final step, loses game 3 of seed 1,
+  ties elsewhere: 2 wins, 1 loss; the difference is (2 - 1) / 8."""
+  root = str(tmp_path)
+  runs = [
+    _write_run(root, "a0", arm="sdar", seed=0, evals={0: [0, 0, 1, 1], 8: [1, 0, 1, 1]}),
+    _write_run(root, "a1", arm="sdar", seed=1, evals={0: [0, 0, 1, 1], 8: [1, 1, 0, 0]}),
+    _write_run(root, "b0", arm="grpo", seed=0, evals={0: [0, 0, 1, 1], 8: [0, 0, 1, 1]}),
+    _write_run(root, "b1", arm="grpo", seed=1, evals={0: [0, 0, 1, 1], 8: [0, 1, 0, 1]}),
+  ]
+  result = compare.paired_arms(runs, resamples=2000, rng_seed=3)
+  assert (result.arm_a, result.arm_b, result.seeds) == ("sdar", "grpo", [0, 1])
+  final = result.final  # sdar - grpo: the arm of the first run given first
+  assert (final.wins, final.losses, final.ties) == (2, 1, 5)
+  assert final.difference == pytest.approx(1 / 8)
+  assert final.sign_p == pytest.approx(1.0)
+  assert final.ci_low <= final.difference <= final.ci_high
+  # AUC over steps 0 and 8: each game's (first + last) / 2; differences only where final differs.
+  assert result.auc.difference == pytest.approx(1 / 16)
+  want = stats.paired_comparison(
+    np.array([[1, 0, 1, 1], [1, 1, 0, 0]]), np.array([[0, 0, 1, 1], [0, 1, 0, 1]]), 2000, 3
+  )
+  assert final == want
+  assert "95% CI" in compare.compare_runs(runs, resamples=200)
+
+
+def test_cli_refuses_a_missing_folder_naming_the_fix(tmp_path, capsys):
+  from sdar_jax.compare import main
+
+  assert main([str(tmp_path / "nowhere")]) == 2
+  assert "Fix: pass existing run folders" in capsys.readouterr().err
+  os.makedirs(tmp_path / "empty")
+  assert main([str(tmp_path / "empty")]) == 2
+  assert "no config.json and metrics.jsonl" in capsys.readouterr().err
