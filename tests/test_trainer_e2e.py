@@ -43,12 +43,11 @@ def _rows(workdir):
 
 
 def test_train_checkpoint_export_resume(tmp_path, monkeypatch):
+  from configs import paper
+  from envs.skills import skills_dir
   from sdar_jax import trainer
   from sdar_jax.checkpoint import CheckpointManager
   from sdar_jax.config_validation import validate
-
-  from configs import paper
-  from envs.skills import skills_dir
 
   with open(os.path.join(skills_dir("alfworld_brief"), "general_skills.md")) as f:
     skills = write_skills_folder(tmp_path / "skills", "authors", general=f.read())

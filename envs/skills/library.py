@@ -120,7 +120,7 @@ class SkillLibrary:
     with open(mapping_path) as f:
       mapping = json.load(f)
     if not isinstance(mapping.get("skill_files"), dict):
-      raise ValueError(
+      raise ValueError(  # noqa: TRY004 (a bad file's content, not a bad argument type)
         f"{mapping_path} has no 'skill_files' object (skill name -> Markdown file). Fix: add "
         '"skill_files": {"general_skills": "general_skills.md", ...}'
       )

@@ -276,10 +276,8 @@ def check_teacher_blocks(retriever: SkillRetriever, task_keys: Any, max_listed: 
     return
   library = retriever.library
   folder = library.folder or "the in-memory skill library"
-  missing = [
-    f"skill_mapping.json's skill_files has no general file (key {GENERAL_KEYS[0]!r} or "
-    f"{GENERAL_KEYS[1]!r})"
-  ]
+  general_keys = f"{GENERAL_KEYS[0]!r} or {GENERAL_KEYS[1]!r}"
+  missing = [f"skill_mapping.json's skill_files has no general file (key {general_keys})"]
   if retriever.rules_version == "post_fix":
     missing.append("and task_to_skill has no key contained in these task names")
   listed = ", ".join(repr(k) for k in empty[:max_listed]) + (
