@@ -208,6 +208,9 @@ def _env(
       num_workers=8,  # env processes
       seed=0,
       skills=_skills(),
+      # a template file for the per-turn prompt (envs/prompt_template.py), e.g. the authors' text;
+      # None: the environment's built-in prompts
+      prompt_template=config_dict.placeholder(str),
       offline=mlc.ConfigDict(dict(num_train=50, num_eval=24, seed=0)),
     )
   )

@@ -228,6 +228,9 @@ def build_agent_loops(
     "enable_thinking": config.model.enable_thinking,
     "overlap": rollout.get("overlap", "off"),
   }
+  from envs.prompt_template import apply_prompt_template  # env.prompt_template: the prompts' text
+
+  apply_prompt_template(env.get("prompt_template"), common["adapter"], common["retriever"])
   if common["retriever"] is not None:  # refuse skills that would leave a teacher block empty
     from envs.skills.retrieval import check_teacher_blocks
 

@@ -18,6 +18,9 @@ class SearchQAAdapter:
   "for", so compare.md is never chosen, as in the reference.
   """
 
+  # (first-turn, later-turn) template text from env.prompt_template; None: the built-in prompts
+  templates: tuple[str, str] | None = None
+
   def user_text(self, view: EpisodeView, history_length: int) -> str:
     return build_prompt(
       view.task,
@@ -25,6 +28,7 @@ class SearchQAAdapter:
       view.observation,
       step=len(view.history),
       history_length=history_length,
+      templates=self.templates,
     )
 
   def project(self, text: str) -> tuple[str, bool]:

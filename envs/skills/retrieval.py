@@ -94,6 +94,7 @@ class SkillRetriever:
     self._items = self.library.all_items()
     self._rng = random.Random(seed)
     self._bm25: Any = None
+    self.header = BLOCK_HEADER  # the block's first line (env.prompt_template's [[skill_header]])
 
   # -- strategies ----------------------------------------------------------------------------
 
@@ -210,7 +211,7 @@ class SkillRetriever:
       return self.privileged_block(
         task_type=task_type, gamefile=gamefile, query=query, sample_id=sample_id, task=task
       )
-    return _as_block(self._cut_places(self.keyword_skill_text(prompt_text), task))
+    return _as_block(self._cut_places(self.keyword_skill_text(prompt_text), task), self.header)
 
   def privileged_block(
     self,
@@ -224,13 +225,14 @@ class SkillRetriever:
     return _as_block(
       self.skill_text(
         task_type=task_type, gamefile=gamefile, query=query, sample_id=sample_id, task=task
-      )
+      ),
+      self.header,
     )
 
 
-def _as_block(skill_text: str) -> str:
+def _as_block(skill_text: str, header: str = BLOCK_HEADER) -> str:
   """`skill_text` under the block header, followed by a blank line ("" for no skill text)."""
-  return f"{BLOCK_HEADER}{skill_text}\n\n" if skill_text else ""
+  return f"{header}{skill_text}\n\n" if skill_text else ""
 
 
 def skills_section_problems(section: Any) -> list[str]:

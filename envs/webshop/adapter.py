@@ -17,6 +17,9 @@ class WebShopAdapter:
   reads the whole prompt text, not the instruction alone (docs/reference.md §3.2).
   """
 
+  # (first-turn, later-turn) template text from env.prompt_template; None: the built-in prompts
+  templates: tuple[str, str] | None = None
+
   def user_text(self, view: EpisodeView, history_length: int) -> str:
     # The instruction as the page shows it (a stripped text node), so the observation formatter
     # finds it among the page's fields.
@@ -27,6 +30,7 @@ class WebShopAdapter:
       view.admissible,
       step=len(view.history),
       history_length=history_length,
+      templates=self.templates,
     )
 
   def project(self, text: str) -> tuple[str, bool]:
