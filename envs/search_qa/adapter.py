@@ -1,5 +1,6 @@
 """The Search-QA adapter of the agent loop: its user message, action projection and skill query
-(verl-agent's search prompt structure in our wording, and its projection, docs/reference.md §5.2, §8.2)."""
+(verl-agent's search prompt structure in our wording, and its projection, docs/reference.md
+§5.2, §8.2)."""
 
 from __future__ import annotations
 

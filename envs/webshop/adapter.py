@@ -1,5 +1,6 @@
 """The WebShop adapter of the agent loop: its user message, action projection and skill query
-(verl-agent's WebShop prompt structure in our wording, and its projection, docs/reference.md §4.2-4.3)."""
+(verl-agent's WebShop prompt structure in our wording, and its projection, docs/reference.md
+§4.2-4.3)."""
 
 from __future__ import annotations
 
