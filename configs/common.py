@@ -208,6 +208,9 @@ def _env(
       num_workers=8,  # env processes
       seed=0,
       skills=_skills(),
+      # a template file for the per-turn prompt (envs/prompt_template.py), e.g. the authors' text;
+      # None: the environment's built-in prompts
+      prompt_template=config_dict.placeholder(str),
       offline=mlc.ConfigDict(dict(num_train=50, num_eval=24, seed=0)),
     )
   )
@@ -340,14 +343,16 @@ def local_overrides(env: str) -> dict[str, Any]:
 
 
 def gate_sweep() -> list[dict[str, Any]]:
-  """β x λ x gate grid around the SDAR defaults (β 5, λ 0.01, gap gate): 4 x 3 x 4 = 48 runs
-  (the paper's literal entropy_paper / soft_or_paper gates are left out)."""
-  return [
+  """β x λ x gate grid around the SDAR defaults (β 5, λ 0.01, gap gate): the three β-dependent
+  gates at 4 β x 3 λ, the constant gate (which ignores β) at each λ once: 36 + 3 = 39 runs (the
+  paper's literal entropy_paper / soft_or_paper gates and the ln V "_lnv" gates are left out)."""
+  grid = [
     {"algo.beta": b, "algo.lam": lam, "algo.gate": g}
     for b in (1.0, 2.5, 5.0, 10.0)
     for lam in (0.001, 0.01, 0.1)
-    for g in ("gap", "entropy", "soft_or", "constant")
+    for g in ("gap", "entropy", "soft_or")
   ]
+  return grid + [{"algo.lam": lam, "algo.gate": "constant"} for lam in (0.001, 0.01, 0.1)]
 
 
 def finalize(config: mlc.ConfigDict) -> mlc.ConfigDict:

@@ -1,7 +1,7 @@
 r"""Expands a config file's `sweep()` into training runs: prints the commands, or runs them;
 `collect` merges the runs of a sweep into one table and plots.
 
-  python launch/sweep.py --config=configs/alfworld.py:local=True                 # print 48 commands
+  python launch/sweep.py --config=configs/alfworld.py:local=True                 # print 39 commands
   python launch/sweep.py --config=configs/alfworld.py:local=True --only algo.gate=gap --run
   python launch/sweep.py --config=configs/paper.py --rows --only env=alfworld    # paper table rows
   python launch/sweep.py collect --root=runs/sweep [--out=DIR]                  # table + plots
@@ -11,7 +11,10 @@ r"""Expands a config file's `sweep()` into training runs: prints the commands, o
 
 Each sweep point is a dict of dotted config keys ({"algo.beta": 2.5, ...}) turned into
 `--config.<key>=<value>` overrides of `python -m sdar_jax.train`, with its own workdir
-`<root>/<key=value,...>`. `--run` executes them one after another on this machine, each one's
+`<root>/<key=value,...>`. A key the point's other settings make inert is dropped and repeated
+points are run once (`distinct_points`): β with a gate that ignores it (the constant gate), gate,
+β and form when the distillation term is off (algo.distill "none", or λ = 0) or is Skill-SD's
+(which has no gate). `--run` executes them one after another on this machine, each one's
 output in `<workdir>/train.log`, its attempts and wall time in `<workdir>/run_status.json`; a
 finished run (run_status.json says so, or its metrics reached train.total_steps) is skipped, an
 interrupted one resumes from its latest checkpoint; the sweep is collected at the end.
@@ -42,7 +45,10 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO not in sys.path:
   sys.path.insert(0, _REPO)
 
-from sdar_jax.observe import collect  # noqa: E402 (after the sys.path line)
+from sdar_jax.algos import BETA_FREE_GATES  # noqa: E402 (after the sys.path line)
+from sdar_jax.observe import collect  # noqa: E402
+
+_GATE_KEYS = ("algo.gate", "algo.beta", "algo.form")
 
 
 def _module(path: str):
@@ -59,6 +65,40 @@ def _matches(point: dict, only: list[str]) -> bool:
     if str(point.get(key)) != value:
       return False
   return True
+
+
+def inert_keys(point: dict, base=None) -> set[str]:
+  """The keys of sweep point `point` that change nothing given its other settings (or, for a
+  setting the point leaves out, the config `base`'s value)."""
+
+  def value(key: str):
+    if key in point:
+      return point[key]
+    try:
+      return base[key.split(".")[0]][key.split(".", 1)[1]] if base is not None else None
+    except (KeyError, AttributeError):
+      return None
+
+  inert = set()
+  lam = value("algo.lam")
+  if value("algo.distill") in ("none", "skill_sd") or (lam is not None and float(lam) == 0.0):
+    inert.update(_GATE_KEYS)  # no gated term: gate, β and form are never read
+  elif value("algo.gate") in BETA_FREE_GATES:
+    inert.add("algo.beta")
+  return inert & set(point)
+
+
+def distinct_points(points: list[dict], base=None) -> list[dict]:
+  """`points` without their inert keys (`inert_keys`), each distinct run once, in order."""
+  out, seen = [], set()
+  for point in points:
+    inert = inert_keys(point, base)
+    kept = {k: v for k, v in point.items() if k not in inert}
+    key = tuple(sorted((k, str(v)) for k, v in kept.items()))
+    if key not in seen:
+      seen.add(key)
+      out.append(kept)
+  return out
 
 
 def commands(
@@ -92,7 +132,14 @@ def commands(
     return out
   if not hasattr(module, "sweep"):
     raise SystemExit(f"{path} has no sweep() function.")
-  for point in module.sweep():
+  # the config the points override: a setting a point leaves out (e.g. its algo preset's gate)
+  # decides what is inert as well
+  base = (
+    (module.get_config(arg) if arg else module.get_config())
+    if hasattr(module, "get_config")
+    else None
+  )
+  for point in distinct_points(module.sweep(), base):
     if not _matches(point, only):
       continue
     name = ",".join(f"{k.split('.')[-1]}={v}" for k, v in point.items())

@@ -257,3 +257,49 @@ def tiny_run_config(total_steps: int, algo: str = "sdar", **overrides):
     "train.total_steps": total_steps,
   }
   return common.override(config, {**tiny, **overrides})
+
+
+# A two-file skills folder in either mapping layout (texts written for the tests): the authors'
+# layout names the general file "general_skills" and keys task_keywords by task type; ours names
+# it "general" and keys task_keywords by skill.
+TEST_GENERAL_SKILLS = (
+  "### GENERAL SKILLS ###\n"
+  "Habits that help in any household task.\n"
+  "\n"
+  "1. Read the goal twice: Name the object and the place it must end in before moving. Apply "
+  "this when a new task begins.\n"
+  "2. Check each receptacle once: Open closed containers you pass and remember what they hold. "
+  "Apply this when the object is not yet in sight.\n"
+)
+TEST_HEAT_SKILLS = (
+  "### TASK: heat ###\n"
+  "Warming an object before placing it.\n"
+  "\n"
+  "1. Carry it to the microwave: Hold the object, go to the microwave and heat it there. Apply "
+  "this when the goal asks for a hot object.\n"
+)
+TEST_HEAT_GAME = "pick_heat_then_place_in_recep-Egg-None-Fridge-5"
+
+
+def write_skills_folder(directory, layout: str = "authors", general: str | None = None) -> str:
+  """Writes the test skills (`general`: the general file's text, default TEST_GENERAL_SKILLS)
+  into `directory` in `layout` "authors" or "ours"; returns the directory."""
+  import json
+
+  os.makedirs(directory, exist_ok=True)
+  general_key = {"authors": "general_skills", "ours": "general"}[layout]
+  keyword_key = {"authors": "pick_heat_then_place_in_recep", "ours": "heat"}[layout]
+  mapping = {
+    "skill_files": {general_key: "general_skills.md", "heat": "heat.md"},
+    "task_to_skill": {"pick_heat_then_place_in_recep": "heat"},
+    "task_keywords": {keyword_key: ["hot", "heat"]},
+  }
+  with open(os.path.join(directory, "skill_mapping.json"), "w") as f:
+    json.dump(mapping, f, indent=2)
+  for name, text in (
+    ("general_skills.md", general or TEST_GENERAL_SKILLS),
+    ("heat.md", TEST_HEAT_SKILLS),
+  ):
+    with open(os.path.join(directory, name), "w") as f:
+      f.write(text)
+  return str(directory)

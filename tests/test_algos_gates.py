@@ -13,17 +13,19 @@ import pytest
 from sdar_jax.algos import GATES, compute_gate, get_preset
 
 QWEN_V = 151936  # the Qwen embedding rows: the number of logits the entropy is taken over
+DEMO_V = 1664  # the offline demo's compact tokenizer
 SMALL_V = 16
 BETAS = [0.5, 2.5, 5.0, 10.0]
-SOUND = ["gap", "entropy", "soft_or", "constant"]
+SOUND = ["gap", "entropy", "soft_or", "constant", "entropy_lnv", "soft_or_lnv"]
 # Float32 sigmoids may wobble by an ulp between neighbouring inputs; monotonicity is asserted
 # up to this much (a real violation, like the paper's soft-OR, is orders of magnitude larger).
 ULP_SLACK = 1e-6
 
 
-def grid(vocab_size: int, n_h: int = 121, n_gap: int = 121):
-  """Entropies [n_h, 1] from 0 to ln V and gaps [1, n_gap] from -10 to 2."""
-  h = np.linspace(0.0, math.log(vocab_size), n_h, dtype=np.float32)[:, None]
+def grid(vocab_size: int, n_h: int = 121, n_gap: int = 121, h_max: float | None = None):
+  """Entropies [n_h, 1] from 0 to ln V (or `h_max`, if lower) and gaps [1, n_gap] from -10 to 2."""
+  top = math.log(vocab_size) if h_max is None else min(h_max, math.log(vocab_size))
+  h = np.linspace(0.0, top, n_h, dtype=np.float32)[:, None]
   gap = np.linspace(-10.0, 2.0, n_gap, dtype=np.float32)[None, :]
   return h, gap
 
@@ -43,50 +45,56 @@ def test_every_gate_lies_in_the_unit_interval(name, beta, vocab_size):
   assert np.all(np.isfinite(g)) and g.min() >= 0.0 and g.max() <= 1.0
 
 
+@pytest.mark.parametrize("name", ["entropy", "entropy_lnv"])
 @pytest.mark.parametrize("vocab_size", [QWEN_V, SMALL_V])
 @pytest.mark.parametrize("beta", BETAS)
-def test_entropy_gate_rises_with_entropy_and_ignores_the_gap(beta, vocab_size):
+def test_entropy_gate_rises_with_entropy_and_ignores_the_gap(beta, vocab_size, name):
   h, gap = grid(vocab_size)
-  g = gate("entropy", beta, h, gap, vocab_size)
+  g = gate(name, beta, h, gap, vocab_size)
   assert np.all(np.diff(g, axis=0) >= -ULP_SLACK)
   assert g[-1, 0] - g[0, 0] > 0.2  # it really rises, it is not flat
   np.testing.assert_array_equal(g, np.repeat(g[:, :1], g.shape[1], axis=1))
 
 
+@pytest.mark.parametrize("soft, ent", [("soft_or", "entropy"), ("soft_or_lnv", "entropy_lnv")])
 @pytest.mark.parametrize("vocab_size", [QWEN_V, SMALL_V])
 @pytest.mark.parametrize("beta", BETAS)
-def test_soft_or_rises_with_the_gap_for_every_entropy_and_with_the_entropy(beta, vocab_size):
+def test_soft_or_rises_with_the_gap_for_every_entropy_and_with_the_entropy(
+  beta, vocab_size, soft, ent
+):
   h, gap = grid(vocab_size)
-  g = gate("soft_or", beta, h, gap, vocab_size)
+  g = gate(soft, beta, h, gap, vocab_size)
   assert np.all(np.diff(g, axis=1) >= -ULP_SLACK)  # along Δ, at every entropy
   assert np.all(np.diff(g, axis=0) >= -ULP_SLACK)  # along h, at every gap
   # an OR: at least as open as either of its two parts
   assert np.all(g >= gate("gap", beta, h, gap, vocab_size) - ULP_SLACK)
-  assert np.all(g >= gate("entropy", beta, h, gap, vocab_size) - ULP_SLACK)
+  assert np.all(g >= gate(ent, beta, h, gap, vocab_size) - ULP_SLACK)
 
 
 @pytest.mark.parametrize("vocab_size", [QWEN_V, SMALL_V])
-def test_sound_gates_close_and_open_on_realistic_inputs(vocab_size):
-  h, gap = grid(vocab_size)
-  ent = gate("entropy", 5.0, h, gap, vocab_size)
+@pytest.mark.parametrize("soft, ent", [("soft_or", "entropy"), ("soft_or_lnv", "entropy_lnv")])
+def test_sound_gates_close_and_open_on_realistic_inputs(vocab_size, soft, ent):
+  # an LLM token's entropy is mostly below 4 nats; the ln V gates need the whole [0, ln V]
+  h, gap = grid(vocab_size, h_max=None if soft.endswith("_lnv") else 4.0)
+  ent = gate(ent, 5.0, h, gap, vocab_size)
   assert ent[0, 0] < 0.3 and ent[-1, 0] > 0.7  # a certain student closes it, an unsure opens
-  soft = gate("soft_or", 5.0, h, gap, vocab_size)
+  soft = gate(soft, 5.0, h, gap, vocab_size)
   assert soft[0, 0] < 0.3  # teacher rejects (Δ = -10) a token the student is sure of (h = 0)
   assert soft[0, -1] > 0.7  # teacher endorses (Δ = 2), student sure
   assert soft[-1, 0] > 0.7  # teacher rejects, student maximally unsure
-  assert (soft < 0.3).mean() > 0.2 and (soft > 0.7).mean() > 0.05  # not just at the corners
+  assert (soft < 0.3).mean() > 0.1 and (soft > 0.7).mean() > 0.05  # not just at the corners
   g = gate("gap", 5.0, h, gap, vocab_size)
   assert g.min() < 0.3 and g.max() > 0.7
 
 
-def test_new_gates_at_hand_worked_points():
+def test_lnv_gates_at_hand_worked_points():
   log_v = math.log(QWEN_V)
   h = np.asarray([0.0, log_v / 2, log_v, 0.3 * log_v], np.float32)
-  ent = compute_gate("entropy", beta=5.0, gap=np.zeros(4), entropy=h, vocab_size=QWEN_V)
+  ent = compute_gate("entropy_lnv", beta=5.0, gap=np.zeros(4), entropy=h, vocab_size=QWEN_V)
   # σ(-5), σ(0), σ(5), σ(-2)
   np.testing.assert_allclose(ent, [0.0066928509, 0.5, 0.9933071491, 0.1192029220], rtol=1e-5)
   soft = compute_gate(
-    "soft_or",
+    "soft_or_lnv",
     beta=5.0,
     gap=np.asarray([-10.0, 0.0, -10.0, -1.0], np.float32),
     entropy=h,
@@ -98,15 +106,38 @@ def test_new_gates_at_hand_worked_points():
   )
 
 
+@pytest.mark.parametrize("vocab_size", [QWEN_V, DEMO_V])
+@pytest.mark.parametrize("name", ["entropy", "soft_or"])
+def test_entropy_gates_close_for_confident_and_open_for_hesitant_tokens_at_any_vocab(
+  name, vocab_size
+):
+  """β = 5, the teacher rejecting the token (Δ = -5 or -1; soft_or is open whenever the teacher
+  endorses it): a confident token (h <= 0.05 nat) closes the gate, and the student's entropy
+  alone opens it (> 0.7) at some h <= 4 nats, whatever the vocabulary; the gate rises with h.
+  The "_lnv" gates (entropy over ln V) never open below 4 nats at Qwen's size."""
+  h = np.linspace(0.0, 4.0, 401, dtype=np.float32)[:, None]  # 0.01 nat steps
+  gap = np.asarray([[-5.0, -1.0]], np.float32)
+  g = gate(name, 5.0, h, gap, vocab_size)
+  confident = h[:, 0] <= 0.05
+  assert confident.sum() == 6 and g[confident].max() < 0.3
+  assert g[:, 0].max() > 0.7 and g[:, 1].max() > 0.7
+  assert np.all(np.diff(g, axis=0) >= -ULP_SLACK)
+  # the same gate at both sizes: nothing in it depends on V
+  np.testing.assert_array_equal(g, gate(name, 5.0, h, gap, QWEN_V + DEMO_V - vocab_size))
+  old = gate(name + "_lnv", 5.0, h, gap, QWEN_V)
+  assert old.max() < 0.7  # the ln V gate stays closed up to 4 nats at Qwen's size
+
+
 def test_beta_zero_flattens_the_entropy_gates():
   h, gap = grid(QWEN_V, 11, 11)
-  np.testing.assert_array_equal(gate("entropy", 0.0, h, gap, QWEN_V), 0.5)
-  np.testing.assert_allclose(gate("soft_or", 0.0, h, gap, QWEN_V), 0.75, rtol=1e-7)
+  for suffix in ("", "_lnv"):
+    np.testing.assert_array_equal(gate("entropy" + suffix, 0.0, h, gap, QWEN_V), 0.5)
+    np.testing.assert_allclose(gate("soft_or" + suffix, 0.0, h, gap, QWEN_V), 0.75, rtol=1e-7)
 
 
 def test_entropy_above_ln_v_from_rounding_stays_in_range():
   h = np.asarray([-1e-6, math.log(SMALL_V) * (1 + 1e-6), 50.0], np.float32)
-  for name in ("entropy", "soft_or"):
+  for name in ("entropy", "soft_or", "entropy_lnv", "soft_or_lnv"):
     g = np.asarray(compute_gate(name, beta=5.0, gap=np.zeros(3), entropy=h, vocab_size=SMALL_V))
     assert np.all((g >= 0) & (g <= 1))
 

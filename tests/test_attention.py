@@ -349,9 +349,9 @@ def test_sampler_logprobs_xla_equal_chunked(family_params):
   prompts = [rng.integers(1, 256, size=n).tolist() for n in (19, 4, 11, 1)]
   sampling = SamplingParams(max_new_tokens=10, temperature=1.0, stop_token_ids=())
   results = {}
-  for attention in ("xla", "chunked"):
-    sampler = Sampler(_model(family, attention), max_prompt_len=32)
-    results[attention] = sampler.generate(params, prompts, sampling, jax.random.key(5))
+  for implementation in ("xla", "chunked"):
+    sampler = Sampler(_model(family, implementation), max_prompt_len=32)
+    results[implementation] = sampler.generate(params, prompts, sampling, jax.random.key(5))
   xla, chunked = results["xla"], results["chunked"]
   assert chunked.tokens == xla.tokens
   # A log-prob is logit - logsumexp: a few eps of the largest logit.

@@ -508,9 +508,16 @@ def test_envs_without_a_family_are_refused_at_validation(monkeypatch):
 @pytest.mark.parametrize("module", [alfworld, webshop, search_qa])
 def test_sweeps_apply_and_validate(module):
   points = module.sweep()
-  assert len(points) == 48 and len({tuple(sorted(p.items())) for p in points}) == 48
-  # every gate but the paper's literal formulas (kept for comparison: sdar_jax.algos.gates)
-  assert {p["algo.gate"] for p in points} == set(GATES.names()) - {"entropy_paper", "soft_or_paper"}
+  # 3 β-dependent gates x 4 β x 3 λ, and the constant gate (no β) x 3 λ
+  assert len(points) == 39 and len({tuple(sorted(p.items())) for p in points}) == 39
+  # every gate but the paper's literal formulas and the earlier ln V versions (kept for
+  # comparison: sdar_jax.algos.gates)
+  assert {p["algo.gate"] for p in points} == set(GATES.names()) - {
+    "entropy_paper",
+    "soft_or_paper",
+    "entropy_lnv",
+    "soft_or_lnv",
+  }
   for point in points[::7]:
     _validate_as_far_as_possible(common.override(module.get_config("local=True"), point))
 

@@ -93,8 +93,8 @@ def test_webshop_adapter_prompt_projection_and_skill_query():
   env = envs.make("webshop", split="test")
   observation, info = env.reset(task=0)
   text = adapter.user_text(_view(observation, info), history_length=2)
-  assert f"Your task is to: {info['task'].strip()}.\n" in text
-  assert "Your current observation is: 'Search'.\n" in text
+  assert f"The customer's request: {info['task'].strip()}.\n" in text
+  assert "The page you see now: 'Search'.\n" in text
   assert "'search[<your query>]',\n'click[search]',\n" in text
   assert adapter.project("<think>x</think><action>click[Buy Now]</action>") == (
     "click[buy now]",
@@ -186,8 +186,8 @@ def test_search_qa_adapter_shows_the_history_records():
   question, info = env.reset(task=0)
   view = _view(question, info)
   assert adapter.user_text(view, 4).startswith(
-    f"\nYou are an expert agent tasked with answering the given question step-by-step.\n"
-    f"Your question: {question}\n\nNow it's your turn"
+    "You answer questions by reasoning step by step, looking facts up with a search engine when "
+    f"you need them.\nQuestion: {question}\n\nRespond for this step."
   )
   action, valid = adapter.project("<think>a</think><search>who</search><answer>x</answer>")
   assert (action, valid) == ("<search>who</search>", False)  # both tags: invalid

@@ -120,3 +120,66 @@ def test_missing_action_tags_send_the_last_30_characters():
 def test_project_actions_batches():
   actions, valid = project_actions(["<think>a</think><action>look</action>", "oops"])
   assert actions == ["look", "oops"] and valid == [True, False]
+
+
+# ----------------------------------------------------------------------- env.prompt_template
+# A template file in the authors' placeholder format (str.format names), in our own words.
+TEMPLATE_FILE = """\
+[[first_turn]]
+Household robot here. Now I see: {current_observation}
+Allowed: [{admissible_actions}]
+Think in <think> </think>, act in <action> </action>.
+[[later_turns]]
+Goal: {task_description}. Steps done: {step_count}; last {history_length}:
+{action_history}
+Step {current_step}, I see: {current_observation}
+Allowed: [{admissible_actions}]
+Think in <think> </think>, act in <action> </action>.
+[[skill_header]]
+== Hints ==
+"""
+
+
+def test_prompt_template_file_replaces_the_wording_not_the_formats(tmp_path):
+  from envs.alfworld import AlfworldAdapter
+  from envs.base import EpisodeView
+  from envs.prompt_template import apply_prompt_template
+  from envs.skills import SkillRetriever
+
+  path = tmp_path / "alfworld.txt"
+  path.write_text(TEMPLATE_FILE)
+  adapter, retriever = AlfworldAdapter(), SkillRetriever("alfworld_brief")
+  apply_prompt_template(str(path), adapter, retriever)
+  history = [(FIRST_OBS, "go to fridge 1"), ("You arrive at fridge 1.", "open fridge 1")]
+  view = EpisodeView(
+    task="put a hot apple in cabinet.",
+    task_type="pick_heat_then_place_in_recep",
+    gamefile="",
+    history=history,
+    observation="You open the fridge 1.",
+    admissible=["take apple 1 from fridge 1", "help"],
+  )
+  assert adapter.user_text(view, 1) == (
+    "Goal: put a hot apple in cabinet.. Steps done: 2; last 1:\n"
+    "[Observation 2: 'You arrive at fridge 1.', Action 2: 'open fridge 1']\n"
+    "Step 3, I see: You open the fridge 1.\n"
+    "Allowed: ['take apple 1 from fridge 1']\n"
+    "Think in <think> </think>, act in <action> </action>.\n"
+  )
+  first = EpisodeView(**{**view.__dict__, "history": [], "observation": FIRST_OBS})
+  assert adapter.user_text(first, 1).startswith(f"Household robot here. Now I see: {FIRST_OBS}\n")
+  assert retriever.privileged_block(task_type="x").startswith("== Hints ==\n### GENERAL SKILLS")
+  apply_prompt_template(None, AlfworldAdapter())  # unset: nothing changes
+
+
+def test_prompt_template_mistakes_name_the_fix(tmp_path):
+  from envs.prompt_template import PromptTemplate, load_prompt_template
+
+  with pytest.raises(ValueError, match=r"unknown placeholder\(s\) \['obs'\].*Fix"):
+    PromptTemplate.parse("Now: {obs}", "t.txt")
+  with pytest.raises(ValueError, match=r"\[\[turn_one\]\].*Fix: use"):
+    PromptTemplate.parse("[[turn_one]]\nx", "t.txt")
+  with pytest.raises(FileNotFoundError, match="env.prompt_template='nowhere.txt'.*Fix"):
+    load_prompt_template("nowhere.txt")
+  one = PromptTemplate.parse("Task {task_description}; {{literal}}")
+  assert one.first_turn == one.later_turns and one.skill_header is None

@@ -255,23 +255,19 @@ def test_success_rates_per_data_source():
 
 # ----------------------------------------------------------------------------------- prompts
 FIRST_PROMPT = (
-  "\nYou are an expert agent tasked with answering the given question step-by-step.\n"
-  "Your question: Where was Evan Morris born?\n"
+  "You answer questions by reasoning step by step, looking facts up with a search engine when "
+  "you need them.\n"
+  "Question: Where was Evan Morris born?\n"
   "\n"
-  "Now it's your turn to respond for the current step.\n"
-  "You should first conduct reasoning process. This process MUST be enclosed within <think> "
-  "</think> tags. \n"
-  "After completing your reasoning, choose only one of the following actions (do not perform "
-  "both):\n"
-  "(1) If you find you lack some knowledge, you can call a search engine to get more external "
-  "information using format: <search> your query </search>.\n"
-  "(2) If you have enough knowledge to answer the question confidently, provide your final answer "
-  "within <answer> </answer> tags, without detailed illustrations. For example, "
-  "<answer>Beijing</answer>.\n"
+  "Respond for this step. Reason first, inside <think> </think> tags.\n"
+  "Then do exactly one of the following, not both:\n"
+  "(1) to look up facts you are missing, write a search query as <search> your query </search>;\n"
+  "(2) once you are sure of the answer, give it alone, with no explanation, inside "
+  "<answer> </answer> tags, for example <answer>Lisbon</answer>.\n"
 )
 
 
-def test_first_turn_prompt_is_verl_agents_text():
+def test_first_turn_prompt():
   q = "Where was Evan Morris born?"
   assert prompts.build_prompt(q, [], q) == FIRST_PROMPT
   assert (
@@ -287,23 +283,23 @@ def test_later_turn_prompt_shows_step_records():
   history = [(q, "<search>Evan Morris</search>"), ("<information>A</information>", "")]
   text = prompts.build_prompt(q, history, "")
   expected_block = (
-    "Your question: Where was Evan Morris born?\n"
+    "Question: Where was Evan Morris born?\n"
     "\n"
-    "Prior to this step, you have already taken 2 step(s). Below is the interaction history where "
-    "<search> </search> wrapped your past search queries and <information> </information> wrapped "
-    "the corresponding search results returned by the external search engine. History:\n"
+    "Steps taken so far: 2. In the history below your earlier queries appear inside "
+    "<search> </search> and what the search engine returned for each inside "
+    "<information> </information>. History:\n"
     "Step 1:<search>Evan Morris</search> <information>A</information>\n"
     "\n"
     "Step 2: \n"
     "\n"
     "\n"
-    "Now it's your turn to respond for the current step.\n"
+    "Respond for this step."
   )
-  assert expected_block in text and text.startswith("\nYou are an expert agent")
-  assert text.endswith("<answer>Beijing</answer>.\n")
+  assert expected_block in text and text.startswith("You answer questions")
+  assert text.endswith("<answer>Lisbon</answer>.\n")
   # A window of one record keeps the step numbering.
   short = prompts.build_prompt(q, history, "", history_length=1)
-  assert "History:\nStep 2: \n\n\nNow" in short and "Step 1:" not in short
+  assert "History:\nStep 2: \n\n\nRespond" in short and "Step 1:" not in short
 
 
 def test_search_r1_prefix():

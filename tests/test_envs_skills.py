@@ -8,7 +8,14 @@ import sys
 import pytest
 
 from envs.alfworld.tasks import TASK_TYPES
-from envs.skills import BLOCK_HEADER, SkillLibrary, SkillRetriever, skills_dir
+from envs.skills import (
+  BLOCK_HEADER,
+  SkillLibrary,
+  SkillRetriever,
+  check_teacher_blocks,
+  skills_dir,
+)
+from tests.helpers import TEST_GENERAL_SKILLS, TEST_HEAT_GAME, TEST_HEAT_SKILLS, write_skills_folder
 
 ALFWORLD = skills_dir("alfworld")
 # Which task file the fixed rules must pick for each task type (from the reference mapping).
@@ -140,6 +147,72 @@ def test_bad_arguments_are_named():
     SkillRetriever("alfworld", rules_version="2026")
   with pytest.raises(FileNotFoundError, match="no_env"):
     SkillRetriever("no_env")
+
+
+# --------------------------------------------------------------- the authors' folder layout
+@pytest.fixture(scope="module")
+def layouts(tmp_path_factory):
+  """The same two skill files in the authors' mapping layout and in ours."""
+  root = tmp_path_factory.mktemp("skills")
+  return {layout: write_skills_folder(root / layout, layout) for layout in ("authors", "ours")}
+
+
+@pytest.mark.parametrize("layout", ["authors", "ours"])
+@pytest.mark.parametrize("rules_version", ["pre_fix", "post_fix"])
+def test_both_folder_layouts_give_the_same_blocks(layouts, layout, rules_version):
+  library = SkillLibrary.load(layouts[layout])
+  assert library.general.raw == TEST_GENERAL_SKILLS.strip()
+  assert library.task_keywords == {"heat": ["hot", "heat"]}  # resolved to the skill
+  retriever = SkillRetriever(library, strategy="rules", rules_version=rules_version)
+  general, heat = TEST_GENERAL_SKILLS.strip(), TEST_HEAT_SKILLS.strip()
+  want = general if rules_version == "pre_fix" else general + "\n\n" + heat
+  assert retriever.privileged_block(gamefile=TEST_HEAT_GAME) == _block(want)
+  # the keyword rule (no game file, no task type): the task sentence names "hot"
+  keyword = retriever.skill_text(query="Your task is to: put a hot egg in the fridge.")
+  assert keyword == want
+  assert retriever.student_block("put a hot egg in the fridge.") == _block(general + "\n\n" + heat)
+  assert retriever.privileged_block(gamefile="look_at_obj_in_light-Pen-1") == _block(general)
+
+
+def test_an_empty_teacher_block_refuses_the_run_naming_folder_and_key(tmp_path, layouts):
+  games = [TEST_HEAT_GAME, "look_at_obj_in_light-Pen-None-DeskLamp-3"]
+  for layout in layouts.values():  # both layouts: every task gets the general skills
+    for version in ("pre_fix", "post_fix"):
+      check_teacher_blocks(SkillRetriever(layout, rules_version=version), games)
+  # A general file under a name neither layout uses is not the general file.
+  folder = write_skills_folder(tmp_path / "odd", "authors")
+  mapping = os.path.join(folder, "skill_mapping.json")
+  with open(mapping) as f:
+    text = f.read().replace('"general_skills"', '"general_tips"')
+  with open(mapping, "w") as f:
+    f.write(text)
+  pre = SkillRetriever(folder, rules_version="pre_fix")
+  with pytest.raises(ValueError, match=r"env.skills.dir=.*odd.*'general_skills'.*strategy=none"):
+    check_teacher_blocks(pre, games)
+  post = SkillRetriever(folder, rules_version="post_fix")
+  with pytest.raises(ValueError, match=r"1 task\(s\) \('look_at_obj_in_light-Pen"):
+    check_teacher_blocks(post, games)  # the heat game still gets its task file
+  check_teacher_blocks(SkillRetriever(folder, strategy="none"), games)  # a teacher without skills
+
+
+def test_mapping_mistakes_name_the_key_and_the_fix(tmp_path):
+  folder = write_skills_folder(tmp_path / "bad", "authors")
+  mapping = os.path.join(folder, "skill_mapping.json")
+  with open(mapping) as f:
+    good = f.read()
+  for old, new, message in (
+    ('"pick_heat_then_place_in_recep": [', '"pick_hat": [', r"'pick_hat'.*Fix: key it by"),
+    ('"heat": "heat.md"', '"heat": "warm.md"', r"warm.md.*does not exist"),
+    (
+      '"general_skills": "general_skills.md"',
+      '"general_skills": "general_skills.md", "general": "general_skills.md"',
+      r"general file twice",
+    ),
+  ):
+    with open(mapping, "w") as f:
+      f.write(good.replace(old, new, 1))
+    with pytest.raises((ValueError, FileNotFoundError), match=message):
+      SkillLibrary.load(folder)
 
 
 def test_envs_never_import_jax():

@@ -664,25 +664,22 @@ def test_search_index_cache_gives_the_same_results(tmp_path):
 
 # ------------------------------------------------------------------ prompts and projection
 INSTRUCTION_TAIL = (
-  "Now it's your turn to take one action for the current step.\n"
-  "You should first reason step-by-step about the current situation, then think carefully which "
-  "admissible action best advances the shopping goal. This reasoning process MUST be enclosed "
-  "within <think> </think> tags. \n"
-  "Once you've finished your reasoning, you should choose an admissible action for current step "
-  "and present it within <action> </action> tags.\n"
+  "Decide on this step's action. Reason about the page and the request first, and put all of "
+  "this reasoning between <think> </think> tags. Then write a single action from the list above "
+  "between <action> </action> tags.\n"
 )
 
 
-def test_prompts_match_the_reference_templates():
+def test_prompts_keep_the_reference_structure():
   first_obs = "WebShop [SEP] Instruction: [SEP] i need a mug [SEP] Search"
   task = prompts.extract_task(first_obs)
   assert task == "i need a mug"
   admissible = ["search[<your query>]", "click[search]"]
   assert prompts.build_prompt(task, [], first_obs, admissible) == (
-    "\nYou are an expert autonomous agent operating in the WebShop e\u2011commerce environment. \n"
-    "Your task is to: i need a mug.\n"
-    "Your current observation is: 'Search'.\n"
-    "Your admissible actions of the current situation are: \n[\n"
+    "You are shopping on the WebShop website on behalf of a customer.\n"
+    "The customer's request: i need a mug.\n"
+    "The page you see now: 'Search'.\n"
+    "Actions you can take on this page:\n[\n"
     "'search[<your query>]',\n'click[search]',\n].\n\n" + INSTRUCTION_TAIL
   )
   results = (
@@ -693,21 +690,21 @@ def test_prompts_match_the_reference_templates():
   later = prompts.build_prompt(task, history, results, ["click[back to search]", "click[next >]"])
   page = "'Back to Search' [SEP] 'Page 1 (Total results: 0)' [SEP] 'Next >'"
   assert later == (
-    "\nYou are an expert autonomous agent operating in the WebShop e\u2011commerce environment.\n"
-    "Your task is to: i need a mug.\n"
-    "Prior to this step, you have already taken 3 step(s). Below are the most recent 2 "
-    "observations and the corresponding actions you took: "
+    "You are shopping on the WebShop website on behalf of a customer.\n"
+    "The customer's request: i need a mug.\n"
+    "So far you have taken 3 step(s); the latest 2 page(s) you saw, each with the action you "
+    "took on it: "
     f"[Observation 2: '{page}', Action 2: 'click[next >]']\n"
     f"[Observation 3: '{page}', Action 3: 'click[x]']\n"
-    f"You are now at step 4 and your current observation is: {page}.\n"
-    "Your admissible actions of the current situation are: \n[\n"
+    f"This is step 4. The page you see now: {page}.\n"
+    "Actions you can take on this page:\n[\n"
     "'click[back to search]',\n'click[next >]',\n].\n\n" + INSTRUCTION_TAIL
   )
   # An observation without the instruction (the done page) is shown as it is.
   assert prompts.format_observation("Thank you [SEP] x", task) == "Thank you [SEP] x"
   # Over 13,000 characters: the prompt without history.
   long_history = [("x" * 7000, "a"), ("y" * 7000, "b")]
-  assert "Prior to this step" not in prompts.build_prompt(task, long_history, results, [])
+  assert "So far you have taken" not in prompts.build_prompt(task, long_history, results, [])
   with pytest.raises(ValueError, match="not a WebShop"):
     prompts.extract_task("Thank you for shopping with us!")
 

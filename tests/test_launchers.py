@@ -157,6 +157,34 @@ def _sweep_commands():
   )
 
 
+def test_sweep_runs_each_distinct_setting_once():
+  """The gate grid: no two runs are the same run. The constant gate ignores β, so it runs once
+  per λ and its command sets no β; keys a setting makes inert are dropped, repeats run once."""
+  cmds = sweep.commands("configs/alfworld.py:local=True", "runs/sw", [], False, [])
+  runs = []
+  for cmd in cmds:
+    over = dict(a[len("--config.") :].split("=", 1) for a in cmd if a.startswith("--config."))
+    if over["algo.gate"] == "constant":
+      assert "algo.beta" not in over
+    runs.append(tuple(sorted(over.items())))
+  assert len(set(runs)) == len(runs) == 3 * 4 * 3 + 3  # 3 β-gates x 4 β x 3 λ, constant x 3 λ
+  assert len({sweep.workdir_of(c) for c in cmds}) == len(cmds)
+  points = [
+    {"algo.gate": "constant", "algo.beta": 1.0},
+    {"algo.gate": "constant", "algo.beta": 2.0},
+    {"algo.lam": 0.0, "algo.gate": "gap", "algo.beta": 1.0},
+    {"algo.lam": 0.0, "algo.gate": "entropy", "algo.beta": 5.0},
+    {"algo.distill": "none", "algo.form": "reverse_kl"},
+    {"algo.gate": "gap", "algo.beta": 1.0},
+  ]
+  assert sweep.distinct_points(points) == [
+    {"algo.gate": "constant"},
+    {"algo.lam": 0.0},
+    {"algo.distill": "none"},
+    {"algo.gate": "gap", "algo.beta": 1.0},
+  ]
+
+
 def test_sweep_emits_one_slurm_job_per_run_that_launches_the_same_training():
   cmds = _sweep_commands()
   assert len(cmds) == 3

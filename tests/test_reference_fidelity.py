@@ -283,10 +283,10 @@ def test_teacher_old_gap_is_token_weighted_over_the_iteration_with_its_rms():
 
 # ------------------------------------------------------------------- entropy gates in the step
 @pytest.mark.slow
-@pytest.mark.parametrize("gate", ["entropy", "soft_or"])
+@pytest.mark.parametrize("gate", ["entropy_lnv", "soft_or_lnv"])
 def test_step_normalises_the_gate_entropy_by_the_model_vocabulary(params, gate):
   """The step's gate mean equals the gate evaluated on the float64 full-forward entropies with
-  V = the model's number of logits; hand-derived: g_entropy = σ(β(2h/ln V − 1))."""
+  V = the model's number of logits; hand-derived: g_entropy_lnv = σ(β(2h/ln V − 1))."""
   lc = AlgoConfig.from_config(
     dict(dataclasses.asdict(get_preset("sdar")), gate=gate, teacher_source="step", kl_coef=0.0)
   )
@@ -296,7 +296,7 @@ def test_step_normalises_the_gate_entropy_by_the_model_vocabulary(params, gate):
   lt, _ = full_logp(params, batch.teacher_tokens, batch.teacher_mask, R)
   sig = lambda x: 1 / (1 + np.exp(-x))
   b = sig(5.0 * (2 * h / math.log(CONFIG.vocab_size) - 1))
-  g = b if gate == "entropy" else 1 - (1 - sig(5.0 * (lt - ls))) * (1 - b)
+  g = b if gate == "entropy_lnv" else 1 - (1 - sig(5.0 * (lt - ls))) * (1 - b)
   m = batch.response_mask
   np.testing.assert_allclose(float(metrics["sdar/gate_mean"]), (g * m).sum() / m.sum(), rtol=1e-5)
 

@@ -13,6 +13,9 @@ __all__ = ["AlfworldAdapter"]
 class AlfworldAdapter:
   """ALFWorld prompts (`build_prompt`), projection (`project_action`) and skill query."""
 
+  # (first-turn, later-turn) template text from env.prompt_template; None: the built-in prompts
+  templates: tuple[str, str] | None = None
+
   def user_text(self, view: EpisodeView, history_length: int) -> str:
     return build_prompt(
       view.task,
@@ -21,6 +24,7 @@ class AlfworldAdapter:
       view.admissible,
       step=len(view.history),
       history_length=history_length,
+      templates=self.templates,
     )
 
   def project(self, text: str) -> tuple[str, bool]:

@@ -14,8 +14,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from envs.common import format_history, steps_taken
+from envs.prompt_template import fill
 
-__all__ = ["HISTORY_LENGTH", "build_prompt", "format_admissible", "format_history"]
+__all__ = [
+  "HISTORY_LENGTH",
+  "TEMPLATE",
+  "TEMPLATE_NO_HISTORY",
+  "build_prompt",
+  "format_admissible",
+  "format_history",
+]
 
 HISTORY_LENGTH = 2
 
@@ -29,23 +37,21 @@ _INSTRUCTION = (
   "this step and write it inside <action> </action> tags."
 )
 
-_FIRST_TURN = (
-  "{preamble}\n"
-  "Your current observation is: {observation}\n"
-  "The admissible actions in the current situation are: [{admissible}].\n"
-  "\n"
-  "{instruction}"
+TEMPLATE_NO_HISTORY = (
+  _PREAMBLE + "\n"
+  "Your current observation is: {current_observation}\n"
+  "The admissible actions in the current situation are: [{admissible_actions}].\n"
+  "\n" + _INSTRUCTION
 )
 
-_LATER_TURN = (
-  "{preamble} Your task is to: {task}\n"
-  "You have already taken {step_count} step(s). Here are the last {shown} observation(s) and the action "
-  "you took after each one:\n"
-  "{history}\n"
-  "You are now at step {current_step} and your current observation is: {observation}\n"
-  "The admissible actions in the current situation are: [{admissible}].\n"
-  "\n"
-  "{instruction}"
+TEMPLATE = (
+  _PREAMBLE + " Your task is to: {task_description}\n"
+  "You have already taken {step_count} step(s). Here are the last {history_length} "
+  "observation(s) and the action you took after each one:\n"
+  "{action_history}\n"
+  "You are now at step {current_step} and your current observation is: {current_observation}\n"
+  "The admissible actions in the current situation are: [{admissible_actions}].\n"
+  "\n" + _INSTRUCTION
 )
 
 
@@ -61,6 +67,7 @@ def build_prompt(
   admissible: Sequence[str],
   step: int | None = None,
   history_length: int = HISTORY_LENGTH,
+  templates: tuple[str, str] | None = None,
 ) -> str:
   """The user message for the current turn.
 
@@ -72,24 +79,24 @@ def build_prompt(
     admissible: the env's admissible commands now.
     step: steps already taken (default: len(history)).
     history_length: how many past records to show (2 in the reference).
+    templates: (first-turn, later-turn) template text (`envs.prompt_template`); default the
+      built-in TEMPLATE_NO_HISTORY and TEMPLATE.
   """
+  first, later = templates or (TEMPLATE_NO_HISTORY, TEMPLATE)
   step_count = steps_taken(history, step)
+  fields = {
+    "task_description": task,
+    "current_observation": observation,
+    "admissible_actions": format_admissible(admissible),
+    "step_count": step_count,
+    "current_step": step_count + 1,
+  }
   if step_count == 0 or history_length <= 0:
-    return _FIRST_TURN.format(
-      preamble=_PREAMBLE,
-      observation=observation,
-      admissible=format_admissible(admissible),
-      instruction=_INSTRUCTION,
-    )
+    return fill(first, **fields)
   window = list(history)[-history_length:]
-  return _LATER_TURN.format(
-    preamble=_PREAMBLE,
-    task=task,
-    step_count=step_count,
-    shown=len(window),
-    history=format_history(window, step_count),
-    current_step=step_count + 1,
-    observation=observation,
-    admissible=format_admissible(admissible),
-    instruction=_INSTRUCTION,
+  return fill(
+    later,
+    **fields,
+    history_length=len(window),
+    action_history=format_history(window, step_count),
   )

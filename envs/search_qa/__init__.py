@@ -44,7 +44,8 @@ The returned `SearchQAEnv` follows the TextEnv contract: `reset(task) -> (questi
 (the question), `info["golden_answers"]`.
 
 Beside the env: `reward` (normalize_answer, em_check, compute_score), `projection` (model output
--> action + format validity, penalty 0.01), `prompts` (verl-agent's prompt, history 4),
+-> action + format validity, penalty 0.01), `prompts` (verl-agent's
+prompt structure, our wording, history 4),
 `retrieval` (BM25, server client, passage formats), `data` (parquet I/O, success rates),
 `generator` (the offline world; `python -m envs.search_qa.generator --out DIR`).
 """

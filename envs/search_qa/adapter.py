@@ -1,5 +1,6 @@
 """The Search-QA adapter of the agent loop: its user message, action projection and skill query
-(verl-agent's search prompt and projection, docs/reference.md §5.2, §8.2)."""
+(verl-agent's search prompt structure in our wording, and its projection, docs/reference.md
+§5.2, §8.2)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ class SearchQAAdapter:
   "for", so compare.md is never chosen, as in the reference.
   """
 
+  # (first-turn, later-turn) template text from env.prompt_template; None: the built-in prompts
+  templates: tuple[str, str] | None = None
+
   def user_text(self, view: EpisodeView, history_length: int) -> str:
     return build_prompt(
       view.task,
@@ -25,6 +29,7 @@ class SearchQAAdapter:
       view.observation,
       step=len(view.history),
       history_length=history_length,
+      templates=self.templates,
     )
 
   def project(self, text: str) -> tuple[str, bool]:

@@ -1,14 +1,20 @@
 """The Search-QA user message shown to the agent each turn (chat templating happens elsewhere).
 
-verl-agent's search prompt, word for word (docs/reference.md §8.2):
-- first turn (or `history_length` <= 0): the expert-agent preamble, the question, and the
-  instruction to reason inside <think> </think> and then either search or answer;
-- later turns: the same text with, after the question, "Prior to this step, you have already
-  taken k step(s). ... History:" and the last <= `history_length` records, each
+verl-agent's search prompt structure and formats, in our own words (docs/environments.md lists
+what differs):
+- first turn (or `history_length` <= 0): the preamble, the question, and the instruction to
+  reason inside <think> </think> and then either search (<search> query </search>) or answer
+  (<answer> ... </answer>), not both;
+- later turns: the same text with, after the question, the number of steps taken k, a line
+  saying how queries and results are wrapped, "History:" and the last <= `history_length`
+  records, each
   ``Step {n}:{action} {observation}\n``, joined by a newline. A record pairs the action sent at
   step n with the observation it returned (an ``<information>...</information>`` block, or ""
   after an invalid action).
 There is no separate "current observation": the newest search result is the last history record.
+The text contains "for" (the authors' data_source rule then never picks the compare skill for a
+whole-prompt query, as in the reference). `build_prompt(..., templates=(first, later))` fills other
+template text instead (the placeholders of `envs.prompt_template`).
 
 `search_r1_prefix(question)` is Search-R1's own single-prompt template, the text its parquet
 files carry in the `prompt` column; the env does not use it.
@@ -19,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from envs.common import steps_taken
+from envs.prompt_template import fill
 
 __all__ = [
   "HISTORY_LENGTH",
@@ -34,30 +41,26 @@ __all__ = [
 HISTORY_LENGTH = 4
 
 _INSTRUCTION = (
-  "Now it's your turn to respond for the current step.\n"
-  "You should first conduct reasoning process. This process MUST be enclosed within <think> </think> "
-  "tags. \n"
-  "After completing your reasoning, choose only one of the following actions (do not perform both):\n"
-  "(1) If you find you lack some knowledge, you can call a search engine to get more external "
-  "information using format: <search> your query </search>.\n"
-  "(2) If you have enough knowledge to answer the question confidently, provide your final answer "
-  "within <answer> </answer> tags, without detailed illustrations. For example, "
-  "<answer>Beijing</answer>.\n"
+  "Respond for this step. Reason first, inside <think> </think> tags.\n"
+  "Then do exactly one of the following, not both:\n"
+  "(1) to look up facts you are missing, write a search query as <search> your query </search>;\n"
+  "(2) once you are sure of the answer, give it alone, with no explanation, inside "
+  "<answer> </answer> tags, for example <answer>Lisbon</answer>.\n"
 )
 
 _HEAD = (
-  "\n"
-  "You are an expert agent tasked with answering the given question step-by-step.\n"
-  "Your question: {task_description}\n"
+  "You answer questions by reasoning step by step, looking facts up with a search engine when "
+  "you need them.\n"
+  "Question: {task_description}\n"
 )
 
 TEMPLATE_NO_HISTORY = _HEAD + "\n" + _INSTRUCTION
 
 TEMPLATE = (
   _HEAD + "\n"
-  "Prior to this step, you have already taken {step_count} step(s). Below is the interaction history "
-  "where <search> </search> wrapped your past search queries and <information> </information> "
-  "wrapped the corresponding search results returned by the external search engine. History:\n"
+  "Steps taken so far: {step_count}. In the history below your earlier queries appear inside "
+  "<search> </search> and what the search engine returned for each inside "
+  "<information> </information>. History:\n"
   "{memory_context}\n"
   "\n" + _INSTRUCTION
 )
@@ -100,6 +103,7 @@ def build_prompt_from_records(
   records: Sequence[tuple[str, str]],
   step: int | None = None,
   history_length: int = HISTORY_LENGTH,
+  templates: tuple[str, str] | None = None,
 ) -> str:
   """The user message from (action, observation) records, oldest first.
 
@@ -108,14 +112,24 @@ def build_prompt_from_records(
     records: the full list of past records or at least its last `history_length` entries.
     step: steps already taken (default: len(records)).
     history_length: how many past records to show (4 in the reference).
+    templates: (first-turn, later-turn) template text (`envs.prompt_template`); default the
+      built-in TEMPLATE_NO_HISTORY and TEMPLATE.
   """
+  first, later = templates or (TEMPLATE_NO_HISTORY, TEMPLATE)
   step_count = steps_taken(records, step)
+  fields = {
+    "task_description": question,
+    "current_observation": records[-1][1] if records else "",
+    "step_count": step_count,
+    "current_step": step_count + 1,
+  }
   if step_count == 0 or history_length <= 0:
-    return TEMPLATE_NO_HISTORY.format(task_description=question)
+    return fill(first, **fields)
   window = list(records)[-history_length:]
-  return TEMPLATE.format(
-    task_description=question,
-    step_count=step_count,
+  return fill(
+    later,
+    **fields,
+    history_length=len(window),
     memory_context=format_memory(window, step_count),
   )
 
@@ -127,6 +141,7 @@ def build_prompt(
   admissible: Sequence[str] = (),
   step: int | None = None,
   history_length: int = HISTORY_LENGTH,
+  templates: tuple[str, str] | None = None,
 ) -> str:
   """The user message for the current turn, with the same arguments as ALFWorld's `build_prompt`.
 
@@ -142,5 +157,9 @@ def build_prompt(
   """
   del admissible
   return build_prompt_from_records(
-    task, records_from_history(history, observation), step=step, history_length=history_length
+    task,
+    records_from_history(history, observation),
+    step=step,
+    history_length=history_length,
+    templates=templates,
   )

@@ -6,8 +6,14 @@ block = retriever.privileged_block(task_type=info["task_type"], gamefile=info["g
 teacher_text = block + chat_templated_student_prompt
 """
 
-from envs.skills.library import SkillFile, SkillItem, SkillLibrary, skills_dir
-from envs.skills.retrieval import BLOCK_HEADER, RULES_VERSIONS, STRATEGIES, SkillRetriever
+from envs.skills.library import GENERAL_KEYS, SkillFile, SkillItem, SkillLibrary, skills_dir
+from envs.skills.retrieval import (
+  BLOCK_HEADER,
+  RULES_VERSIONS,
+  STRATEGIES,
+  SkillRetriever,
+  check_teacher_blocks,
+)
 
 __all__ = [
   "SkillRetriever",
@@ -18,4 +24,6 @@ __all__ = [
   "STRATEGIES",
   "RULES_VERSIONS",
   "BLOCK_HEADER",
+  "GENERAL_KEYS",
+  "check_teacher_blocks",
 ]

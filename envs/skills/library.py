@@ -3,10 +3,14 @@
 A folder `envs/skills/<env>/` holds `skill_mapping.json` and Markdown files. Each file starts with
 a header line ("### GENERAL SKILLS ###" or "### TASK: <name> ###"), one intro sentence, then
 numbered items "N. Title: principle. Apply this when ...". The mapping has
-- `skill_files`: skill name -> file ("general" is the general file),
+- `skill_files`: skill name -> file; the general file is named "general_skills" (the authors'
+  layout) or "general" (ours),
 - `task_to_skill`: task-type key -> skill name; a key matches a game path or task type that
   contains it, the first matching key in file order wins,
-- `task_keywords` (optional): skill name -> keywords for the keyword rule.
+- `task_keywords` (optional): keywords for the keyword rule, keyed by skill name (ours) or by
+  task type (the authors' layout; resolved to its skill through `task_to_skill`).
+Both layouts load to the same library; a name neither layout knows is an error that names the
+folder and the key.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ import re
 __all__ = ["SkillItem", "SkillFile", "SkillLibrary", "skills_dir"]
 
 _ITEM_START = re.compile(r"^(\d+)\.\s+(.*)$")
-GENERAL = "general"
+GENERAL = "general"  # the general file's name inside a SkillLibrary
+GENERAL_KEYS = ("general_skills", "general")  # its key in skill_files: the authors', ours
 
 
 def skills_dir(env: str) -> str:
@@ -99,25 +104,67 @@ class SkillLibrary:
   tasks: dict[str, SkillFile]
   task_to_skill: dict[str, str]
   task_keywords: dict[str, list[str]]
+  folder: str = ""  # where it was loaded from ("" when built in memory)
 
   @classmethod
   def load(cls, folder_or_env: str) -> "SkillLibrary":
-    """Loads a skills folder, or the shipped skills of an environment name (e.g. "alfworld")."""
+    """Loads a skills folder (the authors' layout or ours), or the shipped skills of an
+    environment name (e.g. "alfworld")."""
     folder = folder_or_env if os.path.isdir(folder_or_env) else skills_dir(folder_or_env)
-    with open(os.path.join(folder, "skill_mapping.json")) as f:
+    mapping_path = os.path.join(folder, "skill_mapping.json")
+    if not os.path.isfile(mapping_path):
+      raise FileNotFoundError(
+        f"skills folder {folder} has no skill_mapping.json. Fix: point env.skills.dir at a "
+        "folder holding skill_mapping.json and its Markdown files"
+      )
+    with open(mapping_path) as f:
       mapping = json.load(f)
+    if not isinstance(mapping.get("skill_files"), dict):
+      raise ValueError(  # noqa: TRY004 (a bad file's content, not a bad argument type)
+        f"{mapping_path} has no 'skill_files' object (skill name -> Markdown file). Fix: add "
+        '"skill_files": {"general_skills": "general_skills.md", ...}'
+      )
+    general_keys = [k for k in GENERAL_KEYS if k in mapping["skill_files"]]
+    if len(general_keys) > 1:
+      raise ValueError(
+        f"{mapping_path}: skill_files names the general file twice ({general_keys}). Fix: keep "
+        "one of them"
+      )
     files = {}
     for name, filename in mapping["skill_files"].items():
-      with open(os.path.join(folder, filename)) as f:
+      name = GENERAL if name in GENERAL_KEYS else name
+      path = os.path.join(folder, filename)
+      if not os.path.isfile(path):
+        raise FileNotFoundError(
+          f"{mapping_path}: skill_files[{name!r}] = {filename!r}, but {path} does not exist. Fix: "
+          "add the file or correct its name in skill_files"
+        )
+      with open(path) as f:
         files[name] = _parse_skill_file(name, f.read())
-    unknown = {s for s in mapping.get("task_to_skill", {}).values() if s not in files}
+    task_to_skill = dict(mapping.get("task_to_skill", {}))
+    unknown = sorted({s for s in task_to_skill.values() if s not in files or s == GENERAL})
     if unknown:
-      raise ValueError(f"task_to_skill in {folder} names skills without a file: {sorted(unknown)}")
+      raise ValueError(
+        f"task_to_skill in {mapping_path} names skills without a task file: {unknown}. Fix: add "
+        "them to skill_files or map the task types to skills that skill_files lists"
+      )
+    keywords: dict[str, list[str]] = {}
+    for key, words in mapping.get("task_keywords", {}).items():
+      skill = key if key in files and key != GENERAL else task_to_skill.get(key)
+      if skill is None:
+        raise ValueError(
+          f"task_keywords in {mapping_path} has the key {key!r}, which is neither a skill of "
+          f"skill_files nor a task type of task_to_skill. Fix: key it by one of "
+          f"{sorted(set(files) - {GENERAL}) + sorted(task_to_skill)}"
+        )
+      merged = keywords.setdefault(skill, [])
+      merged.extend(w for w in words if w not in merged)
     return cls(
       general=files.pop(GENERAL, None),
       tasks=files,
-      task_to_skill=dict(mapping.get("task_to_skill", {})),
-      task_keywords={k: list(v) for k, v in mapping.get("task_keywords", {}).items()},
+      task_to_skill=task_to_skill,
+      task_keywords=keywords,
+      folder=folder,
     )
 
   def all_items(self) -> list[SkillItem]:

@@ -37,13 +37,14 @@ import re
 from typing import Any
 
 from envs.common import import_bm25s
-from envs.skills.library import GENERAL, SkillItem, SkillLibrary
+from envs.skills.library import GENERAL, GENERAL_KEYS, SkillItem, SkillLibrary
 
 __all__ = [
   "BLOCK_HEADER",
   "RULES_VERSIONS",
   "STRATEGIES",
   "SkillRetriever",
+  "check_teacher_blocks",
   "skills_section_problems",
 ]
 
@@ -93,6 +94,7 @@ class SkillRetriever:
     self._items = self.library.all_items()
     self._rng = random.Random(seed)
     self._bm25: Any = None
+    self.header = BLOCK_HEADER  # the block's first line (env.prompt_template's [[skill_header]])
 
   # -- strategies ----------------------------------------------------------------------------
 
@@ -209,7 +211,7 @@ class SkillRetriever:
       return self.privileged_block(
         task_type=task_type, gamefile=gamefile, query=query, sample_id=sample_id, task=task
       )
-    return _as_block(self._cut_places(self.keyword_skill_text(prompt_text), task))
+    return _as_block(self._cut_places(self.keyword_skill_text(prompt_text), task), self.header)
 
   def privileged_block(
     self,
@@ -223,13 +225,14 @@ class SkillRetriever:
     return _as_block(
       self.skill_text(
         task_type=task_type, gamefile=gamefile, query=query, sample_id=sample_id, task=task
-      )
+      ),
+      self.header,
     )
 
 
-def _as_block(skill_text: str) -> str:
+def _as_block(skill_text: str, header: str = BLOCK_HEADER) -> str:
   """`skill_text` under the block header, followed by a blank line ("" for no skill text)."""
-  return f"{BLOCK_HEADER}{skill_text}\n\n" if skill_text else ""
+  return f"{header}{skill_text}\n\n" if skill_text else ""
 
 
 def skills_section_problems(section: Any) -> list[str]:
@@ -254,3 +257,39 @@ def skills_section_problems(section: Any) -> list[str]:
       f"env.skills.dir={directory!r}: no such directory. Fix: unset it to use the shipped skills"
     )
   return problems
+
+
+def check_teacher_blocks(retriever: SkillRetriever, task_keys: Any, max_listed: int = 3) -> None:
+  """Refuses a skill library whose "rules" block would be empty for one of `task_keys` (the run's
+  task names: ALFWorld's game paths, other environments' task ids), with a ValueError naming the
+  folder, the missing mapping key and the fix. With the "rules" strategy every block holds the
+  general skills, plus the task file a key matches (after the fix): a block is empty only when
+  the general file is missing (e.g. named in a way the loader does not know) and the key matches
+  no task file. Nothing is checked for strategy "none" (a teacher without skills on purpose) nor
+  for "bm25" / "random" (their selection depends on each turn's text)."""
+  if retriever.strategy != "rules":
+    return
+  empty = [
+    key
+    for key in dict.fromkeys([str(k) for k in task_keys] or [""])
+    if not retriever.privileged_block(task_type=key, gamefile=key)
+  ]
+  if not empty:
+    return
+  library = retriever.library
+  folder = library.folder or "the in-memory skill library"
+  general_keys = f"{GENERAL_KEYS[0]!r} or {GENERAL_KEYS[1]!r}"
+  missing = [f"skill_mapping.json's skill_files has no general file (key {general_keys})"]
+  if retriever.rules_version == "post_fix":
+    missing.append("and task_to_skill has no key contained in these task names")
+  listed = ", ".join(repr(k) for k in empty[:max_listed]) + (
+    " ..." if len(empty) > max_listed else ""
+  )
+  raise ValueError(
+    f"env.skills.dir={folder}: the teacher's skill block would be empty for {len(empty)} task(s) "
+    f"({listed}) under env.skills.strategy=rules, rules_version={retriever.rules_version}: "
+    f"{' '.join(missing)}, so teacher and student would see the same prompt and the "
+    "distillation would have no teacher. Fix: add the general skills to skill_files as "
+    f'"{GENERAL_KEYS[0]}": "<file>.md", or set env.skills.strategy=none to run the teacher '
+    "without skills on purpose"
+  )

@@ -1,5 +1,6 @@
 """The WebShop adapter of the agent loop: its user message, action projection and skill query
-(verl-agent's WebShop prompt and projection, docs/reference.md §4.2-4.3)."""
+(verl-agent's WebShop prompt structure in our wording, and its projection, docs/reference.md
+§4.2-4.3)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ class WebShopAdapter:
   reads the whole prompt text, not the instruction alone (docs/reference.md §3.2).
   """
 
+  # (first-turn, later-turn) template text from env.prompt_template; None: the built-in prompts
+  templates: tuple[str, str] | None = None
+
   def user_text(self, view: EpisodeView, history_length: int) -> str:
     # The instruction as the page shows it (a stripped text node), so the observation formatter
     # finds it among the page's fields.
@@ -27,6 +31,7 @@ class WebShopAdapter:
       view.admissible,
       step=len(view.history),
       history_length=history_length,
+      templates=self.templates,
     )
 
   def project(self, text: str) -> tuple[str, bool]:

@@ -1,6 +1,7 @@
 """The WebShop user-message text shown to the agent each turn (chat templating happens elsewhere).
 
-verl-agent's WebShop prompts, exactly:
+verl-agent's WebShop prompt structure and formats, in our own words (docs/environments.md lists
+what differs):
 - the task is the instruction: field 2 of the first observation split on " [SEP] "
   (`extract_task`);
 - an observation is shown from just after the instruction, each field single-quoted and joined by
@@ -10,14 +11,15 @@ verl-agent's WebShop prompts, exactly:
   "click[<clickable>]" for every clickable (so the search page also offers "click[search]", which
   the env refuses), each rendered "'<action>'," on its own line (`format_available_actions`);
   `WebShopEnv` already reports this list as info["admissible_commands"];
-- the first turn uses the template without history; later turns add "Prior to this step, you have
-  already taken k step(s). Below are the most recent h observations and the corresponding actions
-  you took:" and the last <= `history_length` (2) records "[Observation i: '<formatted observation
-  before action i>', Action i: '<action i>']" one per line, numbered by absolute step; a prompt
-  longer than 13,000 characters falls back to the template without history.
-
-The templates keep the original's characters: a leading newline, "e‑commerce" with U+2011, and
-the trailing spaces after "environment." (first-turn template only), "are:" and "tags.".
+- the first turn uses the template without history; later turns add the number of steps taken
+  k, the number of records shown h, and the last <= `history_length` (2) records
+  "[Observation i: '<formatted observation before action i>', Action i: '<action i>']" one per
+  line, numbered by absolute step, then the current step number; a prompt longer than 13,000
+  characters falls back to the template without history;
+- the instruction asks for the reasoning inside <think> </think> and one listed action inside
+  <action> </action>.
+`build_prompt(..., templates=(first, later))` fills other template text instead (the
+placeholders of `envs.prompt_template`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from envs.common import format_history, steps_taken
+from envs.prompt_template import fill
 
 __all__ = [
   "HISTORY_LENGTH",
@@ -45,20 +48,17 @@ SEARCH_ACTION = "search[<your query>]"
 SEP = " [SEP] "
 
 _INSTRUCTION = (
-  "Now it's your turn to take one action for the current step.\n"
-  "You should first reason step-by-step about the current situation, then think carefully which "
-  "admissible action best advances the shopping goal. This reasoning process MUST be enclosed "
-  "within <think> </think> tags. \n"
-  "Once you've finished your reasoning, you should choose an admissible action for current step "
-  "and present it within <action> </action> tags.\n"
+  "Decide on this step's action. Reason about the page and the request first, and put all of "
+  "this reasoning between <think> </think> tags. Then write a single action from the list above "
+  "between <action> </action> tags.\n"
 )
 
+_PREAMBLE = "You are shopping on the WebShop website on behalf of a customer.\n"
+
 TEMPLATE_NO_HISTORY = (
-  "\n"
-  "You are an expert autonomous agent operating in the WebShop e\u2011commerce environment. \n"
-  "Your task is to: {task_description}.\n"
-  "Your current observation is: {current_observation}.\n"
-  "Your admissible actions of the current situation are: \n"
+  _PREAMBLE + "The customer's request: {task_description}.\n"
+  "The page you see now: {current_observation}.\n"
+  "Actions you can take on this page:\n"
   "[\n"
   "{available_actions}\n"
   "].\n"
@@ -66,13 +66,11 @@ TEMPLATE_NO_HISTORY = (
 )
 
 TEMPLATE = (
-  "\n"
-  "You are an expert autonomous agent operating in the WebShop e\u2011commerce environment.\n"
-  "Your task is to: {task_description}.\n"
-  "Prior to this step, you have already taken {step_count} step(s). Below are the most recent "
-  "{history_length} observations and the corresponding actions you took: {action_history}\n"
-  "You are now at step {current_step} and your current observation is: {current_observation}.\n"
-  "Your admissible actions of the current situation are: \n"
+  _PREAMBLE + "The customer's request: {task_description}.\n"
+  "So far you have taken {step_count} step(s); the latest {history_length} page(s) you saw, each "
+  "with the action you took on it: {action_history}\n"
+  "This is step {current_step}. The page you see now: {current_observation}.\n"
+  "Actions you can take on this page:\n"
   "[\n"
   "{available_actions}\n"
   "].\n"
@@ -121,6 +119,7 @@ def build_prompt(
   admissible: Sequence[str],
   step: int | None = None,
   history_length: int = HISTORY_LENGTH,
+  templates: tuple[str, str] | None = None,
 ) -> str:
   """The user message for the current turn.
 
@@ -132,23 +131,26 @@ def build_prompt(
     admissible: info["admissible_commands"] (the available-action list).
     step: steps already taken (default: len(history)).
     history_length: how many past records to show (2 in the reference).
+    templates: (first-turn, later-turn) template text (`envs.prompt_template`); default the
+      built-in TEMPLATE_NO_HISTORY and TEMPLATE.
   """
+  first, later = templates or (TEMPLATE_NO_HISTORY, TEMPLATE)
   step_count = steps_taken(history, step)
-  current = format_observation(observation, task)
-  actions = format_available_actions(admissible)
-  first_turn = TEMPLATE_NO_HISTORY.format(
-    task_description=task, current_observation=current, available_actions=actions
-  )
+  fields = {
+    "task_description": task,
+    "current_observation": format_observation(observation, task),
+    "available_actions": format_available_actions(admissible),
+    "step_count": step_count,
+    "current_step": step_count + 1,
+  }
+  first_turn = fill(first, **fields)
   if step_count == 0 or history_length <= 0:
     return first_turn
   window = [(format_observation(obs, task), action) for obs, action in history[-history_length:]]
-  prompt = TEMPLATE.format(
-    task_description=task,
-    step_count=step_count,
+  prompt = fill(
+    later,
+    **fields,
     history_length=len(window),
     action_history=format_history(window, step_count),
-    current_step=step_count + 1,
-    current_observation=current,
-    available_actions=actions,
   )
   return first_turn if len(prompt) > MAX_PROMPT_CHARS else prompt

@@ -28,7 +28,7 @@ from sdar_jax.algos.distill import (
   skill_sd_loss,
   vocab_distill_term,
 )
-from sdar_jax.algos.gates import GATES, compute_gate
+from sdar_jax.algos.gates import BETA_FREE_GATES, GATES, compute_gate
 from sdar_jax.algos.losses import (
   KL_PENALTIES,
   entropy_from_logits,
@@ -44,6 +44,7 @@ __all__ = [
   "ADVANTAGE_ESTIMATORS",
   "AGG_MODES",
   "ALGO_PRESETS",
+  "BETA_FREE_GATES",
   "DISTILL_LOSSES",
   "GATES",
   "KL_PENALTIES",

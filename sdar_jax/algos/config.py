@@ -55,8 +55,9 @@ class AlgoConfig:
   beta: float = 5.0
   """β, the sharpness of the SDAR gate σ(β·…); 0 makes every sigmoid gate 0.5."""
   gate: str = "gap"
-  """SDAR gate (`GATES`): "gap" σ(βΔ), "entropy", "soft_or", "constant", and the paper's literal
-  "entropy_paper" / "soft_or_paper" (sdar_jax/algos/gates.py)."""
+  """SDAR gate (`GATES`): "gap" σ(βΔ), "entropy", "soft_or", "constant", their ln V versions
+  before issue 30 "entropy_lnv" / "soft_or_lnv", and the paper's literal "entropy_paper" /
+  "soft_or_paper" (sdar_jax/algos/gates.py)."""
   form: str = "reference"
   """SDAR per-token form (`SDAR_FORMS`): "reference" g·(sg(lT) − lθ), "reverse_kl" −g·sg(Δ)·lθ
   (sampled tokens), "vocab" Σ_v sg(pT(v)·g_v)·(sg(lT(v)) − lθ(v)) (every vocabulary entry gated

@@ -22,8 +22,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from sdar_jax.models.config import ModelConfig
 from sdar_jax.models.attention import attention_implementation
+from sdar_jax.models.config import ModelConfig
 from sdar_jax.models.qwen import ParamSpec, param_specs
 
 MESH_AXES = ("data", "fsdp", "tensor")

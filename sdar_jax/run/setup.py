@@ -272,6 +272,14 @@ def build_agent_loops(
     "enable_thinking": config.model.enable_thinking,
     "overlap": rollout.get("overlap", "off"),
   }
+  from envs.prompt_template import apply_prompt_template  # env.prompt_template: the prompts' text
+
+  apply_prompt_template(env.get("prompt_template"), common["adapter"], common["retriever"])
+  if common["retriever"] is not None:  # refuse skills that would leave a teacher block empty
+    from envs.skills.retrieval import check_teacher_blocks
+
+    split = train_split or eval_split
+    check_teacher_blocks(common["retriever"], split.task_names if split else [])
   loops = AgentLoops(train_games=train_split.task_names if train_split else [])
   try:
     if train_split is not None:

@@ -583,6 +583,18 @@ class Trainer:
       multihost.sum_over_processes([len(samples), sum(len(s.response_ids) for s in samples)])
     )
     metrics["rollout/seconds"] = t_rollout
+    if self.with_teacher:  # the teacher's privileged block: its prompt minus the student's
+      block_tokens, teacher_samples = multihost.sum_over_processes(
+        [
+          sum(
+            len(s.teacher_prompt_ids) - len(s.prompt_ids)
+            for s in samples
+            if s.teacher_prompt_ids is not None
+          ),
+          sum(s.teacher_prompt_ids is not None for s in samples),
+        ]
+      )
+      metrics["rollout/skill_block_tokens"] = block_tokens / max(teacher_samples, 1)
     if not metrics["rollout/turn_samples"]:
       log.warning(
         "iteration %d: no trainable turn-samples (every env failed, %d in a row); skipping the "
