@@ -56,7 +56,7 @@ class AlgoConfig:
   """β, the sharpness of the SDAR gate σ(β·…); 0 makes every sigmoid gate 0.5."""
   gate: str = "gap"
   """SDAR gate (`GATES`): "gap" σ(βΔ), "entropy", "soft_or", "constant", their ln V versions
-  before issue 30 "entropy_lnv" / "soft_or_lnv", and the paper's literal "entropy_paper" /
+  until 2026-12-04 "entropy_lnv" / "soft_or_lnv", and the paper's literal "entropy_paper" /
   "soft_or_paper" (sdar_jax/algos/gates.py)."""
   form: str = "reference"
   """SDAR per-token form (`SDAR_FORMS`): "reference" g·(sg(lT) − lθ), "reverse_kl" −g·sg(Δ)·lθ

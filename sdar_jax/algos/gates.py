@@ -10,8 +10,8 @@ sigmoid, H0 = ENTROPY_SCALE_NATS = 1 nat and u_t = h_t / ln V ∈ [0, 1] the nor
 - "entropy":        σ(β·(h/H0 − 1))                     the student is uncertain
 - "soft_or":        1 − (1 − σ(β·Δ))·(1 − σ(β·(h/H0 − 1)))  teacher endorses OR student uncertain
 - "constant":       0.5                                 (= "gap" with β = 0: GRPO+OPSD)
-- "entropy_lnv":    σ(β·(2u − 1))                       the "entropy" gate before issue 30
-- "soft_or_lnv":    1 − (1 − σ(β·Δ))·(1 − σ(β·(2u − 1)))  the "soft_or" gate before issue 30
+- "entropy_lnv":    σ(β·(2u − 1))                       "entropy" until 2026-12-04
+- "soft_or_lnv":    1 − (1 − σ(β·Δ))·(1 − σ(β·(2u − 1)))  "soft_or" until 2026-12-04
 - "entropy_paper":  σ(β·h)                              the paper's formula, taken literally
 - "soft_or_paper":  σ(β·[1 − (1 − h)(1 − Δ)])           the paper's formula, taken literally
 
@@ -41,7 +41,7 @@ batch (e.g. the entropy's quantile) would also be V-free, but it has to be taken
 mini-batch so that gradient accumulation over micro-batches still equals one batch, and it makes a
 token's weight depend on its neighbours in the batch; a fixed scale has neither cost.
 
-The gates before issue 30 ("entropy_lnv", "soft_or_lnv", kept so earlier sweeps reproduce)
+The gates until 2026-12-04 ("entropy_lnv", "soft_or_lnv", kept so earlier sweeps reproduce)
 normalised by ln V: u = h / ln V, g = σ(β·(2u − 1)). At β = 5 they are half open at h = ln V / 2,
 i.e. 5.97 nats at V = 151,936 and 3.71 nats at V = 1,664: for h = 1-3 nats, g = 0.015-0.077 at
 V = 151,936 (0.025-0.28 at V = 1,664), and g ≤ 0.16 for every h ≤ 4 nats at V = 151,936. On real
