@@ -55,8 +55,8 @@ class AlgoConfig:
   beta: float = 5.0
   """β, the sharpness of the SDAR gate σ(β·…); 0 makes every sigmoid gate 0.5."""
   gate: str = "gap"
-  """SDAR gate (`GATES`): "gap" σ(βΔ), "entropy", "soft_or", "constant", their ln V versions
-  until 2026-12-04 "entropy_lnv" / "soft_or_lnv", and the paper's literal "entropy_paper" /
+  """SDAR gate (`GATES`): "gap" σ(βΔ), "entropy", "soft_or", "constant", the ln V versions
+  "entropy_lnv" / "soft_or_lnv" (the entropy gates until 2026-12-04), and the paper's literal "entropy_paper" /
   "soft_or_paper" (sdar_jax/algos/gates.py)."""
   form: str = "reference"
   """SDAR per-token form (`SDAR_FORMS`): "reference" g·(sg(lT) − lθ), "reverse_kl" −g·sg(Δ)·lθ
