@@ -149,8 +149,15 @@ def base(model: str = "qwen2.5-3b", algo_name: str = "sdar") -> mlc.ConfigDict:
   )
   config.eval = mlc.ConfigDict(
     dict(
-      num_tasks=128,  # validation episodes (val_batch_size), group size 1
+      num_tasks=128,  # validation episodes (val_batch_size), group size 1; -1: the whole split
+      # Episodes played at once (0: all of them); a larger evaluation plays in batches of this
+      # size, its rates over all episodes (never a mean of the batches' rates).
+      batch_size=0,
+      repeats=1,  # each task played k times with other sampling keys: the mean (avg@k) and spread
       split="valid_seen",
+      # Validation splits besides eval.split, comma-separated (ALFWorld: "valid_unseen"): each
+      # under its own prefix (val_unseen/...); eval.split stays under val/.
+      splits="",
       skills="without",  # "without" | "with" | "both": skills in the student prompt at eval
       # Validation sampling keys: a function of (eval.seed, eval mode, episode, turn) only, the
       # same at every evaluation of a run and for every train.seed (common random numbers: the

@@ -40,6 +40,8 @@ def test_every_row_validates_at_small_shapes(env):
   assert len(rows) == len(paper.ROWS) * len(paper.MODELS) == 30
   for row_arg in rows:
     real = paper.get_config(row_arg)
+    if env == "search_qa":  # the whole test split, in batches, as the authors validate
+      assert (real.eval.num_tasks, real.eval.batch_size) == (-1, 512)
     small = _small(row_arg)
     model = validate(small, num_devices=8)
     assert model.name == "tiny" and small.model.random_init

@@ -503,3 +503,13 @@ def test_validation_games_come_from_the_whole_split():
   assert validation_tasks(len(paths), 0, seed=0) == []
   with pytest.raises(ValueError, match="no games"):
     validation_tasks(0, 4, seed=0)
+
+
+def test_validation_tasks_minus_one_is_the_whole_split_in_the_seeded_order():
+  from sdar_jax.rollout import validation_tasks
+
+  every = validation_tasks(30, -1, seed=1000)
+  assert sorted(every) == list(range(30))
+  assert every[:12] == validation_tasks(30, 12, seed=1000)  # the same draw, continued
+  with pytest.raises(ValueError, match="-1 \\(the whole split\\)"):
+    validation_tasks(30, -2, seed=1000)

@@ -382,3 +382,27 @@ def test_max_staleness_is_refused_before_anything_is_written(tmp_path):
   with pytest.raises(ValueError, match=r"train.max_staleness=2 with algo.recompute_old_logp"):
     trainer.Trainer(config, str(tmp_path / "run"))
   assert not (tmp_path / "run").exists()
+
+
+def test_whole_split_in_batches_repeated_and_a_second_split(trained, tmp_path):
+  """eval.num_tasks=-1 plays every game of valid_seen (6, one per task type) in batches of 4 (a
+  trailing batch of 2), twice over (eval.repeats=2), and valid_unseen as well under val_unseen/:
+  each rate is over all of its prefix's episodes, as the outcomes file lists them."""
+  import copy
+
+  from sdar_jax.observe.transcripts import read_outcomes
+  from sdar_jax.run import trainer
+
+  workdir, config, _ = trained
+  protocol = copy.deepcopy(config)
+  protocol.eval.num_tasks, protocol.eval.batch_size, protocol.eval.repeats = -1, 4, 2
+  protocol.eval.splits = "valid_unseen"
+  out = str(tmp_path / "eval")
+  row = trainer.run_evaluation(protocol, out, (os.path.join(workdir, "checkpoints"), 3))
+  for prefix, split in (("val", "valid_seen"), ("val_unseen", "valid_unseen")):
+    outcomes = read_outcomes(os.path.join(out, f"outcomes_{prefix}.csv"))
+    assert {r["split"] for r in outcomes} == {split}
+    for k in (0, 1):  # every game, once per repeat
+      assert sorted(r["task_id"] for r in outcomes if r["repeat"] == k) == list(range(6))
+    assert row[f"{prefix}/success_rate"] == sum(r["success"] for r in outcomes) / 12
+    assert row[f"{prefix}/success_rate_repeat_sd"] >= 0.0

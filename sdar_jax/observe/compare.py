@@ -192,8 +192,8 @@ def run_vs_paper(run_dir: str) -> PaperComparison:
 
 # ---------------------------------------------------------------------------- two arms, paired
 def eval_outcomes(run_dir: str, prefix: str = "val") -> dict[int, dict[int, float]]:
-  """{step: {task id: success}} of every evaluation of a run: the outcomes files, or the
-  transcripts of runs written before them."""
+  """{step: {task id: success}} of every evaluation of a run (a game played eval.repeats times:
+  its mean success): the outcomes files, or the transcripts of runs written before them."""
   eval_root = paths.join(run_dir, "eval")
   out: dict[int, dict[int, float]] = {}
   if not paths.isdir(eval_root):
@@ -205,8 +205,11 @@ def eval_outcomes(run_dir: str, prefix: str = "val") -> dict[int, dict[int, floa
     folder = paths.join(eval_root, name)
     csv_path = paths.join(folder, f"{OUTCOMES_PREFIX}{prefix}.csv")
     jsonl_path = paths.join(folder, f"{TRANSCRIPT_PREFIX}{prefix}.jsonl")
-    if paths.exists(csv_path):
-      out[step] = {r["task_id"]: float(r["success"]) for r in read_outcomes(csv_path)}
+    if paths.exists(csv_path):  # with eval.repeats, a game's outcome is its mean over them
+      sums: dict[int, list[float]] = {}
+      for r in read_outcomes(csv_path):
+        sums.setdefault(r["task_id"], []).append(float(r["success"]))
+      out[step] = {task: float(np.mean(values)) for task, values in sums.items()}
     elif paths.exists(jsonl_path):
       out[step] = {
         int(t["task_id"]): float(bool(t["won"]))

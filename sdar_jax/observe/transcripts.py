@@ -18,7 +18,7 @@ processes every process's episodes are gathered (a collective) and the primary p
 `read_transcripts` reads a file back; `summarise` counts outcomes per task type.
 
 Beside each transcript the trainer writes `outcomes_<prefix>.csv`: one row per episode with the
-run's arm (algo.name), seed, step and split, the game (`task_id`, the game's index in the sorted
+run's arm (algo.name), seed, step and split, the repeat (eval.repeats), the game (`task_id`, the game's index in the sorted
 validation split, and its file), the task type, success and reward. These small files are what
 paired comparisons of runs read (`sdar_jax.observe.stats`); `read_outcomes` reads one back.
 """
@@ -48,7 +48,7 @@ __all__ = [
 TRANSCRIPT_PREFIX = "episodes_"  # episodes_<eval mode prefix>.jsonl
 OUTCOMES_PREFIX = "outcomes_"  # outcomes_<eval mode prefix>.csv
 OUTCOME_COLUMNS = (
-  "arm", "seed", "step", "split", "task_id", "gamefile", "task_type", "success", "reward"
+  "arm", "seed", "step", "split", "repeat", "task_id", "gamefile", "task_type", "success", "reward"
 )  # fmt: skip
 
 
@@ -118,21 +118,29 @@ def write_outcomes(
   seed: int,
   step: int,
   split: str,
+  repeats: Sequence[int] | None = None,
 ) -> str | None:
   """Writes `<out_dir>/outcomes_<prefix>.csv`, one row per finished episode of `episodes` (every
-  process's already: `sdar_jax.rollout.trajectory.episode_summaries`), sorted by task id; the
-  primary process writes and gets the path, the others None. Episodes whose env failed have no
-  outcome and no row."""
+  process's already: `sdar_jax.rollout.trajectory.episode_summaries`), sorted by repeat and task
+  id; `repeats[i]` is episode i's repeat (eval.repeats; default all 0). The primary process
+  writes and gets the path, the others None. Episodes whose env failed have no outcome and no
+  row."""
   if not paths.is_primary_process():
     return None
-  rows = sorted((ep for ep in episodes if ep.env_error is None), key=lambda ep: ep.task_id)
+  repeats = [0] * len(episodes) if repeats is None else list(repeats)
+  if len(repeats) != len(episodes):
+    raise ValueError(f"{len(repeats)} repeat indices for {len(episodes)} episodes")
+  rows = sorted(
+    ((r, ep) for r, ep in zip(repeats, episodes) if ep.env_error is None),
+    key=lambda pair: (pair[0], pair[1].task_id),
+  )
   out = io.StringIO()
   writer = csv.writer(out, lineterminator="\n")
   writer.writerow(OUTCOME_COLUMNS)
-  for ep in rows:
+  for r, ep in rows:
     writer.writerow(
-      [arm, int(seed), int(step), split, int(ep.task_id), ep.gamefile or "", ep.task_type]
-      + [int(bool(ep.won)), f"{float(ep.reward):g}"]
+      [arm, int(seed), int(step), split, int(r), int(ep.task_id), ep.gamefile or ""]
+      + [ep.task_type, int(bool(ep.won)), f"{float(ep.reward):g}"]
     )
   path = paths.join(out_dir, f"{OUTCOMES_PREFIX}{prefix}.csv")
   paths.write_text(path, out.getvalue())
@@ -140,11 +148,11 @@ def write_outcomes(
 
 
 def read_outcomes(path: str) -> list[dict[str, Any]]:
-  """The rows of an outcomes file (`write_outcomes`), with seed, step, task_id and success as
-  ints and reward as a float."""
+  """The rows of an outcomes file (`write_outcomes`), with seed, step, repeat, task_id and
+  success as ints and reward as a float."""
   rows = list(csv.DictReader(io.StringIO(paths.read_text(path))))
   for row in rows:
-    for key in ("seed", "step", "task_id", "success"):
+    for key in ("seed", "step", "repeat", "task_id", "success"):
       row[key] = int(row[key])
     row["reward"] = float(row["reward"])
   return rows

@@ -15,10 +15,13 @@ __all__ = ["validation_tasks"]
 
 def validation_tasks(num_games: int, num_tasks: int, seed: int) -> list[int]:
   """Indices of `min(num_tasks, num_games)` distinct games of a split of `num_games`, drawn by a
-  shuffle seeded with `seed`: the same games for the same seed, every game equally likely."""
+  shuffle seeded with `seed`: the same games for the same seed, every game equally likely.
+  `num_tasks=-1`: every game of the split, in the same shuffled order."""
   if num_games < 1:
     raise ValueError(f"the validation split has no games (num_games={num_games}).")
-  if num_tasks < 0:
-    raise ValueError(f"eval.num_tasks={num_tasks}; use 0 (no episodes) or more.")
+  if num_tasks < -1:
+    raise ValueError(
+      f"eval.num_tasks={num_tasks}; use -1 (the whole split), 0 (no episodes) or more."
+    )
   order = np.random.default_rng(seed).permutation(num_games)
-  return [int(i) for i in order[: min(num_tasks, num_games)]]
+  return [int(i) for i in order[: num_games if num_tasks == -1 else min(num_tasks, num_games)]]

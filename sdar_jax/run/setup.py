@@ -17,6 +17,8 @@ from typing import Any
 import jax
 
 import envs
+from envs.prompt_template import apply_prompt_template
+from envs.skills.retrieval import check_teacher_blocks
 from sdar_jax.core import sharding
 from sdar_jax.core.sampling import Sampler, SamplingParams
 from sdar_jax.infra import multihost
@@ -83,12 +85,16 @@ _AT_LEAST = (
   ("rollout", 1, ("max_new_tokens", "max_prompt_len")),
   ("env", 0, ("history",)),
   ("env", 1, ("tasks_per_step", "group_size", "max_turns", "num_workers")),
-  ("eval", 0, ("num_tasks", "seed")),
+  ("eval", -1, ("num_tasks",)),
+  ("eval", 0, ("seed", "batch_size")),
+  ("eval", 1, ("repeats",)),
   ("checkpoint", 0, ("every",)),
   ("checkpoint", 1, ("keep",)),
   ("logging", 1, ("every",)),
 )
 _FIXES = {
+  "eval.num_tasks": "use -1 for the whole split, 0 for none, or how many tasks to draw",
+  "eval.batch_size": "use 0 to play every validation episode at once, or a batch size",
   "train.eval_every": "use 0 to never evaluate during training",
   "checkpoint.every": "use 0 to save only at the end",
 }
@@ -217,20 +223,42 @@ def build_retriever(config):
 
 
 @dataclasses.dataclass
+@dataclasses.dataclass
+class Validation:
+  """One validation split of a run: its games, the tasks drawn from them, its env pool (as many
+  envs as one batch of this process's share: eval.batch_size) and one agent loop per eval mode,
+  each with its metric prefix ("val", "val_with_skill"; "val_unseen", ... for another split)."""
+
+  split: str
+  games: list[str]  # task names of the split (ALFWorld: game files)
+  tasks: list[int]  # ids into games, in play order
+  pool: envs.EnvPool
+  loops: list[tuple[str, AgentLoop]]
+
+
+def validation_prefix(split: str, main_split: str) -> str:
+  """ "val" for eval.split, "val_<name>" for another split (valid_unseen -> "val_unseen")."""
+  return "val" if split == main_split else "val_" + split.removeprefix("valid_")
+
+
+def validation_splits(eval_section) -> list[str]:
+  """eval.split, then the other splits of eval.splits (comma-separated), each once."""
+  extra = [s.strip() for s in str(eval_section.get("splits", "") or "").split(",") if s.strip()]
+  return list(dict.fromkeys([eval_section.split, *extra]))
+
+
+@dataclasses.dataclass
 class AgentLoops:
-  """A run's env pools and agent loops: training (None in an evaluation) and one loop per eval
-  mode over the validation pool (none when the run never evaluates)."""
+  """A run's env pools and agent loops: training (None in an evaluation) and, per validation
+  split, its pool and one loop per eval mode (none when the run never evaluates)."""
 
   train_games: list[str]  # task names of the training split (ALFWorld: game files)
   pool: envs.EnvPool | None = None
   loop: AgentLoop | None = None
-  eval_games: list[str] = dataclasses.field(default_factory=list)
-  eval_tasks: list[int] = dataclasses.field(default_factory=list)  # ids into eval_games
-  eval_pool: envs.EnvPool | None = None
-  eval_loops: list[tuple[str, AgentLoop]] = dataclasses.field(default_factory=list)
+  validations: list[Validation] = dataclasses.field(default_factory=list)
 
   def close(self) -> None:
-    for pool in (self.pool, self.eval_pool):
+    for pool in (self.pool, *(v.pool for v in self.validations)):
       if pool is not None:
         pool.close()
 
@@ -250,7 +278,11 @@ def build_agent_loops(
   evaluates = eval_only or config.train.eval_every or config.train.eval_before_train
   # Each split's pool kwargs and task names (ALFWorld: its game files) from the env family.
   train_split = None if eval_only else family.split(env, env.get("split", "train"))
-  eval_split = family.split(env, config.eval.split) if evaluates else None
+  eval_splits = (
+    [(name, family.split(env, name)) for name in validation_splits(config.eval)]
+    if evaluates
+    else []
+  )
   wants_skills = with_teacher or config.algo.skills_in_student or config.eval.skills != "without"
   sampling = SamplingParams(
     max_new_tokens=rollout.max_new_tokens,
@@ -272,13 +304,9 @@ def build_agent_loops(
     "enable_thinking": config.model.enable_thinking,
     "overlap": rollout.get("overlap", "off"),
   }
-  from envs.prompt_template import apply_prompt_template  # env.prompt_template: the prompts' text
-
   apply_prompt_template(env.get("prompt_template"), common["adapter"], common["retriever"])
   if common["retriever"] is not None:  # refuse skills that would leave a teacher block empty
-    from envs.skills.retrieval import check_teacher_blocks
-
-    split = train_split or eval_split
+    split = train_split or (eval_splits[0][1] if eval_splits else None)
     check_teacher_blocks(common["retriever"], split.task_names if split else [])
   loops = AgentLoops(train_games=train_split.task_names if train_split else [])
   try:
@@ -298,24 +326,28 @@ def build_agent_loops(
         skills_in_student=config.algo.skills_in_student,
         **common,
       )
-    if eval_split is not None and eval_split.task_names:
-      loops.eval_games = eval_split.task_names
+    val_sampling = dataclasses.replace(sampling, temperature=rollout.val_temperature)
+    for name, split in eval_splits:
+      if not split.task_names:
+        continue
+      games = split.task_names
       # Games drawn from the whole split by a seeded shuffle (sorted paths group task types).
-      loops.eval_tasks = validation_tasks(
-        len(loops.eval_games), config.eval.num_tasks, seed=env.seed + 1000
-      )
-      n_eval = multihost.max_share_size(len(loops.eval_tasks))
-      loops.eval_pool = envs.EnvPool(
+      tasks = validation_tasks(len(games), config.eval.num_tasks, seed=env.seed + 1000)
+      batch = config.eval.get("batch_size", 0) or len(tasks)
+      n_eval = multihost.max_share_size(min(batch, len(tasks)))
+      pool = envs.EnvPool(
         env.name,
         n_eval,
-        dict(eval_split.env_kwargs, seed=env.seed + 1000, max_steps=env.max_turns),
+        dict(split.env_kwargs, seed=env.seed + 1000, max_steps=env.max_turns),
         num_workers=min(env.num_workers, n_eval),
       )
-      val_sampling = dataclasses.replace(sampling, temperature=rollout.val_temperature)
-      loops.eval_loops = [
+      base = validation_prefix(name, config.eval.split)
+      validation = Validation(name, games, tasks, pool, [])
+      loops.validations.append(validation)
+      validation.loops = [
         (
-          prefix,
-          AgentLoop(loops.eval_pool, sampling=val_sampling, skills_in_student=skills, **common),
+          prefix.replace("val", base, 1),
+          AgentLoop(pool, sampling=val_sampling, skills_in_student=skills, **common),
         )
         for prefix, skills in EVAL_MODES[config.eval.skills]
       ]

@@ -228,8 +228,7 @@ class Trainer:
       eval_only=self.eval_only,
     )
     self.pool, self.loop, self.train_games = loops.pool, loops.loop, loops.train_games
-    self.eval_pool, self.eval_loops = loops.eval_pool, loops.eval_loops
-    self.eval_games, self.eval_tasks = loops.eval_games, loops.eval_tasks
+    self.validations = loops.validations  # per validation split: games, tasks, pool, loops
     self.warm_start_metrics: dict[str, float] = {}
     self.ref_params = None
     self.state = None
@@ -360,56 +359,86 @@ class Trainer:
     return jax.random.fold_in(jax.random.fold_in(self.rng, iteration), 0)
 
   def evaluate(self) -> dict[str, float]:
-    """Validation episodes (group size 1, one per game of `eval_tasks`) per eval mode. Their
-    sampling keys depend on `eval.seed` and the mode only, not on the iteration or `train.seed`:
-    every evaluation of a run draws the same random numbers (per episode and turn), so an
-    unchanged policy plays the same episodes and a before/after difference is not blurred by
-    fresh sampling noise."""
-    tasks = self.eval_tasks
-    mine = multihost.episode_share(len(tasks))  # all of them with one process
+    """Validation episodes (group size 1, one per task of each validation split, eval.repeats
+    times) per eval mode. Their sampling keys depend on `eval.seed`, the split, the mode, the
+    repeat and the batch only, not on the iteration or `train.seed`: every evaluation of a run
+    draws the same random numbers (per episode and turn), so an unchanged policy plays the same
+    episodes and a before/after difference is not blurred by fresh sampling noise. Every rate is
+    over all of a mode's episodes (batches, repeats and processes together)."""
     params = self.eval_params if self.state is None else self.state.params
     out_dir = self.eval_output_dir()
+    repeats = int(self.config.eval.get("repeats", 1))
     metrics = {}
-    for mode, (prefix, loop) in enumerate(self.eval_loops):
-      if mode == 0:  # the token view's episode needs its teacher prompts (observe.diagnostics)
-        loop = diagnostics.with_teacher_prompts(loop, self._view_retriever(loop))
-      episodes = loop.run(
-        params,
-        tasks[mine],
-        list(range(len(tasks)))[mine],
-        jax.random.fold_in(self.eval_rng, mode),
-        policy_version=self.loop_state.iteration,
-        desc=prefix,
-      )
-      self._report_env_failures(episodes, self.eval_games, prefix)
-      everyone = episode_summaries(episodes)  # every process's, for the metrics
-      metrics.update(rollout_metrics(everyone, prefix, self.env_family.episode_metrics))
-      transcripts.write_outcomes(
-        out_dir,
-        prefix,
-        everyone,
-        arm=str(self.config.algo.get("name", "")),
-        seed=int(self.config.train.seed),
-        step=self.loop_state.iteration,
-        split=str(self.config.eval.get("split", "")),
-      )
-      if mode == 0:
-        diagnostics.write_token_view(
-          diagnostics.token_view_candidates(episodes),
-          paths.join(out_dir, diagnostics.TOKEN_VIEW_FILE),
-          diagnostics.TokenViewSource(
-            self.model_config,
-            params,
-            self.step_fn.algo_config if self.step_fn else AlgoConfig.from_config(self.config.algo),
-            self.tokenizer,
-            self.pad_id,
-            initial_params=self.ref_params,
-          ),
+    for v, validation in enumerate(self.validations):
+      for mode, (prefix, loop) in enumerate(validation.loops):
+        first = v == 0 and mode == 0
+        if first:  # the token view's episode needs its teacher prompts (observe.diagnostics)
+          loop = diagnostics.with_teacher_prompts(loop, self._view_retriever(loop))
+        key = jax.random.fold_in(self.eval_rng, mode)
+        key = jax.random.fold_in(key, 1000 + v) if v else key  # another split: other keys
+        episodes, everyone, repeat_of, rates = [], [], [], []
+        for r in range(repeats):
+          played = self._play_validation(
+            loop, validation.tasks, params, jax.random.fold_in(key, 2000 + r) if r else key, prefix
+          )
+          summary = episode_summaries(played)  # every process's, for the metrics
+          episodes += played
+          everyone += summary
+          repeat_of += [r] * len(summary)
+          rates.append(rollout_metrics(summary, prefix).get(f"{prefix}/success_rate", 0.0))
+        self._report_env_failures(episodes, validation.games, prefix)
+        metrics.update(rollout_metrics(everyone, prefix, self.env_family.episode_metrics))
+        if repeats > 1:  # avg@k is success_rate; the spread of the k repeats' rates
+          metrics[f"{prefix}/success_rate_repeat_sd"] = float(np.std(rates, ddof=1))
+        transcripts.write_outcomes(
+          out_dir,
+          prefix,
+          everyone,
+          arm=str(self.config.algo.get("name", "")),
+          seed=int(self.config.train.seed),
           step=self.loop_state.iteration,
-          run=self.workdir,
+          split=validation.split,
+          repeats=repeat_of,
         )
-      transcripts.write_transcripts(out_dir, prefix, episodes, self.tokenizer.decode)
+        if first:
+          diagnostics.write_token_view(
+            diagnostics.token_view_candidates(episodes),
+            paths.join(out_dir, diagnostics.TOKEN_VIEW_FILE),
+            diagnostics.TokenViewSource(
+              self.model_config,
+              params,
+              self.step_fn.algo_config
+              if self.step_fn
+              else AlgoConfig.from_config(self.config.algo),
+              self.tokenizer,
+              self.pad_id,
+              initial_params=self.ref_params,
+            ),
+            step=self.loop_state.iteration,
+            run=self.workdir,
+          )
+        transcripts.write_transcripts(out_dir, prefix, episodes, self.tokenizer.decode)
     return metrics
+
+  def _play_validation(self, loop, tasks: list[int], params, key, prefix: str) -> list[Episode]:
+    """This process's episodes of `tasks`, played eval.batch_size at a time (0: all at once);
+    batch b samples with `key` folded with b (batch 0 with `key` itself)."""
+    size = int(self.config.eval.get("batch_size", 0)) or max(len(tasks), 1)
+    starts = range(0, len(tasks), size)
+    episodes = []
+    for b, start in enumerate(starts):
+      chunk = tasks[start : start + size]
+      ids = list(range(start, start + len(chunk)))
+      mine = multihost.episode_share(len(chunk))  # all of them with one process
+      episodes += loop.run(
+        params,
+        chunk[mine],
+        ids[mine],
+        jax.random.fold_in(key, b) if b else key,
+        policy_version=self.loop_state.iteration,
+        desc=prefix if len(starts) == 1 else f"{prefix} {b + 1}/{len(starts)}",
+      )
+    return episodes
 
   def eval_output_dir(self) -> str:
     """Where an evaluation's files go: `<workdir>/eval/step_<N>`; an evaluation-only run: its
@@ -425,7 +454,7 @@ class Trainer:
     if loop.with_teacher or loop.retriever is not None:
       return None
     if self._fallback_retriever is _UNSET:
-      loops = [self.loop, *(l for _, l in self.eval_loops)]
+      loops = [self.loop, *(l for v in self.validations for _, l in v.loops)]
       found = [l.retriever for l in loops if l is not None and l.retriever is not None]
       if found:
         self._fallback_retriever = found[0]
@@ -660,7 +689,7 @@ class Trainer:
     total = cfg.train.total_steps
     resumed = self.maybe_restore()
     last: dict[str, float] = {}
-    if self.eval_loops and cfg.train.eval_before_train and not resumed:
+    if self.validations and cfg.train.eval_before_train and not resumed:
       last = self.logger.log(
         self.loop_state.iteration, {**self.warm_start_metrics, **self.evaluate()}
       )
@@ -677,7 +706,7 @@ class Trainer:
       metrics = self.train_iteration()
       self.loop_state.iteration += 1
       it = self.loop_state.iteration
-      evaluated = bool(self.eval_loops and cfg.train.eval_every) and _due(
+      evaluated = bool(self.validations and cfg.train.eval_every) and _due(
         it, cfg.train.eval_every, total
       )
       if evaluated:
@@ -731,8 +760,8 @@ class Trainer:
     and releases the workdir lock last."""
     with contextlib.ExitStack() as stack:
       stack.callback(self.lock.release)
-      for name in ("eval_pool", "pool", "logger", "ckpt"):
-        resource = getattr(self, name, None)
+      pools = [v.pool for v in getattr(self, "validations", [])]
+      for resource in [*pools, *(getattr(self, n, None) for n in ("pool", "logger", "ckpt"))]:
         if resource is not None:
           stack.callback(resource.close)
       if getattr(self, "_worker", None) is not None:
