@@ -46,6 +46,7 @@ import argparse
 import dataclasses
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -58,7 +59,7 @@ if _REPO not in sys.path:
 
 import numpy as np  # noqa: E402 (after the sys.path line)
 
-from sdar_jax.observe import collect  # noqa: E402
+from sdar_jax.observe import collect, compare  # noqa: E402
 
 CORE_ARMS = ("grpo", "grpo_opsd", "sdar")
 OPTIONAL_ARMS = ("sdar_entropy", "sdar_soft_or", "skill_grpo")
@@ -320,6 +321,51 @@ def plot_curves(arms: Sequence[ArmResult], out_path: str) -> str | None:
   return out_path
 
 
+def paired_sections(arms: Sequence[ArmResult]) -> list[str]:
+  """Each arm against the last one listed (the baseline, e.g. GRPO), paired on the seeds both
+  finished and the validation games both played (`sdar_jax.observe.compare.paired_arms`: the
+  difference with its 95% two-way bootstrap interval and an exact sign test)."""
+  if len(arms) < 2:
+    return []
+  base = arms[-1]
+  sections = []
+  for arm in arms[:-1]:
+    dirs = [r.path for r in arm.finished_runs] + [r.path for r in base.finished_runs]
+    try:
+      result = compare.paired_arms(dirs)
+    except compare.CompareError as e:
+      sections.append(f"{arm.label} vs {base.label}: not compared ({e})")
+      continue
+    if result is not None:
+      sections.append(result.markdown(arm.label, base.label))
+  return sections
+
+
+def export_outcomes(arms: Sequence[ArmResult], dest: str) -> list[str]:
+  """Copies each finished run's config.json, metrics.jsonl and per-game outcome files
+  (eval/step_<N>/outcomes_*.csv) into <dest>/<arm>/seed<k>/, the same layout, so that
+  `python -m sdar_jax.compare <dest>/<arm>/seed*` recomputes every figure of the report from the
+  repository alone. Returns the run folders written."""
+  written = []
+  for arm in arms:
+    for run in arm.finished_runs:
+      seed = int(run.get("train.seed", 0))
+      out = os.path.join(dest, arm.arm, f"seed{seed}")
+      for name in ("config.json", "metrics.jsonl"):
+        os.makedirs(out, exist_ok=True)
+        shutil.copyfile(os.path.join(run.path, name), os.path.join(out, name))
+      eval_root = os.path.join(run.path, "eval")
+      for step_dir in sorted(os.listdir(eval_root)) if os.path.isdir(eval_root) else []:
+        for name in os.listdir(os.path.join(eval_root, step_dir)):
+          if name.startswith("outcomes_") and name.endswith(".csv"):
+            os.makedirs(os.path.join(out, "eval", step_dir), exist_ok=True)
+            shutil.copyfile(
+              os.path.join(eval_root, step_dir, name), os.path.join(out, "eval", step_dir, name)
+            )
+      written.append(out)
+  return written
+
+
 def report(
   arms: Sequence[ArmResult],
   planned_seeds: Sequence[int],
@@ -345,6 +391,10 @@ def report(
   columns = TABLE_COLUMNS
   lines += [collect.markdown_table(table_rows(arms, len(planned_seeds)), columns), ""]
   lines += ["Per seed:", "", collect.markdown_table(seed_rows(arms), SEED_COLUMNS), ""]
+  paired = paired_sections(arms)
+  if paired:
+    lines += ["Paired on seeds and validation games (each arm minus the last):", ""]
+    lines += [*paired, ""]
   if png_path:
     rel = os.path.relpath(os.path.abspath(png_path), os.path.dirname(os.path.abspath(md_path)))
     lines += [f"![validation success per arm]({rel})", ""]
@@ -374,8 +424,12 @@ def write_report(
   png_path: str,
 ) -> tuple[str, str | None]:
   """Reads the runs under `out` and writes the markdown (and the figure, and a CSV of the table
-  next to the markdown); returns (markdown path, figure path or None)."""
+  next to the markdown, and the runs' per-game outcomes under results/ablation/ beside it:
+  `export_outcomes`); returns (markdown path, figure path or None)."""
   arms = read_arms(out, arms_names, seeds)
+  export_outcomes(
+    arms, os.path.join(os.path.dirname(os.path.abspath(md_path)), "results", "ablation")
+  )
   png = plot_curves(arms, png_path)
   page = report(arms, seeds, command, config, overrides, png, md_path)
   os.makedirs(os.path.dirname(os.path.abspath(md_path)), exist_ok=True)

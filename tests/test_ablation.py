@@ -198,3 +198,35 @@ def test_report_files(ablation, runs_dir, tmp_path):
     "do not share one budget:** validation episodes (eval.num_tasks): ['12', '48']"
     in md.read_text()
   )
+
+
+def _outcomes(run, step, wins):
+  from sdar_jax.observe.transcripts import write_outcomes
+  from sdar_jax.rollout.trajectory import Episode
+
+  episodes = [Episode(k, task_id=k, group_id=k, won=bool(w)) for k, w in enumerate(wins)]
+  write_outcomes(os.path.join(run, "eval", f"step_{step}"), "val", episodes, arm="", seed=0,
+                 step=step, split="valid_seen")  # fmt: skip
+
+
+def test_report_pairs_the_arms_and_exports_their_outcomes(ablation, runs_dir, tmp_path):
+  """Seed 0 finished in both arms (SDAR's seed 1 did not): SDAR minus GRPO on its 4 games at
+  step 20 wins 2, ties 2; the outcome files land under results/ablation/ beside the report."""
+  for arm, wins in (("grpo", [0, 0, 1, 1]), ("sdar", [1, 1, 1, 1])):
+    run = os.path.join(runs_dir, arm, "seed0")
+    _outcomes(run, 0, [0, 0, 1, 1])
+    _outcomes(run, 20, wins)
+  md = tmp_path / "docs/ablation.md"
+  ablation.main(["--arms", "sdar,grpo", "--out", runs_dir, "--md", str(md),
+                 "--png", str(tmp_path / "docs/ablation.png"), "--collect-only"])  # fmt: skip
+  page = md.read_text()
+  assert "### SDAR (gap gate) - GRPO, paired on seeds [0]" in page
+  assert "final validation success: +0.500, 95% CI [" in page
+  assert "2 wins, 0 losses, 2 ties, p = 0.5" in page
+  exported = tmp_path / "docs/results/ablation/sdar/seed0"
+  assert (exported / "eval/step_20/outcomes_val.csv").is_file()
+  assert (exported / "config.json").is_file() and (exported / "metrics.jsonl").is_file()
+  from sdar_jax.observe import compare
+
+  again = compare.paired_arms([str(exported), str(tmp_path / "docs/results/ablation/grpo/seed0")])
+  assert again.final.difference == 0.5  # recomputed from the exported files alone

@@ -227,9 +227,10 @@ class ArmComparison:
   final: stats.PairedComparison
   auc: stats.PairedComparison | None
 
-  def markdown(self) -> str:
+  def markdown(self, label_a: str | None = None, label_b: str | None = None) -> str:
+    """The comparison as markdown; the arms shown as `label_a` / `label_b` when given."""
     lines = [
-      f"### {self.arm_a} - {self.arm_b}, paired on seeds {self.seeds}",
+      f"### {label_a or self.arm_a} - {label_b or self.arm_b}, paired on seeds {self.seeds}",
       "",
       f"- final validation success: {self.final.describe()}",
     ]
