@@ -24,8 +24,8 @@ start is reloaded from <workdir>/warm_start_policy), dropping metric rows logged
 checkpoint. A run that fails is reported and the others go on (exit code 1 at the end). Stopping
 the ablation (Ctrl-C, or kill PID) stops the running training run with it.
 
-Then the table and the figure (sdar_jax/observe/collect.py reads the runs), written to --md and --png
-(default docs/ablation.md and docs/ablation.png):
+Then the table and the figure (sdar_jax/observe/collect.py reads the runs), written to --md and
+--png (default docs/ablation.md and docs/ablation.png):
 * final validation success: the last evaluation's val/success_rate, mean ± sample standard
   deviation (ddof 1) over the seeds whose run finished (table and figure use finished runs only;
   the per-seed table lists interrupted ones too);

@@ -23,9 +23,9 @@ itself.
 tokens/s = generated response tokens / median wall time of one whole rollout (agent loop) or of
 the replayed calls (raw sampler). env-wait share = seconds blocked on `EnvPool.reset` /
 `EnvPool.step` (overlapped: `EnvPool.wait`) / the agent loop's wall time (median over repeats),
-from the same `sdar_jax.observe.perf.RolloutTimings` that the trainer's `perf/env_wait_share` reads. One
-untimed round first compiles every shape; then the repeats run round-robin over the rows, so load
-from other processes hits them alike. The load average is printed before and after.
+from the same `sdar_jax.observe.perf.RolloutTimings` that the trainer's `perf/env_wait_share` reads.
+One untimed round first compiles every shape; then the repeats run round-robin over the rows, so
+load from other processes hits them alike. The load average is printed before and after.
 """
 
 from __future__ import annotations

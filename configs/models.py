@@ -97,8 +97,8 @@ def model(name: str) -> mlc.ConfigDict:
       dtype="float32" if tiny else "bfloat16",
       param_dtype="float32",
       remat=not tiny,
-      # How a sequence attends to itself (sdar_jax.models.attention): "auto" = cuDNN's fused kernel on
-      # GPU (bf16), Pallas splash on TPU, XLA on CPU ("chunked" from 2,048 tokens on); "xla" |
+      # How a sequence attends to itself (sdar_jax.models.attention): "auto" = cuDNN's fused kernel
+      # on GPU (bf16), Pallas splash on TPU, XLA on CPU ("chunked" from 2,048 tokens on); "xla" |
       # "chunked" (online softmax over key blocks, no T x T scores) | "cudnn" | "splash".
       attention="auto",
       # How a sequence runs through the layers: "auto" = unrolled on CPU (faster there), one

@@ -18,9 +18,10 @@ Search-QA row:
 environment's reference config (configs/alfworld.py, webshop.py, search_qa.py) with the row's
 method, plus a `paper` section: which validation metric the row reads and the numbers the paper
 reports for it (docs/reference.md §7, in %), so a finished run can be compared with the table
-(`python -m sdar_jax.compare RUN_DIR`). Search-QA rows validate on the whole test split
-(eval.num_tasks=-1, 512 questions at a time); its "avg" column is the macro mean over the seven
-data sets (val/macro_success_rate), ALFWorld's the overall success rate.
+(`python -m sdar_jax.compare RUN_DIR`). Search-QA rows validate on the whole test split, as the
+authors do (eval.num_tasks=-1, 512 questions at a time; local=True keeps the small draw); its "avg"
+column is the macro mean over the seven data sets (val/macro_success_rate), ALFWorld's the overall
+success rate.
 
 Rows, as the reference ran them (docs/reference.md §2):
 - vanilla / skill_prompt: no training (total_steps 0), one validation without / with skills in
@@ -252,7 +253,7 @@ def get_config(arg: str = "row=sdar,model=qwen2.5-3b,env=alfworld,local=False"):
   if not trained:
     config.train.total_steps = 0
     config.train.eval_before_train = True
-  if arg.env == "search_qa":  # the authors validate on the whole test split, 512 at a time
+  if arg.env == "search_qa" and not arg.local:  # the whole test split, 512 at a time
     config.eval.num_tasks = -1
     config.eval.batch_size = 512
   config.paper = dict(

@@ -1,5 +1,5 @@
-"""The attention implementations of `ModelConfig.attention` (models/attention.py) against float64 NumPy
-and against each other: the chunked online softmax and its hand-written backward pass, the
+"""The attention implementations of `ModelConfig.attention` (models/attention.py) against float64
+NumPy and against each other: the chunked online softmax and its hand-written backward pass, the
 cuDNN path's left-padding rotation (run through JAX's reference implementation on CPU), the
 splash kernel's wrapper (run in the Pallas interpreter), and xla vs chunked for the whole model:
 logits, parameter gradients and the sampler's log-probs.

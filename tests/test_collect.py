@@ -1,5 +1,5 @@
-"""Collecting runs (sdar_jax/observe/collect.py, `launch/sweep.py collect`): fake run directories with
-hand-computed tables, the run records a launcher keeps, and which runs a launcher skips."""
+"""Collecting runs (sdar_jax/observe/collect.py, `launch/sweep.py collect`): fake run directories
+with hand-computed tables, the run records a launcher keeps, and which runs a launcher skips."""
 
 from __future__ import annotations
 

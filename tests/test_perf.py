@@ -1,6 +1,6 @@
-"""The per-iteration throughput metrics (sdar_jax.observe.perf): their arithmetic on hand-made timings,
-JAX's compile clock, and what the agent loop adds up over a rollout. The metrics of a real run are
-checked in test_trainer_run.py. No test asserts how long anything took."""
+"""The per-iteration throughput metrics (sdar_jax.observe.perf): their arithmetic on hand-made
+timings, JAX's compile clock, and what the agent loop adds up over a rollout. The metrics of a real
+run are checked in test_trainer_run.py. No test asserts how long anything took."""
 
 from __future__ import annotations
 

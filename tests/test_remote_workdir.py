@@ -2,8 +2,8 @@
 resumes from its remote checkpoint, and only the primary process writes the run's files.
 
 The bucket is the fake GCS of tests/fake_gcs.py: one in-memory store behind both fsspec (what
-etils.epath and sdar_jax.infra.paths use for gs://) and a local HTTP server speaking the GCS JSON API
-(what TensorStore uses for orbax's checkpoint arrays), so the gs:// code paths run unchanged.
+etils.epath and sdar_jax.infra.paths use for gs://) and a local HTTP server speaking the GCS JSON
+API (what TensorStore uses for orbax's checkpoint arrays), so the gs:// code paths run unchanged.
 """
 
 from __future__ import annotations

@@ -94,8 +94,8 @@ def test_rows_every_logging_every_and_checkpoints(trained):
 
 
 def test_training_rows_have_the_perf_metrics(trained):
-  """Throughputs, env-wait and compile shares, staleness (sdar_jax.observe.perf) in every training row:
-  finite, shares in [0, 1], staleness 0 in the synchronous loop."""
+  """Throughputs, env-wait and compile shares, staleness (sdar_jax.observe.perf) in every training
+  row: finite, shares in [0, 1], staleness 0 in the synchronous loop."""
   workdir, _, _ = trained
   for row in _rows(os.path.join(workdir, "metrics.jsonl"))[1:]:
     for name in ("rollout_tokens_per_s", "update_tokens_per_s", "iteration_seconds"):

@@ -56,8 +56,8 @@ class AlgoConfig:
   """β, the sharpness of the SDAR gate σ(β·…); 0 makes every sigmoid gate 0.5."""
   gate: str = "gap"
   """SDAR gate (`GATES`): "gap" σ(βΔ), "entropy", "soft_or", "constant", the ln V versions
-  "entropy_lnv" / "soft_or_lnv" (the entropy gates until 2026-12-04), and the paper's literal "entropy_paper" /
-  "soft_or_paper" (sdar_jax/algos/gates.py)."""
+  "entropy_lnv" / "soft_or_lnv" (the entropy gates until 2026-12-04), and the paper's literal
+  "entropy_paper" / "soft_or_paper" (sdar_jax/algos/gates.py)."""
   form: str = "reference"
   """SDAR per-token form (`SDAR_FORMS`): "reference" g·(sg(lT) − lθ), "reverse_kl" −g·sg(Δ)·lθ
   (sampled tokens), "vocab" Σ_v sg(pT(v)·g_v)·(sg(lT(v)) − lθ(v)) (every vocabulary entry gated

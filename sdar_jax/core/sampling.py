@@ -15,10 +15,10 @@ several tokens; only generated text is matched, not the prompt).
 Shapes are bucketed so a run compiles a bounded number of times: the batch and the number of
 distinct prompts round up to a power of two (and to a multiple of the mesh's batch divisor),
 the prompt length to `batch.prompt_bucket` (a power of two of at least 16 up to 256, then a
-multiple of 64 up to 1024, then of 512), and `max_new_tokens` to a power of two (at least 16; the loop still stops at the exact count).
-Greedy vs sampling, top_k (its value), top_p on/off and stop strings on/off are compile-time
-choices; temperature, top_p's value, max_new_tokens and the stop sets are runtime values.
-`Sampler.num_compilations` counts traces.
+multiple of 64 up to 1024, then of 512), and `max_new_tokens` to a power of two (at least 16; the
+loop still stops at the exact count). Greedy vs sampling, top_k (its value), top_p on/off and stop
+strings on/off are compile-time choices; temperature, top_p's value, max_new_tokens and the stop
+sets are runtime values. `Sampler.num_compilations` counts traces.
 
 The model does the decoding: `models.qwen.prefill` runs the distinct prompts and returns their
 `KVCache` (the model owns its layout), and each loop step is one `models.qwen.decode_step`. The

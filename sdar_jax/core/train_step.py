@@ -39,8 +39,8 @@ tokens' log-probs (under `remat` only the hidden states are kept for the backwar
 Mini-batch accumulation. The batch is split into B / micro_batch_size micro-batches (strided, so
 each stays spread over the data-parallel devices) and scanned; every term is aggregated with the
 GLOBAL token count (and sequence count) of the whole mini-batch, so the summed gradients and the
-summed metrics are exactly those of one big batch (docs/reference.md §4.8 uses a mean of per-micro-batch
-token-means instead; ours is the natural global token-mean, a documented deviation).
+summed metrics are exactly those of one big batch (docs/reference.md §4.8 uses a mean of
+per-micro-batch token-means instead; ours is the natural global token-mean, a documented deviation).
 
 A non-finite loss or gradient norm skips the update: params and optimizer state stay bit-identical,
 `state.step` does not advance, `state.skipped_updates` and metric train/skipped_update count it.

@@ -13,14 +13,14 @@ computation over the mesh is entered by all of them with arrays of the same glob
   built (the prompts of the lower processes first), so the episodes do not depend on the number
   of processes.
 * Samples. Turn-samples stay with the process that played them (a group's advantages need only
-  its own episodes). `sdar_jax.rollout.global_batches` packs them into one global block and gathers, inside a
-  jitted function, exactly the mini-batches a single process would pack from all of them in
+  its own episodes). `sdar_jax.rollout.global_batches` packs them into one global block and gathers,
+  inside a jitted function, exactly the mini-batches a single process would pack from all of them in
   process order: the same updates, whatever the number of processes.
 * Metrics. Those of the episodes come from every process's episode summaries
-  (`sdar_jax.rollout.trajectory.episode_summaries`), sums over batch rows from every process's rows (`sum_over_processes`),
-  and the update's own metrics are replicated outputs of the update: every process computes the
-  row a single process would log, and the primary process writes it (sdar_jax.infra.paths). The
-  perf/* timings are each process's own (the primary's are logged).
+  (`sdar_jax.rollout.trajectory.episode_summaries`), sums over batch rows from every process's rows
+  (`sum_over_processes`), and the update's own metrics are replicated outputs of the update: every
+  process computes the row a single process would log, and the primary process writes it
+  (sdar_jax.infra.paths). The perf/* timings are each process's own (the primary's are logged).
 * Checkpoints are saved and restored by all processes together (orbax: each writes its shards).
 
 Requirements: every process has the same number of devices, and each row of a batch lives on the

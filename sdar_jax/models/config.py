@@ -21,8 +21,8 @@ import jax.numpy as jnp
 
 FAMILIES = ("qwen2", "qwen3")
 DTYPES = ("float32", "bfloat16", "float16")
-# How a whole sequence attends to itself (models/attention.py `attention_implementation`): "auto" picks
-# by backend; "xla" builds the T x T scores; "chunked" is an online softmax over key blocks;
+# How a whole sequence attends to itself (models/attention.py `attention_implementation`): "auto"
+# picks by backend; "xla" builds the T x T scores; "chunked" is an online softmax over key blocks;
 # "cudnn" is cuDNN's fused kernel (GPU, bf16/fp16); "splash" is Pallas splash attention (TPU).
 ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "chunked", "cudnn", "splash")
 # How a whole sequence runs through the decoder layers (models/qwen.py `layer_loop_implementation`):

@@ -55,7 +55,7 @@ SWEEP_KEYS: tuple[tuple[str, str], ...] = (
 
 # ------------------------------------------------------------------------------------ reading
 def read_metrics(path: str) -> list[dict[str, Any]]:
-  """The rows of a metrics.jsonl by step, torn lines skipped (`sdar_jax.observe.metrics.read_history`)."""
+  """The rows of a metrics.jsonl by step, torn lines skipped (`metrics.read_history`)."""
   return read_history(path)
 
 

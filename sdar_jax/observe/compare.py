@@ -116,6 +116,19 @@ def our_columns(env: str, row: Mapping[str, Any], prefix: str) -> dict[str, floa
   return {"success_rate": pct("success_rate")}
 
 
+def _column_order(config: Mapping[str, Any]) -> list[str]:
+  """The paper's column order for the run's environment (Search-QA: its eval_sources order)."""
+  env = config["env"]
+  if env["name"] == "alfworld":
+    return [*ALFWORLD_COLUMNS, "avg"]
+  if env["name"] == "search_qa":
+    sources = str(env.get("eval_sources") or "").split(",")
+    return [*(s.strip() for s in sources if s.strip()), "avg"]
+  if env["name"] == "webshop":
+    return ["score", "acc"]
+  return []
+
+
 def setup_differences(config: Mapping[str, Any]) -> list[str]:
   """What in the run's setup differs from the paper's runs of its row, one line each."""
   paper = config.get("paper") or {}
@@ -179,7 +192,8 @@ def run_vs_paper(run_dir: str) -> PaperComparison:
   final = final_validation(rows, prefix)
   ours = our_columns(env, final, prefix)
   reported = (paper or {}).get("reported") or {}
-  columns = {col: (ours.get(col), reported.get(col)) for col in dict.fromkeys([*reported, *ours])}
+  order = [*_column_order(config), *ours, *reported]  # the paper's order, then any other
+  columns = {col: (ours.get(col), reported.get(col)) for col in dict.fromkeys(order)}
   return PaperComparison(
     run_dir=run_dir,
     row=(paper or {}).get("row", "none (not a configs/paper.py run)"),
@@ -245,8 +259,9 @@ def paired_arms(
   rng_seed: int = stats.RNG_SEED,
 ) -> ArmComparison | None:
   """The two arms (algo.name) among `run_dirs` compared on their common seeds (A minus B, A the
-  arm of the first run given), or None unless there are exactly two arms with a seed in common. Games are those every run evaluated at its
-  final step (and, for the AUC, at every evaluation step the runs share)."""
+  arm of the first run given), or None unless there are exactly two arms with a seed in common.
+  Games are those every run evaluated at its final step (and, for the AUC, at every evaluation
+  step the runs share)."""
   by_arm: dict[str, dict[int, dict[int, dict[int, float]]]] = {}
   for run_dir in run_dirs:
     config, _ = read_run(run_dir)

@@ -6,17 +6,18 @@ local or gs:// workdir: sdar_jax.infra.paths):
 
 * Per-iteration histograms of the gap Δ = lT − lθ (teacher minus current student log-prob of each
   sampled response token) and of the gate g over the response tokens of the iteration's updates.
-  The counts are taken inside the compiled update on fixed bins (`sdar_jax.core.histograms`: the update
-  returns two small integer vectors, never the [B, R] token arrays), summed over micro-batches by
-  the update and over mini-batches here (`record_update_histograms`), then written to
-  `<workdir>/diagnostics/`: `histograms.jsonl` (one row of counts per iteration),
+  The counts are taken inside the compiled update on fixed bins (`sdar_jax.core.histograms`: the
+  update returns two small integer vectors, never the [B, R] token arrays), summed over
+  micro-batches by the update and over mini-batches here (`record_update_histograms`), then written
+  to `<workdir>/diagnostics/`: `histograms.jsonl` (one row of counts per iteration),
   `histograms_step_<N>.png` (when logging.plots is on: the iteration's two histograms, with every
   iteration so far as a heat map below them; `histograms.png` is a copy of the latest) and, when
-  logging.tensorboard is on, TensorBoard histograms `diagnostics/gap` and `diagnostics/gate`. The share of tokens with
-  Δ > 0 is the update's metric `sdar/positive_gap_share` (sdar_jax/core/train_step.py).
-  Bins: Δ in [−8, 4] by 0.1 (`GAP_EDGES`), g in [0, 1] by 0.05 (`GATE_EDGES`), plus one count
-  below and one above the range. The gap is counted whenever the algorithm scores the teacher, the
-  gate only when its loss has one (algo.distill="sdar"); plain GRPO (and Skill-GRPO) have neither.
+  logging.tensorboard is on, TensorBoard histograms `diagnostics/gap` and `diagnostics/gate`. The
+  share of tokens with Δ > 0 is the update's metric `sdar/positive_gap_share`
+  (sdar_jax/core/train_step.py). Bins: Δ in [−8, 4] by 0.1 (`GAP_EDGES`), g in [0, 1] by 0.05
+  (`GATE_EDGES`), plus one count below and one above the range. The gap is counted whenever the
+  algorithm scores the teacher, the gate only when its loss has one (algo.distill="sdar"); plain
+  GRPO (and Skill-GRPO) have neither.
 
 * At each evaluation, a token view of one validation episode, `<workdir>/eval/step_<N>/tokens.html`
   (an evaluation-only run writes `tokens.html` into its own results directory): every response

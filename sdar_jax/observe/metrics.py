@@ -6,8 +6,8 @@ iterations the restored checkpoint does not contain (a run killed between loggin
 its checkpoint logs that step again). `plot_history` turns it into a grid of curves
 (`metrics.png`): success rate, reward, the SDAR gate and gap, losses. TensorBoard event files go to
 the same directory when `logging.tensorboard` is on and tensorboardX is installed. The directory may
-be remote (gs://, through `sdar_jax.infra.paths`; TensorBoard writes locally and is copied up), and only
-the primary process writes (`sdar_jax.infra.paths.is_primary_process`).
+be remote (gs://, through `sdar_jax.infra.paths`; TensorBoard writes locally and is copied up), and
+only the primary process writes (`sdar_jax.infra.paths.is_primary_process`).
 """
 
 from __future__ import annotations

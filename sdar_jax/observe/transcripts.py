@@ -18,9 +18,10 @@ processes every process's episodes are gathered (a collective) and the primary p
 `read_transcripts` reads a file back; `summarise` counts outcomes per task type.
 
 Beside each transcript the trainer writes `outcomes_<prefix>.csv`: one row per episode with the
-run's arm (algo.name), seed, step and split, the repeat (eval.repeats), the game (`task_id`, the game's index in the sorted
-validation split, and its file), the task type, success and reward. These small files are what
-paired comparisons of runs read (`sdar_jax.observe.stats`); `read_outcomes` reads one back.
+run's arm (algo.name), seed, step and split, the repeat (eval.repeats), the game (`task_id`, the
+game's index in the sorted validation split, and its file), the task type, success and reward. These
+small files are what paired comparisons of runs read (`sdar_jax.observe.stats`); `read_outcomes`
+reads one back.
 """
 
 from __future__ import annotations

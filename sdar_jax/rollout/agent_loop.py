@@ -248,8 +248,8 @@ class AgentLoop:
   ) -> list[Episode]:
     """Plays one episode per entry of `tasks` on envs 0..len(tasks)-1 and returns them.
     `timings`, when given, gets the seconds blocked on the envs and in the sampler and the
-    generated tokens added to it (`sdar_jax.observe.perf`). With several processes every process calls
-    it with its own share of the episodes (possibly none) and the same `rng`."""
+    generated tokens added to it (`sdar_jax.observe.perf`). With several processes every process
+    calls it with its own share of the episodes (possibly none) and the same `rng`."""
     sampling = sampling or self.sampling
     timings = RolloutTimings() if timings is None else timings
     n = len(tasks)

@@ -9,8 +9,8 @@ inadmissible commands); advantages are normalised over all turn-samples of a GRP
 (docs/reference.md §2.1), and, when `step_adv_coef` > 0, a step-level advantage compares the
 turns a group took from the same state (GiGPO's; `episodes_to_samples`).
 
-Shapes are bucketed (`sdar_jax.core.batch`) so the compiled update sees a bounded set of shapes, and a
-mini-batch that is not full is padded with rows whose masks are all zero.
+Shapes are bucketed (`sdar_jax.core.batch`) so the compiled update sees a bounded set of shapes, and
+a mini-batch that is not full is padded with rows whose masks are all zero.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Records of what happened in a rollout: one `Turn` per model call, one `Episode` per env run,
-the rollout's `RolloutTimings`, and every process's episodes for the metrics (`episode_summaries`)."""
+the rollout's `RolloutTimings`, and every process's episodes for the metrics
+(`episode_summaries`)."""
 
 from __future__ import annotations
 

@@ -8,9 +8,10 @@ Layout of one checkpoint, `<directory>/<step>/`:
   the sdar-jax version, the step;
 * ``extra``  JSON: host-side state the trainer wants back (replay queue, env-iterator positions).
 
-`<directory>` may be local or a gs:// URL (`sdar_jax.infra.paths`; orbax reaches it through etils.epath
-and TensorStore's GCS driver). Every process of a multi-process run calls `save` and `restore`:
-orbax coordinates them (each process writes its own shards, the primary one the metadata).
+`<directory>` may be local or a gs:// URL (`sdar_jax.infra.paths`; orbax reaches it through
+etils.epath and TensorStore's GCS driver). Every process of a multi-process run calls `save` and
+`restore`: orbax coordinates them (each process writes its own shards, the primary one the
+metadata).
 
 Atomicity: orbax writes a step into ``<step>.orbax-checkpoint-tmp-*`` and, once every item is on
 disk, writes ``commit_success.txt`` and renames the folder to ``<step>`` (AtomicRenameTemporaryPath

@@ -1,5 +1,5 @@
-"""Evaluations of a run's checkpoints or of a model directory: what to evaluate and where its results
-go (`plan_evaluation`), and the record an evaluation leaves in its results directory
+"""Evaluations of a run's checkpoints or of a model directory: what to evaluate and where its
+results go (`plan_evaluation`), and the record an evaluation leaves in its results directory
 (`evaluation.json`: what was evaluated, when, and its metrics row). The evaluation itself is an
 evaluation-only `sdar_jax.run.trainer.Trainer` (`run_evaluation` there); the command is
 `python -m sdar_jax.evaluate`."""

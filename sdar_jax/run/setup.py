@@ -1,7 +1,7 @@
 """What a run builds from its config before the host loop starts, and the settings it reads.
 
-`Trainer` (sdar_jax.run.trainer) calls these: the tokenizer and chat template of the model folder, the
-policy's parameters (model.path, random init, or a checkpoint's), the skill retriever of the env
+`Trainer` (sdar_jax.run.trainer) calls these: the tokenizer and chat template of the model folder,
+the policy's parameters (model.path, random init, or a checkpoint's), the skill retriever of the env
 family, and the env pools and agent loops of training and evaluation (`build_agent_loops`).
 `setting_problems` checks the settings the host loop reads straight from the config; a Trainer
 refuses a training config that has any, and sdar_jax.run.config_validation reports them with the

@@ -33,9 +33,9 @@ final policy is exported as Hugging Face safetensors.
 
 The workdir may be local or a gs:// URL (sdar_jax.infra.paths): config.json, metrics, plots,
 diagnostics and the export are written by the primary process, checkpoints by every process.
-A run holds its workdir's lock (sdar_jax.run.workdir_lock) from start to close. Each iteration logs a
-progress line (elapsed time, ETA) and, every `logging.every` iterations, a metrics row. The first
-failure of each kind of an environment is logged with its env and game file; failures are counted
+A run holds its workdir's lock (sdar_jax.run.workdir_lock) from start to close. Each iteration
+logs a progress line (elapsed time, ETA) and, every `logging.every` iterations, a metrics row. The
+first failure of each kind of an environment is logged with its env and game file; failures are counted
 in `episode/env_failures`, and the run stops with `EnvFailureError` when every environment failed
 in `train.max_failed_iterations` consecutive iterations.
 
@@ -787,7 +787,8 @@ def run_evaluation(
   config, out_dir: str, params_from: tuple[str, int] | None = None
 ) -> dict[str, float]:
   """Evaluates checkpoint `params_from` = (checkpoint directory, step) (None: the config's weights)
-  into `out_dir` with an eval-only Trainer and returns the metrics row (`Trainer._evaluate_once`)."""
+  into `out_dir` with an eval-only Trainer and returns the metrics row
+  (`Trainer._evaluate_once`)."""
   trainer = Trainer(config, out_dir, eval_only=True, params_from=params_from)
   try:
     return trainer.run()

@@ -15,8 +15,9 @@ Where this lock has no meaning it is not taken, and `acquire()` says so in the l
 * a remote workdir (gs://, `sdar_jax.infra.paths.is_remote`): an object store offers no lock that a
   killed holder releases (a lease would have to expire, and a preempted TPU slice resumes at once),
   so nothing refuses a second run on the same gs:// workdir: give every run its own workdir;
-* a process other than the primary one of a multi-process run (`sdar_jax.infra.paths.is_primary_process`):
-  the processes of one run share its workdir, and the primary process's lock stands for the run.
+* a process other than the primary one of a multi-process run
+  (`sdar_jax.infra.paths.is_primary_process`): the processes of one run share its workdir, and
+  the primary process's lock stands for the run.
 """
 
 from __future__ import annotations
