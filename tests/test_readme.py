@@ -23,10 +23,15 @@ DOCS = os.path.join(REPO, "docs")
 SHELL_LANGS = ("", "bash", "sh", "shell", "console")
 
 
+def read(path: str) -> str:
+  with open(path) as f:
+    return f.read()
+
+
 def shell_commands(text: str) -> list[str]:
   """The command lines of the fenced shell blocks, continuations joined, comments dropped."""
   commands = []
-  for lang, body in re.findall(r"^```([a-z]*)\n(.*?)^```", text, flags=re.M | re.S):
+  for lang, body in re.findall(r"^```([a-z]*)\n(.*?)^```", text, flags=re.MULTILINE | re.DOTALL):
     if lang not in SHELL_LANGS:
       continue
     body = re.sub(r"\\\n\s*", " ", body)
@@ -57,13 +62,19 @@ def uses_absl(kind: str, target: str) -> bool:
     path = os.path.join(REPO, target)
   else:
     path = importlib.util.find_spec(target).origin
-  return "from absl import app" in open(path).read()
+  return "from absl import app" in read(path)
 
 
 def run(args: list[str], timeout: int = 120) -> subprocess.CompletedProcess:
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": REPO}
   return subprocess.run(
-    [sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+    [sys.executable, *args],
+    cwd=REPO,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+    check=False,
   )
 
 
@@ -76,7 +87,7 @@ def load_config(spec: str):
   return module.get_config(arg) if arg else module.get_config()
 
 
-TEXT = open(README).read()
+TEXT = read(README)
 COMMANDS = shell_commands(TEXT)
 INVOCATIONS = python_invocations(COMMANDS)
 TARGETS = sorted({(kind, target) for kind, target, _ in INVOCATIONS})
@@ -90,8 +101,8 @@ def test_readme_is_short_and_self_contained():
 
 
 def test_make_targets_exist():
-  makefile = open(os.path.join(REPO, "Makefile")).read()
-  defined = set(re.findall(r"^([a-zA-Z][\w-]*):", makefile, flags=re.M))
+  makefile = read(os.path.join(REPO, "Makefile"))
+  defined = set(re.findall(r"^([a-zA-Z][\w-]*):", makefile, flags=re.MULTILINE))
   used = {c.split()[1] for c in COMMANDS if c.startswith("make ")}
   assert used and used <= defined, used - defined
 
@@ -146,7 +157,7 @@ def test_dry_run_lines_pass(target, args):
 
 
 def test_docs_index_names_every_page():
-  index = open(os.path.join(DOCS, "README.md")).read()
+  index = read(os.path.join(DOCS, "README.md"))
   named = set(re.findall(r"\]\(([\w./-]+\.md)\)", index))
   pages = {f for f in os.listdir(DOCS) if f.endswith(".md") and f != "README.md"}
   assert pages <= named, f"docs/README.md does not name {sorted(pages - named)}"
