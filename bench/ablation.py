@@ -25,7 +25,9 @@ checkpoint. A run that fails is reported and the others go on (exit code 1 at th
 the ablation (Ctrl-C, or kill PID) stops the running training run with it.
 
 Then the table and the figure (sdar_jax/observe/collect.py reads the runs), written to --md and
---png (default docs/ablation.md and docs/ablation.png):
+--png (default <out>/ablation.md and <out>/ablation.png; the committed runs' tables are in
+docs/results.md, their figure is docs/ablation.png), and each finished run's config, metrics and
+per-game outcomes copied to --results (default docs/results/ablation/):
 * final validation success: the last evaluation's val/success_rate, mean ± sample standard
   deviation (ddof 1) over the seeds whose run finished (table and figure use finished runs only;
   the per-seed table lists interrupted ones too);
@@ -422,14 +424,14 @@ def write_report(
   overrides: Sequence[str],
   md_path: str,
   png_path: str,
+  results_dir: str | None = None,
 ) -> tuple[str, str | None]:
-  """Reads the runs under `out` and writes the markdown (and the figure, and a CSV of the table
-  next to the markdown, and the runs' per-game outcomes under results/ablation/ beside it:
-  `export_outcomes`); returns (markdown path, figure path or None)."""
+  """Reads the runs under `out` and writes the markdown (and the figure, a CSV of the table next
+  to the markdown and, with `results_dir`, the runs' per-game outcomes there: `export_outcomes`);
+  returns (markdown path, figure path or None)."""
   arms = read_arms(out, arms_names, seeds)
-  export_outcomes(
-    arms, os.path.join(os.path.dirname(os.path.abspath(md_path)), "results", "ablation")
-  )
+  if results_dir:
+    export_outcomes(arms, results_dir)
   png = plot_curves(arms, png_path)
   page = report(arms, seeds, command, config, overrides, png, md_path)
   os.makedirs(os.path.dirname(os.path.abspath(md_path)), exist_ok=True)
@@ -470,9 +472,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     help="config override applied to every run (repeatable), e.g. train.eval_every=5",
   )
   parser.add_argument(
-    "--md", default="docs/ablation.md", help="the markdown report (a CSV of its table beside it)"
+    "--md",
+    default=None,
+    help="the markdown report, a CSV of its table beside it (default <out>/ablation.md; "
+    "docs/results.md holds the committed one)",
   )
-  parser.add_argument("--png", default="docs/ablation.png", help="the figure of the curves")
+  parser.add_argument(
+    "--png", default=None, help="the figure of the curves (default <out>/ablation.png)"
+  )
+  parser.add_argument(
+    "--results",
+    default="docs/results/ablation",
+    help="where each finished run's config, metrics and per-game outcomes are copied ('' to skip)",
+  )
   parser.add_argument("--collect-only", action="store_true", help="only write the report")
   parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
   args = parser.parse_args(argv)
@@ -520,9 +532,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     outcome = run_all(runs)
     failed = [f"{arm} seed {seed}: {o}" for (arm, seed), o in outcome.items() if o.startswith("f")]
   # relative paths are the repository's, as for the runs (they run in the repository root)
-  out, md_path, png_path = (os.path.join(_REPO, p) for p in (args.out, args.md, args.png))
+  md = args.md or os.path.join(args.out, "ablation.md")
+  png = args.png or os.path.join(args.out, "ablation.png")
+  out, md_path, png_path = (os.path.join(_REPO, p) for p in (args.out, md, png))
+  results = os.path.join(_REPO, args.results) if args.results else None
   md, png = write_report(
-    out, args.arms, args.seeds, command, args.config, args.set, md_path, png_path
+    out, args.arms, args.seeds, command, args.config, args.set, md_path, png_path, results
   )
   print(f"report: {md}" + (f", figure: {png}" if png else " (no validation results yet)"))
   if failed:

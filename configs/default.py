@@ -101,7 +101,7 @@ def demo_overrides() -> dict:
     "rollout.prompt_truncation": "left",
     # A well-formed command the room does not offer ("Nothing happens.") gets no share of a won
     # episode's credit (it keeps a lost one's blame): without it, RL raised the share of such
-    # wasted turns (27% -> 53% on seed 1) and success fell (README, "What it shows").
+    # wasted turns (27% -> 53% on seed 1) and success fell (docs/results.md).
     "algo.inadmissible_no_credit": True,
     "optim.lr": 5e-4,
     "train.total_steps": 16,

@@ -173,7 +173,19 @@ def test_table_by_hand(ablation, runs_dir):
 def test_report_files(ablation, runs_dir, tmp_path):
   md, png = tmp_path / "docs/ablation.md", tmp_path / "docs/ablation.png"
   code = ablation.main(
-    ["--arms", "grpo,sdar", "--out", runs_dir, "--md", str(md), "--png", str(png), "--collect-only"]
+    [
+      "--arms",
+      "grpo,sdar",
+      "--out",
+      runs_dir,
+      "--md",
+      str(md),
+      "--png",
+      str(png),
+      "--collect-only",
+      "--results",
+      "",
+    ]
   )
   assert code == 0 and png.stat().st_size > 0
   page = md.read_text()
@@ -192,7 +204,19 @@ def test_report_files(ablation, runs_dir, tmp_path):
   # a run with another validation budget is called out
   fake_run(os.path.join(runs_dir, "sdar/seed2"), "sdar", 2, [(0, 0.0), (20, 0.1)], num_tasks=12)
   ablation.main(
-    ["--arms", "grpo,sdar", "--out", runs_dir, "--md", str(md), "--png", str(png), "--collect-only"]
+    [
+      "--arms",
+      "grpo,sdar",
+      "--out",
+      runs_dir,
+      "--md",
+      str(md),
+      "--png",
+      str(png),
+      "--collect-only",
+      "--results",
+      "",
+    ]
   )
   assert (
     "do not share one budget:** validation episodes (eval.num_tasks): ['12', '48']"
@@ -218,7 +242,8 @@ def test_report_pairs_the_arms_and_exports_their_outcomes(ablation, runs_dir, tm
     _outcomes(run, 20, wins)
   md = tmp_path / "docs/ablation.md"
   ablation.main(["--arms", "sdar,grpo", "--out", runs_dir, "--md", str(md),
-                 "--png", str(tmp_path / "docs/ablation.png"), "--collect-only"])  # fmt: skip
+                 "--png", str(tmp_path / "docs/ablation.png"), "--collect-only",
+                 "--results", str(tmp_path / "docs/results/ablation")])  # fmt: skip
   page = md.read_text()
   assert "### SDAR (gap gate) - GRPO, paired on seeds [0]" in page
   assert "final validation success: +0.500, 95% CI [" in page

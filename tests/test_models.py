@@ -136,8 +136,8 @@ def test_bf16_forward_within_documented_bound(hf_case):
   low = np.asarray(forward(config16, params16, tokens, mask))
   assert low.dtype == np.float32
   sel = mask.astype(bool)
-  # Documented bound (README): bf16 logits within 5% of the fp32 logit scale (max-abs), and the
-  # same argmax on at least 90% of real positions.
+  # Documented bound (docs/numerics.md): bf16 logits within 5% of the fp32 logit scale (max-abs),
+  # and the same argmax on at least 90% of real positions.
   scale = float(np.max(np.abs(ref[sel])))
   assert _real_positions_max_abs(low, ref, mask) < 0.05 * scale
   agree = np.mean(np.argmax(low[sel], -1) == np.argmax(ref[sel], -1))
