@@ -90,6 +90,10 @@ def test_two_arms_are_paired_on_seeds_and_games(tmp_path):
   )
   assert final == want
   assert "95% CI" in compare.compare_runs(runs, resamples=200)
+  from sdar_jax.observe import collect  # a sweep's table pairs its two arms the same way
+
+  md = open(collect.collect_sweep(root, str(tmp_path / "table"))["md"]).read()
+  assert "### sdar - grpo, paired on seeds [0, 1]" in md and "+0.125, 95% CI [" in md
 
 
 def test_cli_refuses_a_missing_folder_naming_the_fix(tmp_path, capsys):

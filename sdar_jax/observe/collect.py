@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from sdar_jax.infra import paths
+from sdar_jax.observe.compare import paired_arms
 from sdar_jax.observe.metrics import read_history
 
 RUN_STATUS = "run_status.json"
@@ -394,6 +395,9 @@ def collect_sweep(root: str, out_dir: str | None = None) -> dict[str, str]:
     ),
     markdown_table(rows, SWEEP_COLUMNS),
   ]
+  arms = paired_arms(run_dirs)  # two arms (algo.name) on common seeds: paired, with intervals
+  if arms is not None:
+    md.append("\n" + arms.markdown() + "\n")
   png = plot_sweep(runs, paths.join(out_dir, "sweep.png"))
   if png:
     written["png"] = png

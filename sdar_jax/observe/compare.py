@@ -30,6 +30,7 @@ import numpy as np
 
 from sdar_jax.infra import paths
 from sdar_jax.observe import stats
+from sdar_jax.observe.metrics import read_history
 from sdar_jax.observe.transcripts import (
   OUTCOMES_PREFIX,
   TRANSCRIPT_PREFIX,
@@ -69,8 +70,7 @@ def read_run(run_dir: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
       f"{run_dir}: no config.json and metrics.jsonl. Fix: pass a run folder (the --workdir of "
       "python -m sdar_jax.train) or an evaluation's results folder."
     )
-  rows = [json.loads(line) for line in paths.read_text(metrics_path).splitlines() if line.strip()]
-  return _read_json(config_path), rows
+  return _read_json(config_path), read_history(metrics_path)  # a torn last line is skipped
 
 
 def val_prefix(config: Mapping[str, Any]) -> str:
@@ -265,8 +265,9 @@ def paired_arms(
   by_arm: dict[str, dict[int, dict[int, dict[int, float]]]] = {}
   for run_dir in run_dirs:
     config, _ = read_run(run_dir)
-    arm = str(config["algo"].get("name", "?"))
-    by_arm.setdefault(arm, {})[int(config["train"]["seed"])] = eval_outcomes(run_dir)
+    arm = str((config.get("algo") or {}).get("name", "?"))
+    seed = int((config.get("train") or {}).get("seed", 0))
+    by_arm.setdefault(arm, {})[seed] = eval_outcomes(run_dir)
   if len(by_arm) != 2:
     return None
   (arm_a, runs_a), (arm_b, runs_b) = by_arm.items()  # A: the arm of the first run given
