@@ -5,7 +5,9 @@
 #   launch/gpu.sh --slurm CONFIG[:ARG] WORKDIR [--config.key=value ...]    # inside sbatch / salloc
 #   launch/gpu.sh --dry-run [--slurm] CONFIG[:ARG] WORKDIR [...]           # print, run nothing
 #
-# jax must be the CUDA build (once per venv): .venv/bin/pip install "jax[cuda12]==0.10.2".
+# jax must be the CUDA build (once per venv): .venv/bin/pip install "jax[cuda12]==0.10.2"; the
+# interpreter is $PYTHON, else .venv/bin/python, else python3 (launch/python.sh). Without a GPU
+# the run starts anyway, after a warning naming the devices jax found.
 # The mesh comes from the config (default: every device on the data axis); e.g. for 8 GPUs with
 # 2-way tensor parallelism: --config.mesh.data=4 --config.mesh.tensor=2.
 #
@@ -37,7 +39,8 @@ workdir=${2:?$usage}
 shift 2
 export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.9}
 export XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_gpu_enable_latency_hiding_scheduler=true"
-train=(.venv/bin/python -m sdar_jax.train --config="$config" --workdir="$workdir")
+source launch/python.sh  # PY: $PYTHON, else .venv/bin/python, else python3
+train=("$PY" -m sdar_jax.train --config="$config" --workdir="$workdir")
 
 if [[ $slurm == 1 ]]; then
   if [[ $dry_run == 0 && -z "${SLURM_JOB_ID:-}" ]]; then
@@ -71,5 +74,13 @@ if [[ $dry_run == 1 ]]; then
   printf '%q ' "${cmd[@]}"
   printf '\n'
   exit 0
+fi
+if [[ $slurm == 0 ]]; then  # this host: say so when jax finds no GPU (it would train on the CPU)
+  found=$("$PY" -c 'import jax; print(jax.default_backend(), jax.devices())' 2>/dev/null || true)
+  if [[ "$found" != gpu* ]]; then
+    echo "launch/gpu.sh: warning: jax finds no GPU on this host (${found:-jax did not start});" \
+      "the run uses what it found. Fix: install the CUDA build of jax into this venv (jax[cuda12])" \
+      "or use launch/local.sh for a CPU run." >&2
+  fi
 fi
 exec "${cmd[@]}"

@@ -4,7 +4,7 @@
 #       --config.model.path=/data/Qwen2.5-3B-Instruct --config.env.data_dir=/data/alfworld
 #
 # Several processes on this machine, as the hosts of a pod would run (JAX's multi-controller
-# runtime on CPU, gloo collectives, a coordinator on a free local port):
+# runtime on CPU, gloo collectives, a coordinator on a free port of the loopback address):
 #   launch/local.sh -n 2 [-d 4] [--dry-run] -- --config=configs/default.py --workdir=runs/mh
 # starts N processes of `python -m sdar_jax.train <train args> --distributed
 # --coordinator_address=localhost:PORT --num_processes=N --process_id=I` with JAX_PLATFORMS=cpu
@@ -14,6 +14,7 @@
 # others are stopped and the script exits with its status. --dry-run prints the commands.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source launch/python.sh  # PY: $PYTHON, else .venv/bin/python, else python3
 if [[ "${1:-}" == -n || "${1:-}" == --dry-run ]]; then
   usage="usage: launch/local.sh -n N [-d DEVICES_PER_PROCESS] [--dry-run] -- <train args>"
   processes=""
@@ -41,10 +42,10 @@ if [[ "${1:-}" == -n || "${1:-}" == --dry-run ]]; then
     export XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_force_host_platform_device_count=$devices"
   fi
   free_port='import socket; s = socket.socket(); s.bind(("localhost", 0)); print(s.getsockname()[1])'
-  port=$(.venv/bin/python -c "$free_port")
+  port=$("$PY" -c "$free_port")
   commands=()
   for ((i = 0; i < processes; i++)); do
-    commands+=("$(printf '%q ' .venv/bin/python -m sdar_jax.train "$@" --distributed \
+    commands+=("$(printf '%q ' "$PY" -m sdar_jax.train "$@" --distributed \
       --coordinator_address="localhost:$port" --num_processes="$processes" --process_id="$i")")
   done
   if [[ $dry_run == 1 ]]; then
@@ -82,4 +83,4 @@ fi
 config=${1:?usage: launch/local.sh CONFIG[:ARG] WORKDIR [--config.key=value ...]}
 workdir=${2:?usage: launch/local.sh CONFIG[:ARG] WORKDIR [--config.key=value ...]}
 shift 2
-exec .venv/bin/python -m sdar_jax.train --config="$config" --workdir="$workdir" "$@"
+exec "$PY" -m sdar_jax.train --config="$config" --workdir="$workdir" "$@"

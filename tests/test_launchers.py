@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 
@@ -16,7 +17,14 @@ import sweep  # launch/sweep.py
 
 SLURM = {"SLURM_NNODES": "2", "SLURM_GPUS_ON_NODE": "4"}
 TPU = {"TPU_NAME": "pod", "ZONE": "us-east5-a"}
-CLEAN = ("SLURM_JOB_ID", "SLURM_NNODES", "SLURM_GPUS_ON_NODE", "GPUS_PER_NODE", "XLA_FLAGS")
+CLEAN = (
+  "SLURM_JOB_ID",
+  "SLURM_NNODES",
+  "SLURM_GPUS_ON_NODE",
+  "GPUS_PER_NODE",
+  "XLA_FLAGS",
+  "PYTHON",
+)
 CLEAN += ("TPU_NAME", "ZONE", "ACCELERATOR", "SPOT", "PROJECT", "REPO", "RETRIES")
 
 
@@ -248,3 +256,32 @@ def test_sweep_rows_keep_the_config_argument_and_refuse_one_the_rows_set():
   assert "--config=configs/paper.py:row=sdar,model=qwen2.5-3b,env=alfworld,local=True" in configs
   with pytest.raises(SystemExit, match=r"model is set by every table row. Fix: .*--only model="):
     sweep.commands("configs/paper.py:model=qwen3-1.7b", "runs/p", [], True, [])
+
+
+# ------------------------------------------------------------------------------ interpreter
+def test_launchers_take_the_users_python_else_venv_else_python3(tmp_path):
+  """$PYTHON wins; a checkout without .venv (a cluster venv with the project installed) runs
+  python3 from PATH; a PYTHON that does not exist is refused with the fix."""
+  proc = _bash("gpu.sh", "--dry-run", "configs/default.py", "runs/x", PYTHON="python3")
+  assert _command(proc.stdout)[0] == "python3"
+  bare = tmp_path / "checkout"
+  (bare / "launch").mkdir(parents=True)
+  for name in ("gpu.sh", "local.sh", "python.sh"):
+    shutil.copy(os.path.join(REPO, "launch", name), bare / "launch" / name)
+  proc = subprocess.run(
+    ["bash", str(bare / "launch/local.sh"), "-n", "2", "--dry-run", "--", "--dry_run"],
+    capture_output=True, text=True, check=False, env={**os.environ, "PYTHON": ""},
+  )  # fmt: skip
+  assert proc.returncode == 0, proc.stderr
+  assert all(line.startswith("python3 -m sdar_jax.train") for line in proc.stdout.splitlines()[1:])
+  proc = _bash("gpu.sh", "--dry-run", "configs/default.py", "runs/x", PYTHON="/no/python")
+  assert proc.returncode == 2 and "Fix: set PYTHON=" in proc.stderr
+
+
+def test_a_local_coordinator_listens_on_the_loopback_address_only():
+  from sdar_jax.infra.multihost import loopback_bind_address
+
+  assert loopback_bind_address("localhost:1234") == "127.0.0.1:1234"
+  assert loopback_bind_address("127.0.0.1:99") == "127.0.0.1:99"
+  assert loopback_bind_address("[::1]:99") == "[::1]:99"
+  assert loopback_bind_address("10.0.0.2:1234") is None and loopback_bind_address(None) is None

@@ -248,3 +248,17 @@ def test_outcomes_file_round_trips_one_row_per_finished_episode(tmp_path):
   assert {(r["arm"], r["seed"], r["step"], r["split"]) for r in rows} == {
     ("sdar", 2, 8, "valid_seen")
   }
+
+
+def test_progress_bars_only_on_a_terminal():
+  """A log file gets no tqdm frames: bars are drawn only when stderr is a terminal."""
+  import io
+
+  from sdar_jax.infra.console import show_progress_bars
+
+  class Terminal(io.StringIO):
+    def isatty(self):
+      return True
+
+  assert show_progress_bars(True, Terminal()) and not show_progress_bars(False, Terminal())
+  assert not show_progress_bars(True, io.StringIO())  # a file or a pipe

@@ -260,7 +260,7 @@ def _local_sh(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
   return subprocess.run(
     ["bash", "launch/local.sh", *args],
     cwd=REPO,
-    env={k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")},
+    env={k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS", "PYTHON")},
     capture_output=True,
     text=True,
     timeout=timeout,

@@ -26,6 +26,7 @@ import dataclasses
 import json
 import os
 import random
+import sys
 from typing import Any, Iterable, Sequence
 
 from envs.alfworld import engine as engine_lib
@@ -390,7 +391,9 @@ def generate_split(
 
   _check_rooms(rooms)
   jobs = [(out_dir, split, t, i, seed, rooms) for t in task_types for i in range(n_per_type)]
-  bar = tqdm(total=len(jobs), desc=f"alfworld {split}", disable=not progress, leave=False)
+  # A bar only on a terminal: in a log file its redraws would be carriage-return frames.
+  on_terminal = progress and sys.stderr.isatty()
+  bar = tqdm(total=len(jobs), desc=f"alfworld {split}", disable=not on_terminal, leave=False)
   if workers <= 1:
     games = []
     for job in jobs:

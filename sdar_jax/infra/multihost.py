@@ -92,6 +92,7 @@ def initialize(
     "coordinator_address": coordinator_address,
     "num_processes": num_processes,
     "process_id": process_id,
+    "coordinator_bind_address": loopback_bind_address(coordinator_address),
   }
   jax.distributed.initialize(**{k: v for k, v in kwargs.items() if v is not None})
   log.info(
@@ -101,6 +102,18 @@ def initialize(
     jax.local_device_count(),
     jax.device_count(),
   )
+
+
+def loopback_bind_address(coordinator_address: str | None) -> str | None:
+  """Where process 0's coordinator listens: the loopback address when the coordinator is named
+  by a loopback host (processes of one machine, `launch/local.sh`), so that no other machine can
+  reach it; None otherwise (JAX's default, every interface: the hosts of a pod must reach it)."""
+  if not coordinator_address:
+    return None
+  host, _, port = coordinator_address.rpartition(":")
+  if host.strip("[]") in ("localhost", "127.0.0.1", "::1"):
+    return f"{'[::1]' if host.strip('[]') == '::1' else '127.0.0.1'}:{port}"
+  return None
 
 
 def is_multiprocess() -> bool:

@@ -41,6 +41,7 @@ from tqdm import tqdm
 from envs.base import EnvAdapter, EpisodeView
 from sdar_jax.core.sampling import GenerationResult, Sampler, SamplingParams
 from sdar_jax.infra import multihost
+from sdar_jax.infra.console import show_progress_bars
 from sdar_jax.rollout.trajectory import Episode, RolloutTimings, Turn
 from sdar_jax.text.chat_templates import ChatTemplate
 from sdar_jax.text.tokenizer import Tokenizer
@@ -266,7 +267,9 @@ class AgentLoop:
     for i, result in enumerate(resets):
       self._record_env_result(episodes[i], views, i, result, first=True)
 
-    bar = tqdm(total=self.max_turns, desc=desc, leave=False, disable=not self.progress)
+    bar = tqdm(
+      total=self.max_turns, desc=desc, leave=False, disable=not show_progress_bars(self.progress)
+    )
     collective = getattr(self.sampler, "collective", False)  # several processes sample together
     turn_keys = []  # key_t of every turn (module doc)
     for _ in range(self.max_turns):

@@ -50,6 +50,7 @@ from envs.base import EnvFamily
 from sdar_jax.core.batch import TurnSample, prompt_bucket
 from sdar_jax.core.train_step import response_logprobs
 from sdar_jax.infra import multihost, paths
+from sdar_jax.infra.console import show_progress_bars
 from sdar_jax.models import ModelConfig, Params, load_pretrained
 from sdar_jax.rollout.agent_loop import AgentLoop, EpisodeView
 from sdar_jax.rollout.batching import pack_batch
@@ -254,7 +255,8 @@ def record_expert_games(
   jobs = [(mode, t) for mode in family.expert_modes for t in tasks]
   records: list[dict[str, Any]] = []
   n = len(pool)
-  for start in tqdm(range(0, len(jobs), n), desc="expert games", leave=False, disable=not progress):
+  bars = show_progress_bars(progress)
+  for start in tqdm(range(0, len(jobs), n), desc="expert games", leave=False, disable=not bars):
     chunk = jobs[start : start + n]
     records += family.play_expert(
       pool,
@@ -391,7 +393,8 @@ def warm_start(
   groups = [np.array(members) for _, members in sorted(by_bucket.items())]
   weights = np.array([len(g) for g in groups], np.float64) / len(samples)
   losses = []
-  for _ in tqdm(range(steps), desc="warm start (expert SFT)", leave=False, disable=not progress):
+  bars = show_progress_bars(progress)
+  for _ in tqdm(range(steps), desc="warm start (expert SFT)", leave=False, disable=not bars):
     group = groups[rng.choice(len(groups), p=weights)]
     pick = rng.choice(group, size=min(batch_size, len(group)), replace=False)
     batch = shard_batch(pack_batch([samples[i] for i in pick], batch_size, with_teacher=False))
