@@ -425,11 +425,19 @@ def write_report(
   md_path: str,
   png_path: str,
   results_dir: str | None = None,
+  overwrite: bool = False,
 ) -> tuple[str, str | None]:
   """Reads the runs under `out` and writes the markdown (and the figure, a CSV of the table next
   to the markdown and, with `results_dir`, the runs' per-game outcomes there: `export_outcomes`);
   returns (markdown path, figure path or None)."""
   arms = read_arms(out, arms_names, seeds)
+  collect.refuse_shrinking_report(  # e.g. --collect-only in a clone without the runs
+    os.path.splitext(md_path)[0] + ".csv",
+    sum(len(a.finished_runs) for a in arms),
+    lambda old: sum(int(str(r.get("finished runs", "0/0")).split("/")[0]) for r in old),
+    out,
+    overwrite,
+  )
   if results_dir:
     export_outcomes(arms, results_dir)
   png = plot_curves(arms, png_path)
@@ -486,6 +494,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     help="where each finished run's config, metrics and per-game outcomes are copied ('' to skip)",
   )
   parser.add_argument("--collect-only", action="store_true", help="only write the report")
+  parser.add_argument(
+    "--overwrite", action="store_true", help="replace a report that holds more finished runs"
+  )
   parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
   args = parser.parse_args(argv)
   from sdar_jax.algos import ALGO_PRESETS
@@ -536,9 +547,14 @@ def main(argv: Sequence[str] | None = None) -> int:
   png = args.png or os.path.join(args.out, "ablation.png")
   out, md_path, png_path = (os.path.join(_REPO, p) for p in (args.out, md, png))
   results = os.path.join(_REPO, args.results) if args.results else None
-  md, png = write_report(
-    out, args.arms, args.seeds, command, args.config, args.set, md_path, png_path, results
-  )
+  try:
+    md, png = write_report(
+      out, args.arms, args.seeds, command, args.config, args.set, md_path, png_path, results,
+      overwrite=args.overwrite,
+    )  # fmt: skip
+  except collect.ReportShrinkError as e:
+    print(f"report not written: {e}", file=sys.stderr)
+    return 2
   print(f"report: {md}" + (f", figure: {png}" if png else " (no validation results yet)"))
   if failed:
     print("failed runs:\n  " + "\n  ".join(failed), file=sys.stderr)

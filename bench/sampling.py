@@ -29,7 +29,6 @@ import argparse
 import os
 import sys
 import tempfile
-import time
 
 
 def _set_device_count(argv) -> None:

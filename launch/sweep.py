@@ -211,10 +211,13 @@ def collect_main(argv: list[str]) -> None:
   )
   parser.add_argument("--root", default="runs/sweep", help="the sweep's --root (runs below it)")
   parser.add_argument("--out", default=None, help="where sweep.csv/.md/.png go (default: --root)")
+  parser.add_argument(
+    "--overwrite", action="store_true", help="replace a table that holds more finished runs"
+  )
   args = parser.parse_args(argv)
   try:
-    written = collect.collect_sweep(args.root, args.out)
-  except FileNotFoundError as e:
+    written = collect.collect_sweep(args.root, args.out, overwrite=args.overwrite)
+  except (FileNotFoundError, collect.ReportShrinkError) as e:
     raise SystemExit(str(e)) from None
   for kind, path in written.items():
     print(f"{kind}: {path}")

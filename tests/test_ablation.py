@@ -224,6 +224,19 @@ def test_report_files(ablation, runs_dir, tmp_path):
   )
 
 
+def test_a_report_is_not_replaced_by_one_from_fewer_runs(ablation, runs_dir, tmp_path):
+  """--collect-only where the runs are not (a fresh clone) keeps the committed report."""
+  md = tmp_path / "docs/ablation.md"
+  args = ["--arms", "grpo,sdar", "--md", str(md), "--png", str(tmp_path / "docs/a.png")]
+  args += ["--collect-only", "--results", ""]
+  assert ablation.main([*args, "--out", runs_dir]) == 0
+  before = md.read_text()
+  assert ablation.main([*args, "--out", str(tmp_path / "no_runs")]) == 2
+  assert md.read_text() == before  # nothing written
+  assert ablation.main([*args, "--out", str(tmp_path / "no_runs"), "--overwrite"]) == 0
+  assert "| GRPO | 0/3 |" in md.read_text()
+
+
 def _outcomes(run, step, wins):
   from sdar_jax.observe.transcripts import write_outcomes
   from sdar_jax.rollout.trajectory import Episode

@@ -8,6 +8,7 @@ import io
 import json
 import math
 import os
+import shutil
 
 import pytest
 
@@ -171,6 +172,14 @@ def test_collect_sweep_writes_csv_markdown_and_plot(sweep_root, tmp_path):
   assert (out / "sweep.png").stat().st_size > 0
   with pytest.raises(SystemExit, match="no runs under"):
     load_sweep().main(["collect", f"--root={tmp_path / 'empty'}"])
+  # a table with 3 finished runs is not replaced by one from a root holding fewer
+  fewer = tmp_path / "fewer"
+  shutil.copytree(os.path.join(sweep_root, "beta=5.0,lam=0.1,gate=entropy"), fewer / "one")
+  with pytest.raises(SystemExit, match="holds 3 finished run"):
+    load_sweep().main(["collect", f"--root={fewer}", f"--out={out}"])
+  assert "beta=1.0,lam=0.01,gate=gap" in (out / "sweep.csv").read_text()
+  load_sweep().main(["collect", f"--root={fewer}", f"--out={out}", "--overwrite"])
+  assert "beta=1.0,lam=0.01,gate=gap" not in (out / "sweep.csv").read_text()
 
 
 def test_markdown_and_csv_cells():

@@ -288,6 +288,11 @@ def test_one_command_builds_and_needs_no_tensorflow(tmp_path, capsys):
   assert datasets.find_dataset(str(tmp_path), "webshop_data") == folder
   assert len(datasets.data_source(folder, "test")) == 5
   assert "tensorflow" not in sys.modules  # tensorflow_datasets runs without TensorFlow
+  # a --data_dir that does not exist is an error, not a silent build from generated data
+  with pytest.raises(SystemExit) as exit_info:
+    main(["search_qa", "--out", str(tmp_path), "--data_dir", str(tmp_path / "nowhere")])
+  assert exit_info.value.code == 2
+  assert "no such folder. Fix: point it at the real search_qa files" in capsys.readouterr().err
 
 
 def test_missing_dataset_names_the_build_command(tmp_path):

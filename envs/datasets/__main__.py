@@ -13,6 +13,7 @@ game files stay in the --data_dir folder the dataset lists them from).
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Sequence
 
 from envs.datasets import build
@@ -28,6 +29,13 @@ def main(argv: Sequence[str] | None = None) -> None:
   parser.add_argument("--data_seed", type=int, default=None, help="webshop 233, search_qa 0")
   parser.add_argument("--corpus", default=None, help="search_qa: a wiki-18 style .jsonl corpus")
   args = parser.parse_args(argv)
+  for flag in ("data_dir", "corpus"):  # a given path that is not there is a mistake, not a default
+    given = getattr(args, flag)
+    if given is not None and not os.path.exists(os.path.expanduser(given)):
+      parser.error(
+        f"--{flag}={given}: no such {'folder' if flag == 'data_dir' else 'file'}. Fix: point it "
+        f"at the real {args.env} files, or leave --{flag} out to build from the generated data."
+      )
   settings = {}
   if args.env == "webshop":
     settings.update(use_small=not args.full, human_goals=args.human_goals)

@@ -369,9 +369,33 @@ def plot_sweep(runs: Sequence[RunRecord], out_path: str) -> str | None:
   return out_path
 
 
-def collect_sweep(root: str, out_dir: str | None = None) -> dict[str, str]:
+class ReportShrinkError(FileExistsError):
+  """A report would be replaced by one built from fewer finished runs than it holds."""
+
+
+def refuse_shrinking_report(
+  existing_csv: str, finished_now: int, count_old, runs_dir: str, overwrite: bool
+) -> None:
+  """Raises `ReportShrinkError` when the report whose table is `existing_csv` holds more finished
+  runs (`count_old(rows)`) than the `finished_now` it would be rebuilt from (e.g. a fresh clone
+  without the runs), unless `overwrite`."""
+  if overwrite or not paths.exists(existing_csv):
+    return
+  rows = list(csv.DictReader(io.StringIO(paths.read_text(existing_csv))))
+  before = count_old(rows)
+  if finished_now < before:
+    raise ReportShrinkError(
+      f"{existing_csv} holds {before} finished run(s); rebuilding it from {runs_dir} would leave "
+      f"{finished_now}. Nothing was written. Fix: point at the folder that holds the runs, or "
+      "pass --overwrite to replace the report anyway."
+    )
+
+
+def collect_sweep(root: str, out_dir: str | None = None, overwrite: bool = False) -> dict[str, str]:
   """Writes sweep.csv, sweep.md and sweep.png (when any run has a validation success) for the
-  runs under `root` into `out_dir` (default `root`); returns {kind: path}."""
+  runs under `root` into `out_dir` (default `root`); returns {kind: path}. An existing table with
+  more finished runs than `root` holds is not replaced unless `overwrite`
+  (`refuse_shrinking_report`)."""
   run_dirs = find_runs(root)
   if not run_dirs:
     raise FileNotFoundError(
@@ -381,6 +405,13 @@ def collect_sweep(root: str, out_dir: str | None = None) -> dict[str, str]:
   runs = [read_run(p, root) for p in run_dirs]
   rows = sweep_rows(runs)
   out_dir = out_dir or root
+  refuse_shrinking_report(
+    paths.join(out_dir, "sweep.csv"),
+    sum(r.finished for r in runs),
+    lambda old: sum(row.get("finished") == "yes" for row in old),
+    root,
+    overwrite,
+  )
   paths.makedirs(out_dir)
   written = {}
   written["csv"] = paths.join(out_dir, "sweep.csv")
