@@ -113,12 +113,16 @@ def test_search_qa_trains_two_iterations(tmp_path):
     assert row["episode/em"] in (0.0, 0.5, 1.0)
   last = rows[-1]
   assert "val/em" in last and "val/success_rate" in last
+  overall = ("val/success_rate", "val/macro_success_rate")
   per_source = {
     k[len("val/") : -len("_success_rate")]
     for k in last
-    if k.startswith("val/") and k.endswith("_success_rate") and k != "val/success_rate"
+    if k.startswith("val/") and k.endswith("_success_rate") and k not in overall
   }
   assert per_source and per_source <= set(DATA_SOURCES)  # success per data source
+  # the macro rate (the paper's Search-QA "Avg") is the mean of the sources' rates
+  rates = [last[f"val/{s}_success_rate"] for s in per_source]
+  assert abs(last["val/macro_success_rate"] - sum(rates) / len(rates)) < 1e-12
   blocks = _check_teacher_prompts(episodes, tokenizer)
   # The authors' data_source rule (both rules versions): nq -> direct_retrieval, hotpotqa ->
   # multi_hop_reasoning (training uses these two sources only).
