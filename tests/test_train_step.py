@@ -309,6 +309,30 @@ def test_a_frozen_teacher_reads_the_initial_params_and_the_student_the_current_o
     loss_and_grads(CONFIG, rollout, params, batch.replace(teacher_logp=batch.old_logp))
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ["sdar_vocab", "sdar_topk"])
+def test_vocab_and_topk_forms_in_chunks_equal_the_unchunked_update(params, preset):
+  """algo.vocab_chunk over the R = 6 response slots: chunks of 4 (the last one padded)
+  against one pass over all of them (vocab_chunk 0), the whole preset's loss (PPO, entropy, KL,
+  the gated term on the frozen teacher; top-k with k = 5 of 256) on a ragged batch: gradients
+  within float32 summation order of each leaf's largest entry, metrics within a few ulp of their
+  log-prob summands (`metric_atol`), never relative to a result that may cancel."""
+  algo = dataclasses.replace(get_preset(preset), top_k=5, vocab_chunk=0)
+  batch = make_batch(params, seed=21)
+  ref = jax.tree.map(lambda x: x * 1.05, params)
+  run = jax.jit(
+    lambda a, p: loss_and_grads(CONFIG, a, p, batch, ref_params=ref),
+    static_argnums=0,
+  )
+  g_full, m_full = to_np(run(algo, params))
+  assert m_full["sdar/loss"] != 0
+  g_chunk, m_chunk = to_np(run(dataclasses.replace(algo, vocab_chunk=4), params))
+  jax.tree.map(close_to_scale, g_chunk, g_full)
+  assert set(m_chunk) == set(m_full)
+  for k in m_full:
+    np.testing.assert_allclose(m_chunk[k], m_full[k], rtol=1e-5, atol=metric_atol(batch), err_msg=k)
+
+
 def test_sdar_vocab_form_refuses_a_rollout_scored_teacher():
   with pytest.raises(ValueError, match="algo.teacher_source='rollout'.*teacher_source=step"):
     AlgoConfig(distill="sdar", lam=0.1, form="vocab", teacher_source="rollout")

@@ -161,15 +161,36 @@ def _vocab_head(config, algo: AlgoConfig, params, hidden, targets, teacher_param
   logp = jnp.take_along_axis(lsm, targets[..., None], axis=-1)[..., 0]
   teacher_logp = jnp.take_along_axis(teacher_lsm, targets[..., None], axis=-1)[..., 0]
   entropy = -jnp.sum(jnp.exp(lsm) * lsm, axis=-1)
-  term = algos.vocab_distill_term(
-    lsm,
-    teacher_lsm,
+  gated = dict(
     beta=algo.beta,
     gate=algo.gate,
     entropy=jax.lax.stop_gradient(entropy),
     vocab_size=config.vocab_size,
   )
+  if algo.form == "topk":
+    term = algos.topk_distill_term(lsm, teacher_lsm, top_k=algo.top_k, **gated)
+  else:
+    term = algos.vocab_distill_term(lsm, teacher_lsm, **gated)
   return logp, entropy, term, teacher_logp
+
+
+def _chunked_head(
+  head: Callable, chunk: int, params, hidden, targets, teacher_params, teacher_hidden
+):
+  """`head` over response positions in chunks of `chunk` (the last one zero-padded, its padding
+  sliced off): a scan whose body is rematerialised, so the forward keeps one chunk's [B, chunk, V]
+  arrays live and the backward recomputes them chunk by chunk from the [B, R, D] hidden states.
+  Every output is per position [B, R], so the chunks only concatenate."""
+  R = hidden.shape[1]
+  num = -(-R // chunk)
+
+  def split(x):  # [B, R, ...] -> [num, B, chunk, ...]
+    x = jnp.pad(x, [(0, 0), (0, num * chunk - R)] + [(0, 0)] * (x.ndim - 2))
+    return x.reshape(x.shape[0], num, chunk, *x.shape[2:]).swapaxes(0, 1)
+
+  body = jax.checkpoint(lambda xs: head(params, xs[0], xs[1], teacher_params, xs[2]))
+  outs = jax.lax.map(body, (split(hidden), split(targets), split(teacher_hidden)))
+  return tuple(x.swapaxes(0, 1).reshape(x.shape[1], num * chunk)[:, :R] for x in outs)
 
 
 def _student_scores(config, algo: AlgoConfig, params, batch: TurnBatch, teacher):
@@ -183,6 +204,8 @@ def _student_scores(config, algo: AlgoConfig, params, batch: TurnBatch, teacher)
     config, params, batch.student_tokens, batch.student_mask, batch.response_len
   )
   head = functools.partial(_vocab_head, config, algo)
+  if algo.vocab_chunk and batch.response_len > algo.vocab_chunk:
+    return _chunked_head(head, algo.vocab_chunk, params, hidden, targets, *teacher)
   if config.remat:
     head = jax.checkpoint(head)
   return head(params, hidden, targets, *teacher)
