@@ -38,6 +38,7 @@ import time
 from typing import Any, Mapping
 
 import jax
+import jax.numpy as jnp
 import optax
 import orbax.checkpoint as ocp
 from etils import epath
@@ -93,12 +94,17 @@ def model_config_mismatches(
 
 
 def abstract_train_state(
-  model_config: ModelConfig, optimizer: optax.GradientTransformation, mesh: Mesh, rules=None
+  model_config: ModelConfig,
+  optimizer: optax.GradientTransformation,
+  mesh: Mesh,
+  rules=None,
+  ema: bool = False,
 ) -> TrainState:
   """The TrainState as `jax.ShapeDtypeStruct`s with shardings on `mesh` (no memory allocated):
-  the restore target for `CheckpointManager.restore`, or the out_shardings of an init."""
-  abstract = jax.eval_shape(lambda: init_train_state(model_config, optimizer, 0))
-  shardings = train_state_shardings(model_config, optimizer, mesh, rules)
+  the restore target for `CheckpointManager.restore`, or the out_shardings of an init. `ema`: with
+  the EMA teacher's params (algo.teacher_weights="ema")."""
+  abstract = jax.eval_shape(lambda: init_train_state(model_config, optimizer, 0, ema))
+  shardings = train_state_shardings(model_config, optimizer, mesh, rules, ema)
   return jax.tree.map(
     lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
   )
@@ -253,6 +259,21 @@ class CheckpointManager:
     meta = self.restore_meta(step)
     if model_config is not None:
       self._check_model(meta, model_config, step)
+    if target is not None and getattr(target, "ema_params", None) is not None:
+      try:
+        return self._restore_state(step, target), meta
+      except (ValueError, KeyError, TypeError):
+        # written before the EMA teacher existed (or without it): the EMA starts from the params
+        state = self._restore_state(step, target.replace(ema_params=None))
+        logging.getLogger(__name__).info(
+          "checkpoint %s/%d holds no EMA of the params: the EMA teacher starts from them",
+          self.directory,
+          step,
+        )
+        return state.replace(ema_params=jax.tree.map(jnp.copy, state.params)), meta
+    return self._restore_state(step, target), meta
+
+  def _restore_state(self, step: int, target: Any) -> Any:
     restore_args = (
       ocp.args.StandardRestore()
       if target is None
@@ -266,7 +287,7 @@ class CheckpointManager:
         "The parameter tree or optimizer state differs from the checkpoint's (was the optimizer "
         "changed, e.g. optim.clip_norm switched on/off?)."
       ) from e
-    return out["state"], meta
+    return out["state"]
 
   def restore_params(
     self,
