@@ -225,7 +225,7 @@ def test_export_hf_loads_in_transformers(saved, tmp_path):
 
 def test_train_state_holds_only_what_an_update_changes():
   """No field that nothing reads (the update needs no PRNG key: rollout keys come from the seed
-  and the iteration)."""
+  and the iteration); the EMA teacher's params only when algo.teacher_weights='ema'."""
   from sdar_jax.core.train_state import TrainState
 
   assert [f.name for f in dataclasses.fields(TrainState)] == [
@@ -233,7 +233,9 @@ def test_train_state_holds_only_what_an_update_changes():
     "params",
     "opt_state",
     "skipped_updates",
+    "ema_params",
   ]
+  assert create_train_state(init_params(TINY, jax.random.key(0)), _optimizer()).ema_params is None
 
 
 def test_restore_params_alone_onto_another_mesh(saved):

@@ -93,6 +93,18 @@ def model_config_mismatches(
   ]
 
 
+# The TrainState fields of every checkpoint (`ema_params` came later, see `CheckpointManager.restore`)
+_BASE_FIELDS = ("step", "params", "opt_state", "skipped_updates")
+
+
+def _without_ema(state: Any) -> Any:
+  """A TrainState without an EMA as the dict of the fields every checkpoint holds, so it is stored
+  and read exactly as before `ema_params` existed; anything else as it is."""
+  if isinstance(state, TrainState) and state.ema_params is None:
+    return {f: getattr(state, f) for f in _BASE_FIELDS}
+  return state
+
+
 def abstract_train_state(
   model_config: ModelConfig,
   optimizer: optax.GradientTransformation,
@@ -204,7 +216,7 @@ class CheckpointManager:
       "saved_at_unix": time.time(),
     }
     args = ocp.args.Composite(
-      state=ocp.args.StandardSave(state),
+      state=ocp.args.StandardSave(_without_ema(state)),
       meta=ocp.args.JsonSave(meta),
       extra=ocp.args.JsonSave(_json_safe(dict(extra or {}), "extra")),
     )
@@ -274,11 +286,15 @@ class CheckpointManager:
     return self._restore_state(step, target), meta
 
   def _restore_state(self, step: int, target: Any) -> Any:
-    restore_args = (
-      ocp.args.StandardRestore()
-      if target is None
-      else ocp.args.StandardRestore(_as_abstract(target))
-    )
+    if isinstance(target, TrainState) and target.ema_params is None:
+      # the fields every checkpoint holds, by name (`save` stores a state without an EMA so)
+      restore_args = ocp.args.StandardRestore(_without_ema(_as_abstract(target)))
+    else:
+      restore_args = (
+        ocp.args.StandardRestore()
+        if target is None
+        else ocp.args.StandardRestore(_as_abstract(target))
+      )
     try:
       out = self._manager.restore(step, args=ocp.args.Composite(state=restore_args))
     except (ValueError, KeyError, TypeError) as e:
@@ -287,6 +303,8 @@ class CheckpointManager:
         "The parameter tree or optimizer state differs from the checkpoint's (was the optimizer "
         "changed, e.g. optim.clip_norm switched on/off?)."
       ) from e
+    if isinstance(out["state"], dict) and isinstance(target, TrainState):
+      return TrainState(**out["state"])
     return out["state"]
 
   def restore_params(
