@@ -459,7 +459,8 @@ def plan(
   algo = step.algo_config
   state_sh = step.state_shardings()
   abstract_state = jax.eval_shape(
-    lambda p: create_train_state(p, step.optimizer), param_shapes(model_config)
+    lambda p: create_train_state(p, step.optimizer, step.algo_config.keeps_ema),
+    param_shapes(model_config),
   )
   state = jax.tree.map(lambda a, s: _sds(a.shape, a.dtype, s), abstract_state, state_sh)
   with_ref = algo.needs_ref_params  # the trainer passes the frozen initial params (KL, teacher)

@@ -138,10 +138,12 @@ def _define_flags() -> None:
 def _summary(config, model_config, mesh) -> str:
   import jax
 
+  from sdar_jax.algos import AlgoConfig
   from sdar_jax.core.train_state import make_optimizer
   from sdar_jax.run.checkpoint import abstract_train_state
 
-  state = abstract_train_state(model_config, make_optimizer(**config.optim), mesh)
+  ema = AlgoConfig.from_config(config.algo).keeps_ema  # the EMA teacher's copy of the params
+  state = abstract_train_state(model_config, make_optimizer(**config.optim), mesh, ema=ema)
   leaves = jax.tree.leaves(state)
   total = sum(math.prod(x.shape) * x.dtype.itemsize for x in leaves)
   per_device = sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in leaves)

@@ -412,6 +412,16 @@ EXPECTED_PRESETS = {
     teacher_weights="initial",
     teacher=True,
   ),
+  "sdar_topk": dict(
+    distill="sdar",
+    gate="gap",
+    form="topk",
+    top_k=32,
+    lam=0.5,
+    teacher_source="step",
+    teacher_weights="initial",
+    teacher=True,
+  ),
 }
 
 
@@ -470,6 +480,29 @@ def test_algo_config_checks_itself_and_reports_every_problem():
   refused = r"algo.teacher=False: .*'skill_sd'.* need teacher log-probs"
   with pytest.raises(ValueError, match=refused):
     AlgoConfig(distill="skill_sd", lam=0.001, teacher=False)
+  # the top-k, chunking and EMA settings: each bad value names itself and the fix
+  for kwargs, want in (
+    (dict(top_k=0), r"algo.top_k=0: must be an integer >= 1. Fix: use a positive number"),
+    (dict(top_k=2.5), r"algo.top_k=2.5: must be an integer >= 1"),
+    (dict(vocab_chunk=-1), r"algo.vocab_chunk=-1: must be an integer >= 0. Fix: .* or 0 for no"),
+    (dict(teacher_ema_decay=1.0), r"algo.teacher_ema_decay=1.0: an EMA decay must be in \[0, 1\)"),
+    (dict(teacher_ema_decay=-0.1), r"algo.teacher_ema_decay=-0.1: .*Fix: use e.g. 0.99"),
+    (
+      dict(distill="sdar", lam=0.1, teacher_weights="ema"),
+      r"algo.teacher_source='rollout': algo.teacher_weights='ema' .*teacher_source=step",
+    ),
+    (
+      dict(teacher_weights="ema", teacher_source="step"),
+      r"algo.teacher_weights='ema': an EMA teacher with no term .*Fix: set algo.distill='sdar'",
+    ),
+    (dict(teacher_weights="moving"), r"algo.teacher_weights='moving': unknown name.*'ema'"),
+  ):
+    with pytest.raises(ValueError, match=want):
+      AlgoConfig(**kwargs)
+  ema = AlgoConfig(
+    distill="sdar", lam=0.1, kl_coef=0.0, teacher_source="step", teacher_weights="ema"
+  )
+  assert ema.keeps_ema and not ema.needs_ref_params and not get_preset("sdar_vocab").keeps_ema
   sdar = get_preset("sdar")  # hashable and equal by value: a jit static
   assert hash(sdar) == hash(AlgoConfig.from_config(dataclasses.asdict(sdar)))
 

@@ -17,6 +17,7 @@ from sdar_jax.algos import (
   sdar_loss,
   skill_sd_loss,
   token_advantages,
+  topk_distill_term,
   vocab_distill_term,
 )
 
@@ -296,6 +297,74 @@ def test_vocab_form_raises_a_token_the_student_never_samples_and_the_reference_f
   vocab, reference = after(vocab_loss), after(reference_loss)
   assert vocab[2] > 0.5 and vocab[0] < 0
   assert abs(reference[2]) < 0.01
+
+
+def np_topk_term(ls, lt, k, beta, gate):
+  """Float64 truth of the top-k term and its logit gradient, by an explicit loop over positions:
+  the teacher's k largest entries (np.argsort), w_v = pT_v·g_v on them and 0 elsewhere."""
+  ls, lt = ls.astype(np.float64), lt.astype(np.float64)
+  term, w = np.zeros(ls.shape[:-1]), np.zeros_like(ls)
+  for b in range(ls.shape[0]):
+    for r in range(ls.shape[1]):
+      top = np.argsort(-lt[b, r])[:k]
+      h = -(np.exp(ls[b, r]) * ls[b, r]).sum()
+      gap = lt[b, r, top] - ls[b, r, top]
+      w[b, r, top] = np.exp(lt[b, r, top]) * np_gate(gate, beta, gap, h)
+      term[b, r] = (w[b, r, top] * gap).sum()
+  grad = -w + np.exp(ls) * w.sum(-1, keepdims=True)
+  return term, grad, (w * np.abs(lt - ls)).sum(-1)
+
+
+@pytest.mark.parametrize("gate", ["gap", "entropy"])
+@pytest.mark.parametrize("k", [1, 5, VOCAB])
+def test_topk_term_loss_and_gradient_match_numpy_on_a_ragged_batch(gate, k):
+  """The top-k term and, through `sdar_loss` (form "topk", token-mean over the ragged MASK), the
+  loss and its gradient w.r.t. the student's logits, against a loop over positions in float64."""
+  ls, lt = vocab_inputs(17)
+  beta = 3.0
+
+  def loss(z):
+    lsm = jax.nn.log_softmax(z, axis=-1)
+    h = jax.lax.stop_gradient(-jnp.sum(jnp.exp(lsm) * lsm, axis=-1))
+    term = topk_distill_term(lsm, lt, top_k=k, beta=beta, gate=gate, entropy=h, vocab_size=VOCAB)
+    logp = lsm[..., 0]
+    out, _ = sdar_loss(
+      logp,
+      lt[..., 0],
+      MASK,
+      beta=beta,
+      gate=gate,
+      entropy=h,
+      vocab_size=VOCAB,
+      form="topk",
+      vocab_term=term,
+    )
+    return out, term
+
+  (got, term), grad = jax.value_and_grad(loss, has_aux=True)(jnp.asarray(ls))
+  want_term, want_grad, scale = np_topk_term(ls, lt, k, beta, gate)
+  assert np.all(np.abs(np.asarray(term) - want_term) <= 1e-5 * (1 + scale))
+  weights = np_weights(MASK, "token-mean")
+  assert abs(float(got) - np_agg(want_term, MASK, "token-mean")) <= 1e-5 * (1 + scale.max())
+  np.testing.assert_allclose(grad, want_grad * weights[..., None], atol=1e-6)
+  assert np.all(np.asarray(grad)[MASK == 0] == 0)  # padding positions get no gradient
+
+
+def test_topk_term_with_k_the_vocabulary_size_is_the_vocab_term():
+  ls, lt = vocab_inputs(19)
+  for gate in ("gap", "soft_or"):
+    kw = dict(beta=4.0, gate=gate, entropy=np.ones((B, R), np.float32), vocab_size=VOCAB)
+    full = vocab_distill_term(ls, lt, **kw)
+    for k in (VOCAB, VOCAB + 100):  # capped at V
+      np.testing.assert_allclose(topk_distill_term(ls, lt, top_k=k, **kw), full, rtol=0, atol=2e-6)
+    # fewer entries: a different (smaller-weight) sum
+    assert not np.allclose(topk_distill_term(ls, lt, top_k=2, **kw), full, atol=1e-3)
+
+
+def test_topk_form_without_its_term_names_the_fix():
+  ls, lt, _, _ = inputs(6)
+  with pytest.raises(ValueError, match="form='topk'.*vocab_term"):
+    sdar_loss(ls, lt, MASK, beta=1.0, form="topk")
 
 
 def test_vocab_form_without_its_term_names_the_fix():

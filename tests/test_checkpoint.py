@@ -225,7 +225,7 @@ def test_export_hf_loads_in_transformers(saved, tmp_path):
 
 def test_train_state_holds_only_what_an_update_changes():
   """No field that nothing reads (the update needs no PRNG key: rollout keys come from the seed
-  and the iteration)."""
+  and the iteration); the EMA teacher's params only when algo.teacher_weights='ema'."""
   from sdar_jax.core.train_state import TrainState
 
   assert [f.name for f in dataclasses.fields(TrainState)] == [
@@ -233,7 +233,9 @@ def test_train_state_holds_only_what_an_update_changes():
     "params",
     "opt_state",
     "skipped_updates",
+    "ema_params",
   ]
+  assert create_train_state(init_params(TINY, jax.random.key(0)), _optimizer()).ema_params is None
 
 
 def test_restore_params_alone_onto_another_mesh(saved):
@@ -301,3 +303,25 @@ def test_export_dir_has_the_umask_permissions(tmp_path, umask):
   mode = os.stat(out).st_mode & 0o777
   assert mode == 0o777 & ~umask
   assert mode == os.stat(tmp_path / "reference").st_mode & 0o777
+
+
+def test_an_ema_state_round_trips_and_a_checkpoint_without_one_starts_it_from_the_params(
+  saved, tmp_path
+):
+  """algo.teacher_weights='ema': the EMA is checkpointed beside the params, restored bit-identically
+  onto another mesh in the params' shardings; a checkpoint written without it (the `saved` ones,
+  as before the field existed) restores into an EMA target with the EMA = the params."""
+  directory, states = saved
+  ema = jax.tree.map(lambda p: p * 0.5 + 0.25, states[4].params)  # any values but the params'
+  with_ema = states[4].replace(ema_params=ema)
+  with CheckpointManager(tmp_path / "ema") as ckpt:
+    ckpt.save(1, with_ema, TINY)
+  other = sharding.make_mesh((2, 2, 2))
+  target = abstract_train_state(TINY, _optimizer(), other, ema=True)
+  state, _ = CheckpointManager(tmp_path / "ema").restore(target=target, model_config=TINY)
+  _assert_trees_equal(state, with_ema)
+  for leaf, param in zip(jax.tree.leaves(state.ema_params), jax.tree.leaves(state.params)):
+    assert leaf.sharding.is_equivalent_to(param.sharding, leaf.ndim)
+  old, _ = CheckpointManager(directory).restore(step=4, target=target, model_config=TINY)
+  _assert_trees_equal(old.replace(ema_params=None), states[4])
+  _assert_trees_equal(old.ema_params, states[4].params)

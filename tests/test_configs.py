@@ -237,7 +237,7 @@ def test_unknown_names_list_the_valid_ones(key, registry):
     else {
       "distill": ["none", "sdar", "skill_sd"],
       "teacher_source": ["rollout", "step"],
-      "teacher_weights": ["current", "initial"],
+      "teacher_weights": ["current", "initial", "ema"],
     }[key]
   )
   assert str(sorted(valid)) in msg

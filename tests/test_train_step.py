@@ -309,6 +309,77 @@ def test_a_frozen_teacher_reads_the_initial_params_and_the_student_the_current_o
     loss_and_grads(CONFIG, rollout, params, batch.replace(teacher_logp=batch.old_logp))
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ["sdar_vocab", "sdar_topk"])
+def test_vocab_and_topk_forms_in_chunks_equal_the_unchunked_update(params, preset):
+  """algo.vocab_chunk over the R = 6 response slots: chunks of 4 (the last one padded)
+  against one pass over all of them (vocab_chunk 0), the whole preset's loss (PPO, entropy, KL,
+  the gated term on the frozen teacher; top-k with k = 5 of 256) on a ragged batch: gradients
+  within float32 summation order of each leaf's largest entry, metrics within a few ulp of their
+  log-prob summands (`metric_atol`), never relative to a result that may cancel."""
+  algo = dataclasses.replace(get_preset(preset), top_k=5, vocab_chunk=0)
+  batch = make_batch(params, seed=21)
+  ref = jax.tree.map(lambda x: x * 1.05, params)
+  run = jax.jit(
+    lambda a, p: loss_and_grads(CONFIG, a, p, batch, ref_params=ref),
+    static_argnums=0,
+  )
+  g_full, m_full = to_np(run(algo, params))
+  assert m_full["sdar/loss"] != 0
+  g_chunk, m_chunk = to_np(run(dataclasses.replace(algo, vocab_chunk=4), params))
+  jax.tree.map(close_to_scale, g_chunk, g_full)
+  assert set(m_chunk) == set(m_full)
+  for k in m_full:
+    np.testing.assert_allclose(m_chunk[k], m_full[k], rtol=1e-5, atol=metric_atol(batch), err_msg=k)
+
+
+@pytest.mark.slow
+def test_ema_teacher_reads_the_ema_and_each_update_moves_it_by_hand(params):
+  """teacher_weights='ema': the gap the gate reads is lT(ema) − lθ(params) (full-logits forward);
+  a fresh state gets its EMA from the params (shard_state), and after each applied update
+  ema = d·ema + (1 − d)·params, worked out here in float64 from the states before and after."""
+  decay = 0.75
+  algo = AlgoConfig(
+    distill="sdar",
+    lam=0.1,
+    kl_coef=0.0,
+    teacher_source="step",
+    teacher_weights="ema",
+    teacher_ema_decay=decay,
+  )
+  batch = make_batch(params, seed=23)
+  ema = jax.tree.map(lambda x: x * 1.05, params)
+  _, metrics = jax.jit(lambda p, e: loss_and_grads(CONFIG, algo, p, batch, ema_params=e))(
+    params, ema
+  )
+  student = full_logp(params, batch.student_tokens, batch.student_mask, R)[0]
+  teacher = full_logp(ema, batch.teacher_tokens, batch.teacher_mask, R)[0]
+  m = np.asarray(batch.response_mask, np.float64)
+  want = ((teacher - student).astype(np.float64) * m).sum() / m.sum()
+  scale = (np.abs(teacher) + np.abs(student)).mean()
+  assert abs(float(metrics["sdar/teacher_gap_mean"]) - want) <= 1e-5 * scale
+  with pytest.raises(ValueError, match="teacher_weights='ema'.*ema_params="):
+    loss_and_grads(CONFIG, algo, params, batch)
+
+  optimizer = make_optimizer(lr=1e-2)
+  step = TrainStep(CONFIG, algo, optimizer)
+  state = step.shard_state(fresh_state(params, optimizer))
+  assert fresh_state(params, optimizer).ema_params is None
+  jax.tree.map(np.testing.assert_array_equal, to_np(state.ema_params), to_np(params))
+  for _ in range(2):
+    before = to_np(state.ema_params)
+    state, metrics = step(state, batch)
+    assert float(metrics["train/skipped_update"]) == 0.0
+    after, new = to_np(state.ema_params), to_np(state.params)
+
+    def check(got, old, p):
+      want = decay * old.astype(np.float64) + (1 - decay) * p.astype(np.float64)
+      np.testing.assert_allclose(got, want, rtol=0, atol=2 * EPS32 * (np.abs(want).max() + 1e-30))
+
+    jax.tree.map(check, after, before, new)
+  assert not np.array_equal(after["embed"], new["embed"])  # the EMA lags the params
+
+
 def test_sdar_vocab_form_refuses_a_rollout_scored_teacher():
   with pytest.raises(ValueError, match="algo.teacher_source='rollout'.*teacher_source=step"):
     AlgoConfig(distill="sdar", lam=0.1, form="vocab", teacher_source="rollout")

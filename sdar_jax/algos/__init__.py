@@ -26,6 +26,7 @@ from sdar_jax.algos.distill import (
   distill_loss,
   sdar_loss,
   skill_sd_loss,
+  topk_distill_term,
   vocab_distill_term,
 )
 from sdar_jax.algos.gates import BETA_FREE_GATES, GATES, compute_gate
@@ -75,5 +76,6 @@ __all__ = [
   "skill_sd_loss",
   "token_advantages",
   "token_count",
+  "topk_distill_term",
   "vocab_distill_term",
 ]

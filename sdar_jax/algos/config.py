@@ -26,7 +26,7 @@ from sdar_jax.algos.gates import GATES
 from sdar_jax.algos.losses import KL_PENALTIES
 
 TEACHER_SOURCES = ("rollout", "step")
-TEACHER_WEIGHTS = ("current", "initial")
+TEACHER_WEIGHTS = ("current", "initial", "ema")
 STEP_ANCHORS = ("observation", "prompt")  # step_anchor: what makes two turns the same state
 
 
@@ -61,7 +61,17 @@ class AlgoConfig:
   form: str = "reference"
   """SDAR per-token form (`SDAR_FORMS`): "reference" g·(sg(lT) − lθ), "reverse_kl" −g·sg(Δ)·lθ
   (sampled tokens), "vocab" Σ_v sg(pT(v)·g_v)·(sg(lT(v)) − lθ(v)) (every vocabulary entry gated
-  by its own gap; needs teacher_source="step", `algos.vocab_distill_term`)."""
+  by its own gap; needs teacher_source="step", `algos.vocab_distill_term`), "topk" the same sum
+  over the teacher's `top_k` most likely tokens (`algos.topk_distill_term`)."""
+  top_k: int = 32
+  """Form "topk": how many of the teacher's most likely tokens each response position sums over
+  (their own probabilities, not renormalised; capped at the vocabulary size, where "topk" equals
+  "vocab"). Read by no other form."""
+  vocab_chunk: int = 64
+  """Forms "vocab" / "topk": response positions per chunk of the lm_head pass that forms both
+  branches' [mb, chunk, V] log-softmax (scanned, each chunk recomputed in the backward pass), so
+  no [mb, R, V] array is live at once; a response of at most this many slots (the offline demo's)
+  is one chunk, the unchunked computation. 0 = never chunk."""
   advantage: str = "grpo"
   """Token-advantage estimator (`ADVANTAGE_ESTIMATORS`): "grpo", or "rlsd" (teacher re-weighted,
   needs the teacher's log-probs)."""
@@ -122,7 +132,12 @@ class AlgoConfig:
   the reference) or "initial" (the frozen initial policy, the one the KL term reads, given the
   skills). Sharing weights lets the update close the teacher-student gap from the teacher's side
   too, by making the model ignore the skill block: on the demo, form "vocab" with λ = 1 drove
-  both branches to the same broken policy; a frozen teacher is a fixed target."""
+  both branches to the same broken policy; a frozen teacher is a fixed target. "ema": an
+  exponential moving average of the policy (`teacher_ema_decay`), kept in the train state and
+  checkpointed with it, updated after every optimizer update (needs teacher_source="step")."""
+  teacher_ema_decay: float = 0.99
+  """teacher_weights="ema": after each applied update ema ← d·ema + (1 − d)·params, d in [0, 1)
+  (0: the teacher is the policy after the last update). The EMA starts from the params."""
   temperature: float = 1.0
   """Logits are divided by it when tokens are scored; configs link it to rollout.temperature, so
   tokens are scored at the temperature they were sampled at."""
@@ -144,7 +159,13 @@ class AlgoConfig:
   @property
   def needs_ref_params(self) -> bool:
     """Whether the update reads the frozen initial policy: the KL term, or a frozen teacher."""
+    # an EMA teacher starts from the params and lives in the train state (`keeps_ema`)
     return bool(self.kl_coef) or (self.scores_teacher and self.teacher_weights == "initial")
+
+  @property
+  def keeps_ema(self) -> bool:
+    """Whether the train state carries an EMA of the params (the teacher's weights)."""
+    return self.scores_teacher and self.teacher_weights == "ema"
 
   @property
   def vocab_distill(self) -> bool:
@@ -215,6 +236,35 @@ class AlgoConfig:
       )
     if not _is_number(self.rlsd_clip_eps, low=0):
       bad("rlsd_clip_eps", "must be a number >= 0", "use 0.2 (the reference)")
+    for field, low in (("top_k", 1), ("vocab_chunk", 0)):
+      value = getattr(self, field)
+      if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        fix = (
+          "use a positive number of tokens (32: UCOB's top 32)"
+          if field == "top_k"
+          else "use a positive number of response positions (64), or 0 for no chunking"
+        )
+        bad(field, f"must be an integer >= {low}", fix)
+    if not _is_number(self.teacher_ema_decay, low=0) or self.teacher_ema_decay >= 1:
+      bad(
+        "teacher_ema_decay",
+        "an EMA decay must be in [0, 1) (1 would never move the teacher)",
+        "use e.g. 0.99, or teacher_weights='initial' for a teacher that never moves",
+      )
+    if self.teacher_weights == "ema" and self.teacher_source != "step":
+      bad(
+        "teacher_source",
+        "algo.teacher_weights='ema' runs the teacher on the EMA of the params, which lives in the "
+        "train state and is read inside the update",
+        "set --config.algo.teacher_source=step",
+      )
+    if self.teacher_weights == "ema" and not self.scores_teacher:
+      bad(
+        "teacher_weights",
+        "an EMA teacher with no term reading the teacher (algo.distill='none', advantage "
+        f"{self.advantage!r}) would only cost memory",
+        "set algo.distill='sdar' (or teacher=True), or teacher_weights='current'",
+      )
     warmdown = self.rlsd_warmdown_steps
     if self.advantage == "rlsd" and (not isinstance(warmdown, int) or warmdown < 1):
       bad(

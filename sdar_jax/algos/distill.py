@@ -25,10 +25,10 @@ Metrics = dict[str, Array]
 FormFn = Callable[[Array, Array, Array, Array, "Array | None"], Array]
 SDAR_FORMS: Registry[FormFn] = Registry("sdar form")
 
-# Forms whose per-token loss is a sum over the whole vocabulary at each response position: the
-# update computes it from both branches' full distributions (`vocab_distill_term`) and passes it
-# to `sdar_loss` as `vocab_term`.
-VOCAB_FORMS = ("vocab",)
+# Forms whose per-token loss is a sum over vocabulary entries at each response position: the
+# update computes it from both branches' full distributions (`vocab_distill_term`, or
+# `topk_distill_term` for "topk") and passes it to `sdar_loss` as `vocab_term`.
+VOCAB_FORMS = ("vocab", "topk")
 
 
 @SDAR_FORMS.register("reference")
@@ -59,6 +59,30 @@ def _vocab_form(student_logp, teacher_logp, gap, gate, vocab_term=None) -> Array
   return vocab_term
 
 
+@SDAR_FORMS.register("topk")
+def _topk_form(student_logp, teacher_logp, gap, gate, vocab_term=None) -> Array:
+  """ℓ_t = Σ_{v ∈ top-k of pT} sg(pT(v)·g_v)·(sg(lT(v)) − lθ(v)): the vocab form over the
+  teacher's k most likely tokens (`topk_distill_term`, k = algo.top_k)."""
+  del student_logp, teacher_logp, gap, gate
+  if vocab_term is None:
+    raise ValueError(
+      "algo.form='topk' sums over the teacher's top-k tokens: pass vocab_term=[B, R] "
+      "(topk_distill_term of the student's and the teacher's log-softmax), or use "
+      "form 'reference'"
+    )
+  return vocab_term
+
+
+def _gated_sum(ls: Array, lt: Array, beta, gate, entropy, vocab_size) -> Array:
+  """Σ over the last axis of sg(pT·g)·(lT − lθ), g = gate(β, lT − sg(lθ), h) per entry."""
+  if entropy is not None:
+    entropy = jnp.asarray(entropy, jnp.float32)[..., None]  # one value per position
+  gap = lt - jax.lax.stop_gradient(ls)
+  g = compute_gate(gate, beta=beta, gap=gap, entropy=entropy, vocab_size=vocab_size)
+  w = jax.lax.stop_gradient(jnp.exp(lt) * g)
+  return jnp.sum(w * (lt - ls), axis=-1)
+
+
 def vocab_distill_term(
   student_log_softmax: ArrayLike,
   teacher_log_softmax: ArrayLike,
@@ -81,12 +105,38 @@ def vocab_distill_term(
   """
   ls = jnp.asarray(student_log_softmax, jnp.float32)
   lt = jax.lax.stop_gradient(jnp.asarray(teacher_log_softmax, jnp.float32))
-  if entropy is not None:
-    entropy = jnp.asarray(entropy, jnp.float32)[..., None]  # one value per position
-  gap = lt - jax.lax.stop_gradient(ls)
-  g = compute_gate(gate, beta=beta, gap=gap, entropy=entropy, vocab_size=vocab_size)
-  w = jax.lax.stop_gradient(jnp.exp(lt) * g)
-  return jnp.sum(w * (lt - ls), axis=-1)
+  return _gated_sum(ls, lt, beta, gate, entropy, vocab_size)
+
+
+def topk_distill_term(
+  student_log_softmax: ArrayLike,
+  teacher_log_softmax: ArrayLike,
+  *,
+  top_k: int,
+  beta: ArrayLike,
+  gate: str = "gap",
+  entropy: ArrayLike | None = None,
+  vocab_size: int | None = None,
+) -> Array:
+  """`vocab_distill_term` restricted to the teacher's `top_k` most likely tokens per position:
+  [B, R, V] x 2 -> [B, R] (k is capped at V, where the two terms are equal).
+
+  Σ_{v ∈ K} w_v·(lT(v) − lθ(v)), K the teacher's k most likely entries at the position, w_v =
+  sg(pT(v)·g_v), each entry gated by its own gap Δ_v = lT(v) − sg(lθ(v)) as in the vocab form.
+  Neither renormalised nor with a tail bucket: the k keep the teacher's own probabilities, so the
+  term is the vocab form's sum with its least likely entries dropped (each of which weighs at
+  most pT(v) there), and its gradient w.r.t. the student's logits is −w + pθ·Σ_{v ∈ K} w_v (the
+  tail still falls through the student's normalisation). Renormalising would scale a flat
+  teacher's weights up by 1/Σ_K pT; a tail bucket needs log(1 − Σ_K p) of both branches, which
+  float32 cancels to noise when the k hold nearly all the mass, and one gate for the whole tail
+  would mix endorsed and rejected tokens.
+  """
+  ls = jnp.asarray(student_log_softmax, jnp.float32)
+  lt = jax.lax.stop_gradient(jnp.asarray(teacher_log_softmax, jnp.float32))
+  k = min(int(top_k), lt.shape[-1])
+  lt_k, idx = jax.lax.top_k(lt, k)
+  ls_k = jnp.take_along_axis(ls, idx, axis=-1)
+  return _gated_sum(ls_k, lt_k, beta, gate, entropy, vocab_size)
 
 
 def sdar_loss(
@@ -108,8 +158,9 @@ def sdar_loss(
 
   Δ = sg(lT) − sg(lθ); g = gate(β, Δ, h) (detached; the entropy gates also need `vocab_size`,
   the number of logits h is taken over, see `gates`); per token ℓ from `form`
-  ("reference": g·(sg(lT) − lθ); "reverse_kl": −g·sg(Δ)·lθ; "vocab": `vocab_term`, the gated
-  sum over the vocabulary from `vocab_distill_term`); loss = agg(ℓ, mask).
+  ("reference": g·(sg(lT) − lθ); "reverse_kl": −g·sg(Δ)·lθ; "vocab" / "topk": `vocab_term`, the
+  gated sum over the vocabulary from `vocab_distill_term` / over the teacher's top k from
+  `topk_distill_term`); loss = agg(ℓ, mask).
   Its gradient w.r.t. lθ in the reference form with token-mean is −g·m/Σm.
 
   Metrics (over the whole batch passed in): sdar/gate_mean, sdar/gate_active_ratio

@@ -55,6 +55,19 @@ ALGO_PRESETS: dict[str, AlgoConfig] = {
         "teacher_weights": "initial",
       },
     ),
+    # Ours: UCOB's top-k distillation under SDAR's gate: the vocab form over the teacher's 32
+    # most likely tokens at each position (algo.top_k), same teacher and λ as sdar_vocab.
+    _preset(
+      "sdar_topk",
+      **{
+        **_SDAR,
+        "form": "topk",
+        "top_k": 32,
+        "lam": 0.5,
+        "teacher_source": "step",
+        "teacher_weights": "initial",
+      },
+    ),
   )
 }
 

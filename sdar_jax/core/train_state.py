@@ -18,13 +18,17 @@ from sdar_jax.models import ModelConfig, Params, init_params, param_shapes
 @flax.struct.dataclass
 class TrainState:
   """Everything an update changes. One copy of the policy parameters: the SDAR teacher is the same
-  weights under a longer prompt, so it needs no state of its own. The frozen reference policy for
-  the KL term (when on) is passed to the step separately, never stored here."""
+  weights under a longer prompt, so it needs no state of its own, unless it runs on an EMA of
+  them (algo.teacher_weights="ema"): then `ema_params`, a params-shaped pytree sharded like the
+  params and checkpointed with them; None otherwise (and in checkpoints written before the field
+  existed, where `TrainStep.shard_state` starts it from the params). The frozen reference policy
+  for the KL term (when on) is passed to the step separately, never stored here."""
 
   step: jax.Array  # int32 scalar: optimizer updates applied so far
   params: Params
   opt_state: Any
   skipped_updates: jax.Array  # int32 scalar: updates skipped because the gradient was not finite
+  ema_params: Params | None = None  # the EMA teacher's weights (teacher_weights="ema"), or None
 
 
 def make_lr_schedule(lr: float, warmup_steps: int = 0) -> optax.Schedule:
@@ -136,22 +140,35 @@ def make_optimizer(
   return optax.chain(*parts, adamw)
 
 
-def create_train_state(params: Params, optimizer: optax.GradientTransformation) -> TrainState:
+def create_train_state(
+  params: Params, optimizer: optax.GradientTransformation, ema: bool = False
+) -> TrainState:
   """Step 0 of training `params` with `optimizer` (the update needs no randomness: rollout keys are
-  derived by the trainer from (seed, iteration))."""
+  derived by the trainer from (seed, iteration)); `ema`: with an EMA of the params (a copy)."""
   return TrainState(
     step=jnp.zeros((), jnp.int32),
     params=params,
     opt_state=optimizer.init(params),
     skipped_updates=jnp.zeros((), jnp.int32),
+    ema_params=jax.tree.map(jnp.copy, params) if ema else None,
   )
 
 
 def init_train_state(
-  config: ModelConfig, optimizer: optax.GradientTransformation, seed: int = 0
+  config: ModelConfig, optimizer: optax.GradientTransformation, seed: int = 0, ema: bool = False
 ) -> TrainState:
   """Random-init parameters + optimizer state (tests, the offline demo)."""
-  return create_train_state(init_params(config, jax.random.key(seed)), optimizer)
+  return create_train_state(init_params(config, jax.random.key(seed)), optimizer, ema)
+
+
+def update_ema(ema: Params, params: Params, decay: float) -> Params:
+  """ema ← d·ema + (1 − d)·params, leaf by leaf in float32, cast back to each leaf's dtype."""
+
+  def one(e, p):
+    mixed = decay * e.astype(jnp.float32) + (1.0 - decay) * p.astype(jnp.float32)
+    return mixed.astype(e.dtype)
+
+  return jax.tree.map(one, ema, params)
 
 
 def train_state_shardings(
@@ -159,13 +176,21 @@ def train_state_shardings(
   optimizer: optax.GradientTransformation,
   mesh: Mesh,
   rules: Rules | None = None,
+  ema: bool = False,
 ) -> TrainState:
-  """A TrainState of NamedShardings: params by the logical-axis rules, optimizer moments like the
-  params they track (`optax.tree_map_params`), scalars (step, counts) replicated."""
+  """A TrainState of NamedShardings: params (and their EMA when `ema`) by the logical-axis rules,
+  optimizer moments like the params they track (`optax.tree_map_params`), scalars (step,
+  counts) replicated."""
   params = param_shardings(model_config, mesh, rules)
   scalar = replicated(mesh)
   abstract_opt_state = jax.eval_shape(optimizer.init, param_shapes(model_config))
   opt_state = optax.tree_map_params(
     optimizer, lambda _, s: s, abstract_opt_state, params, transform_non_params=lambda _: scalar
   )
-  return TrainState(step=scalar, params=params, opt_state=opt_state, skipped_updates=scalar)
+  return TrainState(
+    step=scalar,
+    params=params,
+    opt_state=opt_state,
+    skipped_updates=scalar,
+    ema_params=params if ema else None,
+  )

@@ -30,7 +30,10 @@ teacher_source="rollout": `TrainStep.score_teacher(params, batch)` scores them o
 at θ_old before the first update and they ride in the batch, as the authors' code does. With one
 mini-batch per iteration the two agree exactly; with several, "step" re-scores at the current θ.
 `algo.teacher_weights="initial"` runs the teacher on the frozen initial policy (`ref_params`, the
-KL term's) instead of the current parameters, in either source.
+KL term's) instead of the current parameters, in either source; "ema" (teacher_source "step")
+on `TrainState.ema_params`, an EMA of the params updated after every applied update.
+SDAR's forms "vocab" and "topk" compute their heads in chunks of `algo.vocab_chunk` response
+positions (scanned and rematerialised), so no [mb, R, V] array of either branch is live at once.
 SDAR's form "vocab" (ours, `algos.vocab_distill_term`) reads the teacher's whole distribution: the
 teacher's [mb, R, D] hidden states go into the student's lm_head pass, which forms both
 branches' [mb, R, V] log-softmax, the gated per-position sum over the vocabulary and the sampled
@@ -71,6 +74,7 @@ from sdar_jax.core.train_state import (
   make_lr_schedule,
   make_optimizer,
   train_state_shardings,
+  update_ema,
 )
 from sdar_jax.models import ModelConfig, Params, apply, logits_from_hidden, positions_from_mask
 
@@ -161,15 +165,36 @@ def _vocab_head(config, algo: AlgoConfig, params, hidden, targets, teacher_param
   logp = jnp.take_along_axis(lsm, targets[..., None], axis=-1)[..., 0]
   teacher_logp = jnp.take_along_axis(teacher_lsm, targets[..., None], axis=-1)[..., 0]
   entropy = -jnp.sum(jnp.exp(lsm) * lsm, axis=-1)
-  term = algos.vocab_distill_term(
-    lsm,
-    teacher_lsm,
+  gated = dict(
     beta=algo.beta,
     gate=algo.gate,
     entropy=jax.lax.stop_gradient(entropy),
     vocab_size=config.vocab_size,
   )
+  if algo.form == "topk":
+    term = algos.topk_distill_term(lsm, teacher_lsm, top_k=algo.top_k, **gated)
+  else:
+    term = algos.vocab_distill_term(lsm, teacher_lsm, **gated)
   return logp, entropy, term, teacher_logp
+
+
+def _chunked_head(
+  head: Callable, chunk: int, params, hidden, targets, teacher_params, teacher_hidden
+):
+  """`head` over response positions in chunks of `chunk` (the last one zero-padded, its padding
+  sliced off): a scan whose body is rematerialised, so the forward keeps one chunk's [B, chunk, V]
+  arrays live and the backward recomputes them chunk by chunk from the [B, R, D] hidden states.
+  Every output is per position [B, R], so the chunks only concatenate."""
+  R = hidden.shape[1]
+  num = -(-R // chunk)
+
+  def split(x):  # [B, R, ...] -> [num, B, chunk, ...]
+    x = jnp.pad(x, [(0, 0), (0, num * chunk - R)] + [(0, 0)] * (x.ndim - 2))
+    return x.reshape(x.shape[0], num, chunk, *x.shape[2:]).swapaxes(0, 1)
+
+  body = jax.checkpoint(lambda xs: head(params, xs[0], xs[1], teacher_params, xs[2]))
+  outs = jax.lax.map(body, (split(hidden), split(targets), split(teacher_hidden)))
+  return tuple(x.swapaxes(0, 1).reshape(x.shape[1], num * chunk)[:, :R] for x in outs)
 
 
 def _student_scores(config, algo: AlgoConfig, params, batch: TurnBatch, teacher):
@@ -183,6 +208,8 @@ def _student_scores(config, algo: AlgoConfig, params, batch: TurnBatch, teacher)
     config, params, batch.student_tokens, batch.student_mask, batch.response_len
   )
   head = functools.partial(_vocab_head, config, algo)
+  if algo.vocab_chunk and batch.response_len > algo.vocab_chunk:
+    return _chunked_head(head, algo.vocab_chunk, params, hidden, targets, *teacher)
   if config.remat:
     head = jax.checkpoint(head)
   return head(params, hidden, targets, *teacher)
@@ -322,12 +349,14 @@ def loss_and_grads(
   iteration: Array | int = 1,
   constrain: Callable[[Array], Array] = lambda x: x,
   histograms: bool = False,
+  ema_params: Params | None = None,
 ) -> tuple[Params, Metrics]:
   """Gradients (float32, summed over micro-batches) and metrics of one mini-batch; traceable.
 
   `iteration` is the 1-based training iteration (the reference's global step) for the RLSD
   λ schedule; `constrain` places a [num_micro, mb, ...] array (sharding constraint);
-  `histograms` adds the gap / gate histogram counts (`micro_loss`)."""
+  `histograms` adds the gap / gate histogram counts (`micro_loss`); `ema_params`: the EMA
+  teacher's weights (teacher_weights="ema", `TrainState.ema_params`)."""
   if algo.scores_teacher and algo.teacher_source == "rollout" and batch.teacher_logp is None:
     raise ValueError(
       "algo.teacher_source='rollout' reads batch.teacher_logp, which is None: score it with "
@@ -351,6 +380,14 @@ def loss_and_grads(
         "ref_params=, or set teacher_weights='current'."
       )
     teacher_params = jax.lax.stop_gradient(ref_params)
+  elif algo.keeps_ema:
+    if ema_params is None:
+      raise ValueError(
+        "algo.teacher_weights='ema' runs the teacher on the EMA of the params: pass ema_params= "
+        "(TrainState.ema_params; TrainStep.shard_state starts it from the params), or set "
+        "teacher_weights='current'."
+      )
+    teacher_params = jax.lax.stop_gradient(ema_params)
   else:
     teacher_params = frozen
   grad_fn = jax.value_and_grad(
@@ -404,10 +441,13 @@ def apply_update(
   grads: Params,
   loss: Array,
   iteration: Array | int | None = None,
+  ema_decay: float | None = None,
 ) -> tuple[TrainState, Array, Array]:
   """One optimizer update, skipped (state bit-identical, counter +1) when the loss or the global
   gradient norm is not finite. `iteration` (1-based training iteration) reaches the optimizer as
   an extra argument: `make_optimizer`'s learning-rate warm-up counts iterations, not updates.
+  `ema_decay` d: the state's EMA of the params (when it has one) becomes d·ema + (1 − d)·params
+  of the updated params (left as it was by a skipped update).
   Returns (state, grad_norm, skipped as float32)."""
   grad_norm = optax.global_norm(grads)
   finite = jnp.isfinite(grad_norm) & jnp.isfinite(loss)
@@ -419,11 +459,15 @@ def apply_update(
   new_params = optax.apply_updates(state.params, updates)
   keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
   skipped = (~finite).astype(jnp.int32)
+  ema = state.ema_params
+  if ema is not None and ema_decay is not None:
+    ema = jax.tree.map(keep, update_ema(ema, new_params, ema_decay), ema)
   state = state.replace(
     step=state.step + 1 - skipped,
     params=jax.tree.map(keep, new_params, state.params),
     opt_state=jax.tree.map(keep, new_opt_state, state.opt_state),
     skipped_updates=state.skipped_updates + skipped,
+    ema_params=ema,
   )
   return state, grad_norm, skipped.astype(jnp.float32)
 
@@ -474,12 +518,19 @@ class TrainStep:
     """`train_state_shardings` of this step's model, optimizer and mesh (None: no mesh)."""
     if self.mesh is None:
       return None
-    return train_state_shardings(self.model_config, self.optimizer, self.mesh, self.rules)
+    return train_state_shardings(
+      self.model_config, self.optimizer, self.mesh, self.rules, ema=self.algo_config.keeps_ema
+    )
 
   def _batch_sharding(self) -> NamedSharding | None:
     return None if self.mesh is None else sharding.batch_sharding(self.mesh, 1, self.rules)
 
   def shard_state(self, state: TrainState) -> TrainState:
+    """The state placed on the mesh; with an EMA teacher (algo.teacher_weights="ema") a state
+    without its EMA (a fresh one, or one from a checkpoint written before the field existed) gets
+    one started from its params."""
+    if self.algo_config.keeps_ema and state.ema_params is None:
+      state = state.replace(ema_params=jax.tree.map(jnp.copy, state.params))
     return state if self.mesh is None else jax.device_put(state, self.state_shardings())
 
   def shard_params(self, params: Params) -> Params:
@@ -591,11 +642,13 @@ class TrainStep:
         iteration=iteration,
         constrain=self._constrain_micro,
         histograms=self.histograms,
+        ema_params=state.ema_params,
       )
       # the warm-up counts training iterations (several mini-batch updates share one rate)
       lr = None if self.lr_schedule is None else self.lr_schedule(iteration - 1)
+      ema_decay = algo.teacher_ema_decay if algo.keeps_ema else None
       state, grad_norm, skipped = apply_update(
-        optimizer, state, grads, metrics["train/loss"], iteration
+        optimizer, state, grads, metrics["train/loss"], iteration, ema_decay
       )
       metrics["train/grad_norm"] = grad_norm
       metrics["train/skipped_update"] = skipped

@@ -38,6 +38,7 @@ import time
 from typing import Any, Mapping
 
 import jax
+import jax.numpy as jnp
 import optax
 import orbax.checkpoint as ocp
 from etils import epath
@@ -92,13 +93,30 @@ def model_config_mismatches(
   ]
 
 
+# The TrainState fields of every checkpoint (`ema_params` came later, see `CheckpointManager.restore`)
+_BASE_FIELDS = ("step", "params", "opt_state", "skipped_updates")
+
+
+def _without_ema(state: Any) -> Any:
+  """A TrainState without an EMA as the dict of the fields every checkpoint holds, so it is stored
+  and read exactly as before `ema_params` existed; anything else as it is."""
+  if isinstance(state, TrainState) and state.ema_params is None:
+    return {f: getattr(state, f) for f in _BASE_FIELDS}
+  return state
+
+
 def abstract_train_state(
-  model_config: ModelConfig, optimizer: optax.GradientTransformation, mesh: Mesh, rules=None
+  model_config: ModelConfig,
+  optimizer: optax.GradientTransformation,
+  mesh: Mesh,
+  rules=None,
+  ema: bool = False,
 ) -> TrainState:
   """The TrainState as `jax.ShapeDtypeStruct`s with shardings on `mesh` (no memory allocated):
-  the restore target for `CheckpointManager.restore`, or the out_shardings of an init."""
-  abstract = jax.eval_shape(lambda: init_train_state(model_config, optimizer, 0))
-  shardings = train_state_shardings(model_config, optimizer, mesh, rules)
+  the restore target for `CheckpointManager.restore`, or the out_shardings of an init. `ema`: with
+  the EMA teacher's params (algo.teacher_weights="ema")."""
+  abstract = jax.eval_shape(lambda: init_train_state(model_config, optimizer, 0, ema))
+  shardings = train_state_shardings(model_config, optimizer, mesh, rules, ema)
   return jax.tree.map(
     lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
   )
@@ -198,7 +216,7 @@ class CheckpointManager:
       "saved_at_unix": time.time(),
     }
     args = ocp.args.Composite(
-      state=ocp.args.StandardSave(state),
+      state=ocp.args.StandardSave(_without_ema(state)),
       meta=ocp.args.JsonSave(meta),
       extra=ocp.args.JsonSave(_json_safe(dict(extra or {}), "extra")),
     )
@@ -253,11 +271,30 @@ class CheckpointManager:
     meta = self.restore_meta(step)
     if model_config is not None:
       self._check_model(meta, model_config, step)
-    restore_args = (
-      ocp.args.StandardRestore()
-      if target is None
-      else ocp.args.StandardRestore(_as_abstract(target))
-    )
+    if target is not None and getattr(target, "ema_params", None) is not None:
+      try:
+        return self._restore_state(step, target), meta
+      except (ValueError, KeyError, TypeError):
+        # written before the EMA teacher existed (or without it): the EMA starts from the params
+        state = self._restore_state(step, target.replace(ema_params=None))
+        logging.getLogger(__name__).info(
+          "checkpoint %s/%d holds no EMA of the params: the EMA teacher starts from them",
+          self.directory,
+          step,
+        )
+        return state.replace(ema_params=jax.tree.map(jnp.copy, state.params)), meta
+    return self._restore_state(step, target), meta
+
+  def _restore_state(self, step: int, target: Any) -> Any:
+    if isinstance(target, TrainState) and target.ema_params is None:
+      # the fields every checkpoint holds, by name (`save` stores a state without an EMA so)
+      restore_args = ocp.args.StandardRestore(_without_ema(_as_abstract(target)))
+    else:
+      restore_args = (
+        ocp.args.StandardRestore()
+        if target is None
+        else ocp.args.StandardRestore(_as_abstract(target))
+      )
     try:
       out = self._manager.restore(step, args=ocp.args.Composite(state=restore_args))
     except (ValueError, KeyError, TypeError) as e:
@@ -266,7 +303,9 @@ class CheckpointManager:
         "The parameter tree or optimizer state differs from the checkpoint's (was the optimizer "
         "changed, e.g. optim.clip_norm switched on/off?)."
       ) from e
-    return out["state"], meta
+    if isinstance(out["state"], dict) and isinstance(target, TrainState):
+      return TrainState(**out["state"])
+    return out["state"]
 
   def restore_params(
     self,

@@ -255,7 +255,9 @@ class Trainer:
       # the frozen initial policy (after any warm start): the KL term's, or a frozen teacher's
       if self.step_fn.algo_config.needs_ref_params:
         self.ref_params = jax.tree.map(jnp.copy, params)
-      self.state = self.step_fn.shard_state(create_train_state(params, self.step_fn.optimizer))
+      self.state = self.step_fn.shard_state(
+        create_train_state(params, self.step_fn.optimizer, self.step_fn.algo_config.keeps_ema)
+      )
     self.replay = ReplayQueue(max_staleness=config.train.max_staleness)
     self.logger = MetricsLogger(
       self.workdir if self.eval_only else (config.logging.get("dir") or self.workdir),
@@ -287,7 +289,12 @@ class Trainer:
     if self.ckpt.latest_step() is None:
       self._drop_metric_rows_after(-1)
       return False
-    target = abstract_train_state(self.model_config, self.step_fn.optimizer, self.mesh)
+    target = abstract_train_state(
+      self.model_config,
+      self.step_fn.optimizer,
+      self.mesh,
+      ema=self.step_fn.algo_config.keeps_ema,
+    )
     state, meta = self.ckpt.restore(target=target, model_config=self.model_config)
     self.state = state
     extra = meta.get("extra") or {}
