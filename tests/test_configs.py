@@ -200,14 +200,15 @@ def test_algo_section_key_typos_name_the_closest_field():
     ("kl_kind", KL_PENALTIES.names()),
     ("advantage", ADVANTAGE_ESTIMATORS.names()),
     ("teacher_source", ["step", "rollout"]),
-    ("teacher_weights", ["current", "initial"]),
+    ("teacher_weights", ["current", "initial", "ema"]),
   ],
 )
 def test_every_registered_name_is_selectable(key, names):
   for name in names:
     config = _local("sdar")
     config.algo[key] = name
-    if key == "form" and name in VOCAB_FORMS:  # the whole distribution is scored in the update
+    vocab_form = key == "form" and name in VOCAB_FORMS
+    if vocab_form or (key, name) == ("teacher_weights", "ema"):  # the teacher scored in the update
       config.algo.teacher_source = "step"
     validate(config, num_devices=8)
     assert config.algo[key] == name
