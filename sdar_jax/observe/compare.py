@@ -134,7 +134,9 @@ def setup_differences(config: Mapping[str, Any]) -> list[str]:
   paper = config.get("paper") or {}
   model, env, train, ev = config["model"], config["env"], config["train"], config["eval"]
   notes = []
-  if model.get("preset") != paper.get("model"):
+  if not paper:
+    notes.append(f"model: {model.get('preset')}")
+  elif model.get("preset") != paper.get("model"):
     notes.append(f"model: {model.get('preset')} (the paper: {paper.get('model')})")
   if not model.get("path"):
     notes.append("weights: random or the built-in demo policy, not the paper's checkpoint")
@@ -163,18 +165,23 @@ class PaperComparison:
   differences: list[str]
 
   def markdown(self) -> str:
+    has_paper = any(theirs is not None for _, theirs in self.columns.values())
+    what = f"paper row {self.row!r}" if has_paper else "no paper row"
     lines = [
-      f"### {self.run_dir}: paper row {self.row!r} ({self.env}), validation at step {self.step}",
+      f"### {self.run_dir}: {what} ({self.env}), validation at step {self.step}",
       "",
       AVERAGING.get(self.env, ""),
       "",
-      "| column | ours (%) | paper (%) | ours - paper |",
-      "|---|---:|---:|---:|",
     ]
-    for col, (ours, theirs) in self.columns.items():
-      diff = "" if ours is None or theirs is None else f"{ours - theirs:+.1f}"
-      lines.append(f"| {col} | {_fmt(ours)} | {_fmt(theirs)} | {diff} |")
-    lines += ["", "Setup (what differs from the paper's runs):"]
+    if has_paper:
+      lines += ["| column | ours (%) | paper (%) | ours - paper |", "|---|---:|---:|---:|"]
+      for col, (ours, theirs) in self.columns.items():
+        diff = "" if ours is None or theirs is None else f"{ours - theirs:+.1f}"
+        lines.append(f"| {col} | {_fmt(ours)} | {_fmt(theirs)} | {diff} |")
+    else:  # a run of another config: its own figures only
+      lines += ["| column | ours (%) |", "|---|---:|"]
+      lines += [f"| {c} | {_fmt(o)} |" for c, (o, _) in self.columns.items() if o is not None]
+    lines += ["", "Setup (what differs from the paper's runs):" if has_paper else "Setup:"]
     lines += [f"- {note}" for note in self.differences]
     return "\n".join(lines)
 
