@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import glob
 import os
 import shlex
 import shutil
@@ -353,17 +354,14 @@ def export_outcomes(arms: Sequence[ArmResult], dest: str) -> list[str]:
     for run in arm.finished_runs:
       seed = int(run.get("train.seed", 0))
       out = os.path.join(dest, arm.arm, f"seed{seed}")
-      for name in ("config.json", "metrics.jsonl"):
-        os.makedirs(out, exist_ok=True)
-        shutil.copyfile(os.path.join(run.path, name), os.path.join(out, name))
-      eval_root = os.path.join(run.path, "eval")
-      for step_dir in sorted(os.listdir(eval_root)) if os.path.isdir(eval_root) else []:
-        for name in os.listdir(os.path.join(eval_root, step_dir)):
-          if name.startswith("outcomes_") and name.endswith(".csv"):
-            os.makedirs(os.path.join(out, "eval", step_dir), exist_ok=True)
-            shutil.copyfile(
-              os.path.join(eval_root, step_dir, name), os.path.join(out, "eval", step_dir, name)
-            )
+      outcomes = glob.glob(os.path.join(run.path, "eval", "step_*", "outcomes_*.csv"))
+      for src in [
+        "config.json",
+        "metrics.jsonl",
+        *(os.path.relpath(p, run.path) for p in outcomes),
+      ]:
+        os.makedirs(os.path.dirname(os.path.join(out, src)), exist_ok=True)
+        shutil.copyfile(os.path.join(run.path, src), os.path.join(out, src))
       written.append(out)
   return written
 

@@ -172,21 +172,9 @@ def test_table_by_hand(ablation, runs_dir):
 
 def test_report_files(ablation, runs_dir, tmp_path):
   md, png = tmp_path / "docs/ablation.md", tmp_path / "docs/ablation.png"
-  code = ablation.main(
-    [
-      "--arms",
-      "grpo,sdar",
-      "--out",
-      runs_dir,
-      "--md",
-      str(md),
-      "--png",
-      str(png),
-      "--collect-only",
-      "--results",
-      "",
-    ]
-  )
+  args = ["--arms", "grpo,sdar", "--out", runs_dir, "--md", str(md), "--png", str(png)]
+  args += ["--collect-only", "--results", ""]
+  code = ablation.main(args)
   assert code == 0 and png.stat().st_size > 0
   page = md.read_text()
   assert "`python bench/ablation.py --arms grpo,sdar --out " in page
@@ -203,21 +191,7 @@ def test_report_files(ablation, runs_dir, tmp_path):
   assert table[0]["train episodes / run"] == "160" and table[1]["wall time / run (min)"] == ""
   # a run with another validation budget is called out
   fake_run(os.path.join(runs_dir, "sdar/seed2"), "sdar", 2, [(0, 0.0), (20, 0.1)], num_tasks=12)
-  ablation.main(
-    [
-      "--arms",
-      "grpo,sdar",
-      "--out",
-      runs_dir,
-      "--md",
-      str(md),
-      "--png",
-      str(png),
-      "--collect-only",
-      "--results",
-      "",
-    ]
-  )
+  ablation.main(args)
   assert (
     "do not share one budget:** validation episodes (eval.num_tasks): ['12', '48']"
     in md.read_text()
