@@ -1,0 +1,81 @@
+"""Errors the user can fix, and the one place a command turns them into a message.
+
+A `UserError`'s message names what is wrong (the file or the config key), the bad value and the
+fix. The commands (`python -m sdar_jax.train`, `.evaluate`, `.aot`, `.compare`, the tools) run
+their `main` through `exit_on_user_error`: such an error prints one line block on stderr and
+exits with status 2; its traceback is shown only with `--verbosity=1` or more. Any other exception
+is a bug and keeps its traceback.
+
+The environments (envs/, which imports nothing of sdar_jax) have their own base,
+`envs.errors.EnvInputError`; a command passes it in `extra_types`.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import sys
+from typing import Any, Callable, Sequence
+
+EXIT_USER_ERROR = 2
+
+# OS errors that are the user's to fix (space, permissions, a read-only mount), not bugs.
+_USER_ERRNOS = {
+  errno.ENOSPC: "the disk is full: free space on it or point --workdir elsewhere",
+  errno.EDQUOT: "the disk quota is exhausted: free space or point --workdir elsewhere",
+  errno.EACCES: "permission denied: choose a folder you can write (--workdir) or fix its rights",
+  errno.EPERM: "operation not permitted: choose a folder you can write (--workdir)",
+  errno.EROFS: "the file system is read-only: point --workdir at a writable folder",
+}
+
+
+class UserError(Exception):
+  """A bad input the user can fix. The message names the file or key, the value and the fix."""
+
+
+def user_error_message(err: BaseException) -> str | None:
+  """The one-block message for `err` when it is the user's to fix (a `UserError`, or an
+  `OSError` from a full disk, missing permissions or a read-only mount); None for a bug."""
+  if isinstance(err, OSError) and not isinstance(err, UserError) and err.errno in _USER_ERRNOS:
+    where = f" ({err.filename})" if err.filename else ""
+    return f"error: {err.strerror or err}{where}: {_USER_ERRNOS[err.errno]}."
+  return f"error: {err}"
+
+
+def exit_on_user_error(
+  main: Callable[..., Any],
+  *,
+  extra_types: Sequence[type[BaseException]] = (),
+  verbosity: Callable[[], int] | None = None,
+) -> Callable[..., Any]:
+  """`main` wrapped: a user error (a `UserError`, one of `extra_types`, or an `OSError` of the
+  kinds above, raised anywhere below) prints its message to stderr and exits with status 2. With
+  `verbosity() >= 1` (absl's `--verbosity`, by default) the traceback is printed first."""
+  types = (UserError, OSError, *extra_types)
+
+  def current_verbosity() -> int:
+    if verbosity is not None:
+      return verbosity()
+    try:
+      from absl import flags
+
+      return int(flags.FLAGS.verbosity) if flags.FLAGS.is_parsed() else 0
+    except Exception:  # noqa: BLE001 - absl missing or not set up: no traceback
+      return 0
+
+  @functools.wraps(main)
+  def wrapped(*args: Any, **kwargs: Any) -> Any:
+    try:
+      return main(*args, **kwargs)
+    except types as err:
+      if isinstance(err, OSError) and not isinstance(err, (UserError, *extra_types)):
+        if err.errno not in _USER_ERRNOS:
+          raise
+      if current_verbosity() >= 1:
+        import traceback
+
+        traceback.print_exc()
+      print(user_error_message(err), file=sys.stderr, flush=True)
+      sys.exit(EXIT_USER_ERROR)
+
+  return wrapped
