@@ -236,6 +236,10 @@ def alfworld(
     "alfworld", history, max_turns, group_size, tasks_per_step, split="train", task_types="all"
   )
   section.offline.rooms = "full"
+  # Held-out panels (eval splits heldout_seen / heldout_unseen): fresh games per task type, drawn
+  # with another generator seed, in a cache folder of their own (the other splits are unchanged).
+  section.offline.num_heldout = 0
+  section.offline.heldout_seed = 1
   return section
 
 

@@ -147,3 +147,54 @@ def test_runs_started_together_generate_each_offline_split_once(tmp_path, monkey
     t.join()
   assert calls == ["train"]
   assert found == [["game-0", "game-1", "game-2"]] * 2
+
+
+def test_heldout_panels_have_their_own_games_and_leave_the_other_splits_alone(
+  monkeypatch, tmp_path
+):
+  """heldout_seen / heldout_unseen draw env.offline.num_heldout games per task type from the
+  valid_seen / valid_unseen distributions with env.offline.heldout_seed, in a folder of their
+  own: valid_seen's folder (and so its draw) is the one it is without them."""
+  import ml_collections
+
+  from envs.alfworld import data, generator
+  from envs.errors import EnvInputError
+
+  calls = []
+
+  def fake_generate(out, split, n, seed, types, workers=1, rooms="full"):
+    calls.append((os.path.basename(out), split, n, seed, rooms))
+    folder = os.path.join(out, split, "look_at_obj_in_light-x", f"trial_{split}_s{seed}")
+    for i in range(n):
+      os.makedirs(f"{folder}_{i}", exist_ok=True)
+      with open(os.path.join(f"{folder}_{i}", "game.tw-pddl"), "w") as f:
+        f.write('{"solvable": true}')
+
+  monkeypatch.setattr(generator, "generate_split", fake_generate)
+  monkeypatch.setattr(data, "collect_game_files", lambda folder, split, types: (folder, split))
+  monkeypatch.setenv("SDAR_DATA_CACHE", str(tmp_path))
+  offline = {"num_train": 3, "num_eval": 2, "seed": 0, "rooms": "small"}
+  env = ml_collections.ConfigDict({"task_types": "look_at_obj_in_light", "offline": offline})
+  seen_before = data.offline_dir(env, "valid_seen")
+  env.offline.num_heldout = 4
+  env.offline.heldout_seed = 7
+  assert data.offline_dir(env, "valid_seen") == seen_before
+  folder, split = data.game_files(env, "heldout_unseen")
+  assert split == "valid_unseen" and folder != seen_before
+  assert data.game_files(env, "heldout_seen") == (folder, "valid_seen")
+  assert calls == [
+    ("alfworld_offline_n3_e2_s0_small_look", "valid_seen", 2, 0, "small"),
+    ("alfworld_heldout_n4_s7_small_look", "valid_unseen", 4, 7, "small"),
+    ("alfworld_heldout_n4_s7_small_look", "valid_seen", 4, 7, "small"),
+  ]
+  env.offline.heldout_seed = 0
+  with pytest.raises(EnvInputError, match="heldout_seed=0 equals env.offline.seed"):
+    data.offline_dir(env, "heldout_seen")
+  env.offline.num_heldout = 0
+  with pytest.raises(EnvInputError, match="num_heldout > 0"):
+    data.offline_dir(env, "heldout_seen")
+  env.data_dir = str(tmp_path)
+  env.offline.num_heldout = 4
+  env.offline.heldout_seed = 7
+  with pytest.raises(EnvInputError, match="panel of the offline generated games"):
+    data.game_files(env, "heldout_seen")

@@ -4,7 +4,13 @@ the planner's walkthroughs (the warm start's default expert data).
 ``env.data_dir`` is a real or generated ALFWorld data folder, or an alfworld_games tfds dataset
 (`python -m envs.datasets alfworld --out DIR --data_dir ALFWORLD_DIR`): then a split's game list
 (filtered by ``env.task_types``) is read from the dataset, and the game files and walkthroughs
-from the folder it was built from. Unset: the offline game cache."""
+from the folder it was built from. Unset: the offline game cache.
+
+The offline games have two more panels for a final measure on games never used while choosing
+settings: ``heldout_seen`` (fresh games of the valid_seen distribution, the scenes train games use)
+and ``heldout_unseen`` (scenes no train game uses), each ``env.offline.num_heldout`` games per task
+type, drawn with ``env.offline.heldout_seed``. They live in their own cache folder, so asking for
+them changes no other split's games."""
 
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ from envs.alfworld.env import collect_game_files
 from envs.alfworld.tasks import SHORT_NAMES, TASK_TYPES
 from envs.base import EnvSplit
 from envs.common import file_lock
+from envs.errors import EnvInputError
 
 __all__ = [
   "data_dir",
@@ -30,6 +37,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+# Held-out panel -> the generator's split whose distribution it draws from.
+HELDOUT_SPLITS = {"heldout_seen": "valid_seen", "heldout_unseen": "valid_unseen"}
 
 
 def task_types(env_cfg: Any) -> tuple[str, ...]:
@@ -50,26 +60,65 @@ def offline_dir(env_cfg: Any, split_name: str | None = None) -> str:
   """The folder of generated ALFWorld games for the ``env.offline`` settings and
   ``env.task_types``, under ``$SDAR_DATA_CACHE`` (default ~/.cache/sdar_jax). Each split is
   generated (planner-checked) the first time it is asked for, and reused; `split_name` None asks
-  for all three (train, valid_seen, valid_unseen). A split's games do not depend on the others."""
-  from envs.alfworld import generator
-
+  for all three (train, valid_seen, valid_unseen). A split's games do not depend on the others.
+  A held-out panel (HELDOUT_SPLITS) has a folder of its own."""
   off = env_cfg.offline
   types = task_types(env_cfg)
   root = os.environ.get(
     "SDAR_DATA_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "sdar_jax")
   )
   rooms = off.get("rooms", "full")
-  name = f"alfworld_offline_n{off.num_train}_e{off.num_eval}_s{off.seed}"
-  if rooms != "full":
-    name += f"_{rooms}"
-  if types != TASK_TYPES:
-    name += "_" + "-".join(SHORT_NAMES[t] for t in types)
-  out = os.path.join(root, name)
+  suffix = ("" if rooms == "full" else f"_{rooms}") + (
+    "" if types == TASK_TYPES else "_" + "-".join(SHORT_NAMES[t] for t in types)
+  )
+  if split_name in HELDOUT_SPLITS:
+    return _heldout_dir(off, split_name, types, root, suffix)
+  out = os.path.join(root, f"alfworld_offline_n{off.num_train}_e{off.num_eval}_s{off.seed}{suffix}")
   sizes = {"train": off.num_train, "valid_seen": off.num_eval, "valid_unseen": off.num_eval}
   if split_name is not None and split_name not in sizes:
-    raise ValueError(f"unknown ALFWorld split {split_name!r}; the offline games have {list(sizes)}")
+    raise ValueError(
+      f"unknown ALFWorld split {split_name!r}; the offline games have "
+      f"{list(sizes) + list(HELDOUT_SPLITS)}"
+    )
+  _generate_missing(out, sizes, [split_name] if split_name else list(sizes), off.seed, types, rooms)
+  return out
+
+
+def _heldout_dir(off: Any, split_name: str, types: tuple[str, ...], root: str, suffix: str) -> str:
+  """The cache folder of a held-out panel (both panels of one size and seed share it)."""
+  num = int(off.get("num_heldout", 0) or 0)
+  seed = int(off.get("heldout_seed", 1))
+  if num <= 0:
+    raise EnvInputError(
+      f"eval split {split_name!r} needs env.offline.num_heldout > 0 (games per task type; it is "
+      f"{num}). Fix: --config.env.offline.num_heldout=128"
+    )
+  if seed == off.seed:
+    raise EnvInputError(
+      f"env.offline.heldout_seed={seed} equals env.offline.seed: the held-out panels must be drawn "
+      "with another generator seed. Fix: --config.env.offline.heldout_seed=<another seed>"
+    )
+  out = os.path.join(root, f"alfworld_heldout_n{num}_s{seed}{suffix}")
+  generator_split = HELDOUT_SPLITS[split_name]
+  _generate_missing(
+    out, {generator_split: num}, [generator_split], seed, types, off.get("rooms", "full")
+  )
+  return out
+
+
+def _generate_missing(
+  out: str,
+  sizes: dict[str, int],
+  wanted: list[str],
+  seed: int,
+  types: tuple[str, ...],
+  rooms: str,
+) -> None:
+  """Generates (planner-checked) each split of `wanted` not yet complete in `out`."""
+  from envs.alfworld import generator
+
   legacy_marker = os.path.join(out, "COMPLETE")  # all three splits, written by earlier versions
-  for split_ in [split_name] if split_name else list(sizes):
+  for split_ in wanted:
     marker = os.path.join(out, f"COMPLETE_{split_}")
     if os.path.exists(marker) or os.path.exists(legacy_marker):
       continue
@@ -82,17 +131,10 @@ def offline_dir(env_cfg: Any, split_name: str | None = None) -> str:
         "generating offline ALFWorld %s games into %s (planner-checked, cached) ...", split_, out
       )
       generator.generate_split(
-        out,
-        split_,
-        sizes[split_],
-        off.seed,
-        types,
-        workers=min(2, os.cpu_count() or 1),
-        rooms=rooms,
+        out, split_, sizes[split_], seed, types, workers=min(2, os.cpu_count() or 1), rooms=rooms
       )
       with open(marker, "w") as f:
         f.write("ok\n")
-  return out
 
 
 def dataset_dir(env_cfg: Any) -> str | None:
@@ -115,9 +157,16 @@ def game_files(env_cfg: Any, split_name: str) -> list[str]:
   """The playable game files of `split_name` of the ``env.task_types``: the dataset's list when
   ``env.data_dir`` is an alfworld_games dataset, else those collected from the data folder."""
   dataset = dataset_dir(env_cfg)
+  if split_name in HELDOUT_SPLITS and (dataset is not None or env_cfg.get("data_dir")):
+    raise EnvInputError(
+      f"eval split {split_name!r} is a panel of the offline generated games, and env.data_dir is "
+      f"set ({env_cfg.get('data_dir')!r}). Fix: evaluate that data's own valid_seen / valid_unseen "
+      "splits, or unset env.data_dir"
+    )
   if dataset is not None:
     return datasets.alfworld_game_files(dataset, split_name, task_types=task_types(env_cfg))
-  return collect_game_files(data_dir(env_cfg, split_name), split_name, task_types(env_cfg))
+  folder = data_dir(env_cfg, split_name)
+  return collect_game_files(folder, HELDOUT_SPLITS.get(split_name, split_name), task_types(env_cfg))
 
 
 def split(env_cfg: Any, split_name: str) -> EnvSplit:

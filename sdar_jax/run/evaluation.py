@@ -41,10 +41,10 @@ def plan_evaluation(
 ) -> EvalPlan:
   """Resolves the checkpoint (`step`, default the latest of the workdir's checkpoints) and the
   results directory; reads the checkpoint directory's listing only."""
-  if config.eval.num_tasks < 1:
+  if config.eval.num_tasks == 0:  # -1: the whole split
     raise EvaluationError(
-      f"eval.num_tasks={config.eval.num_tasks}: no validation episode to play. Fix: pass "
-      "--config.eval.num_tasks=N (N >= 1)."
+      "eval.num_tasks=0: no validation episode to play. Fix: pass --config.eval.num_tasks=N "
+      "(N >= 1, or -1 for every task of the split)."
     )
   for what, where in (("--workdir", workdir), ("--output", output)):
     try:
