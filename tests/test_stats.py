@@ -69,3 +69,27 @@ def test_per_game_auc_by_hand():
   # Steps 0, 8, 16; a game failed, then won twice: (0 + 1) / 2 * 8 + (1 + 1) / 2 * 8 = 12 of 16.
   auc = stats.per_game_auc([0, 8, 16], [[0, 1], [1, 1], [1, 0]])
   np.testing.assert_allclose(auc, [12 / 16, 12 / 16])
+
+
+def test_holm_by_hand():
+  # sorted: 0.005 (x4 = 0.02), 0.01 (x3 = 0.03), 0.03 (x2 = 0.06), 0.04 (x1, raised to 0.06)
+  adjusted, levels = stats.holm([0.01, 0.04, 0.03, 0.005])
+  assert adjusted == pytest.approx([0.03, 0.06, 0.06, 0.02], abs=1e-12)
+  assert levels == pytest.approx([1 - 0.05 / 3, 0.95, 0.975, 1 - 0.05 / 4], abs=1e-12)
+  assert stats.holm([0.5, 0.9]) == ([1.0, 1.0], [0.975, 0.95])  # 2 x 0.5 caps at 1
+  with pytest.raises(ValueError, match="alpha=1.5"):
+    stats.holm([0.1], alpha=1.5)
+
+
+def test_bootstrap_p_agrees_with_the_percentile_interval():
+  """p < 0.05 exactly when the 95% interval of the same resamples excludes 0; a difference far
+  from 0 gets the smallest p the resamples can show, one centred on 0 a p near 1."""
+  rng = np.random.default_rng(3)
+  for shift in (0.0, 0.05, 0.1, 0.15, 0.2, -0.1):
+    d = rng.choice([-1.0, 0.0, 1.0], size=(4, 32), p=[0.3, 0.4, 0.3]) + shift
+    p = stats.bootstrap_p(d, resamples=2000)
+    low, high = stats.bootstrap_interval(d, resamples=2000)
+    assert (p < 0.05) == (low > 0 or high < 0), (shift, p, low, high)
+  assert stats.bootstrap_p(np.ones((3, 8)), resamples=500) == pytest.approx(1 / 500)
+  symmetric = np.tile([-1.0, 1.0], (2, 16))
+  assert stats.bootstrap_p(symmetric, resamples=2000) > 0.5

@@ -157,3 +157,43 @@ def per_game_auc(steps: Sequence[float], outcomes) -> np.ndarray:
   widths = np.diff(steps)[:, None]
   area = np.sum(widths * (y[..., 1:, :] + y[..., :-1, :]) / 2.0, axis=-2)
   return area / (steps[-1] - steps[0])
+
+
+def bootstrap_p(differences, resamples: int = RESAMPLES, rng_seed: int = RNG_SEED) -> float:
+  """Two-sided bootstrap p-value of "the mean difference is 0" for `differences` [seeds, games]:
+  twice the smaller share of two-way bootstrap means (the resampling of `bootstrap_interval`)
+  on either side of 0, capped at 1; the smallest reported value is 1/resamples. It is the p that
+  matches the percentile interval: the (1 - p) interval just reaches 0."""
+  d = _grid(differences, "differences")
+  S, G = d.shape
+  rng = np.random.default_rng(rng_seed)
+  below = above = 0
+  for start in range(0, resamples, 1000):
+    n = min(1000, resamples - start)
+    rows = rng.integers(0, S, size=(n, S)) if S > 1 else np.zeros((n, 1), np.int64)
+    cols = rng.integers(0, G, size=(n, G))
+    means = d[rows[:, :, None], cols[:, None, :]].mean(axis=(1, 2))
+    below += int(np.sum(means <= 0.0))
+    above += int(np.sum(means >= 0.0))
+  return float(min(1.0, max(2.0 * min(below, above) / resamples, 1.0 / resamples)))
+
+
+def holm(pvalues: Sequence[float], alpha: float = 0.05) -> tuple[list[float], list[float]]:
+  """Holm's step-down correction of m p-values: (adjusted p-values, confidence levels). Sorted
+  ascending, the p of rank r (1-based) is compared with alpha / (m - r + 1); its adjusted value is
+  the running maximum of (m - r + 1) p, capped at 1, and its interval is drawn at level
+  1 - alpha / (m - r + 1), so an interval excludes 0 exactly when Holm rejects (the step-down's
+  early stop aside: a comparison after the first one kept is not rejected whatever its interval).
+  Both lists are in the order of `pvalues`."""
+  m = len(pvalues)
+  if not 0.0 < alpha < 1.0:
+    raise ValueError(f"alpha={alpha}: a level in (0, 1), e.g. 0.05.")
+  order = sorted(range(m), key=lambda i: pvalues[i])
+  adjusted, levels = [0.0] * m, [0.0] * m
+  running = 0.0
+  for rank, i in enumerate(order):
+    k = m - rank
+    running = max(running, min(1.0, k * float(pvalues[i])))
+    adjusted[i] = running
+    levels[i] = 1.0 - alpha / k
+  return adjusted, levels
