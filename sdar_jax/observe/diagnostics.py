@@ -485,6 +485,8 @@ def _score_fn(model_config, options: tuple, with_teacher: bool):
       h, t, th = xs
       return _view_head(model_config, options, params, teacher_params, h, th, t)
 
+    if num == 1:  # one chunk: no loop
+      return body((hidden, targets, teacher_hidden))
     xs = (split(hidden), split(targets), None if teacher_hidden is None else split(teacher_hidden))
     outs = jax.lax.map(body, xs)
     return {
@@ -564,14 +566,14 @@ def _legend(form: str, top_k: int | None) -> str:
     red = "".join(f'<span style="background:{drive_colour(v, -1.0)}">{v:.1f}</span>' for v in steps)
     over = f"the teacher's top {top_k} tokens" if form == "topk" else "the whole vocabulary"
     return (
-      f"<b>shade: the drive</b> of form {html.escape(form)}, the share of probability its "
-      "gradient moves at this position: ½‖w − W·pθ‖₁ over the student's logits, with w<sub>v"
-      "</sub> = pT(v)·g<sub>v</sub> the teacher's gated weights over "
-      f"{over} and W = Σ w (0: the student already matches the gated teacher). "
+      f"<b>shade: the drive</b> of form {html.escape(form)}: how much probability its gradient "
+      "moves at this position, ½‖w − W·pθ‖₁ over the student's logits (w<sub>v</sub> = "
+      f"pT(v)·g<sub>v</sub>, the teacher's gated weights over {over}; W = Σ w); 0 where the "
+      "student's distribution is already proportional to w."
       f"<br>green, the term raises the sampled token: {green}"
       f"<br>red, it lowers it (the teacher's weight is on other tokens): {red}"
     )
-  what = "its weight in g·(lT − lθ)" if form == "reference" else "its weight is g·Δ"
+  what = "its weight in g·(lT − lθ)" if form == "reference" else "the term weighs −lθ by g·Δ"
   return (
     f"<b>shade: the gate g</b> on the sampled token (form {html.escape(form)}: {what}): {green}"
   )
@@ -585,8 +587,11 @@ def _hover(turn: TurnScores, i: int) -> tuple[str, str]:
     d = turn.drive
     push = float(d.push[i])
     verb = "raises" if push >= 0 else "lowers"
+    moves = f"{verb} the sampled token by {abs(push):.3f}"
+    if abs(push) < 5e-4:
+      moves = "leaves the sampled token as it is"
     lines.append(
-      f"drive {d.drive[i]:.3f}: the term {verb} the sampled token by {abs(push):.3f} (teacher "
+      f"drive {d.drive[i]:.3f}: the term {moves} (teacher "
       f"weight w {d.sampled_weight[i]:.3f} on it, student p {math.exp(turn.student_logp[i]):.3f}"
       f"); the teacher weights {d.preferred[i]!r} most (w {d.preferred_weight[i]:.3f}; "
       f"W {d.total_weight[i]:.3f})"
