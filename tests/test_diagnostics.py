@@ -208,6 +208,199 @@ def test_token_view_without_teacher_is_unshaded():
   assert page.count('<span title="student log p') == 2 and "invalid format" in page
 
 
+def _view_turn(pieces, drive=True) -> diagnostics.TurnScores:
+  n = len(pieces)
+  rng = np.random.default_rng(3)
+  top = rng.dirichlet(np.ones(5), size=n)[:, :3]  # three of five probabilities: sum < 1
+  top = -np.sort(-top, axis=1)
+  d = None
+  if drive:
+    d = diagnostics.Drive(
+      drive=np.linspace(0.05, 0.9, n),
+      push=np.where(np.arange(n) % 2 == 0, 0.2, -0.4),
+      sampled_weight=np.full(n, 0.1),
+      total_weight=np.full(n, 0.6),
+      preferred=[" open"] * n,
+      preferred_weight=np.full(n, 0.45),
+    )
+  return diagnostics.TurnScores(
+    observation="You arrive at desk 1.",
+    action="go to desk 1",
+    valid=True,
+    pieces=pieces,
+    student_logp=np.full(n, -0.7),
+    teacher_logp=np.full(n, -1.2),
+    gate=np.full(n, 0.3),
+    teacher_top=[[(f"t{j}", float(p)) for j, p in enumerate(row)] for row in top],
+    drive=d,
+  )
+
+
+@pytest.mark.parametrize("form", ["reference", "vocab", "topk"])
+def test_token_view_markup_flows_inline(form):
+  """The layout a browser gives the response: one run of inline spans with nothing between them
+  (a newline between spans inside `white-space: pre-wrap` put every token on its own line); the
+  response's own newline stays inside its token. The legend names the form's shade; every hover
+  lists the teacher's top 3 with probabilities that sum to at most 1."""
+  pieces = ["<think>", "I", " follow", " my plan", ".</think>", "\n", "<action>", "go to", " desk"]
+  turn = _view_turn(pieces, drive=form != "reference")
+  page = diagnostics.render_token_view([turn, turn], title="t", form=form, top_k=32)
+  bodies = re.findall(r'<div class="resp">(.*?)</div>', page, flags=re.S)
+  assert len(bodies) == 2
+  for body in bodies:
+    spans = re.findall(r"<span[^>]*>[^<]*</span>", body)
+    assert "".join(spans) == body  # nothing, not even a newline, between two spans
+    assert len(spans) == len(pieces)
+    assert [re.sub(r"<[^>]*>", "", s) for s in spans][5] == "\n"
+  css = re.search(r"<style>(.*?)</style>", page, flags=re.S).group(1)
+  rule = re.search(r"\.resp span\{([^}]*)\}", css).group(1)
+  assert "display:inline;" in rule + ";" and "block" not in rule and "flex" not in rule
+  assert "white-space:pre-wrap" in re.search(r"\.resp\{([^}]*)\}", css).group(1)
+  legend = re.search(r'<p class="legend">(.*?)</p>', page, flags=re.S).group(1)
+  if form == "reference":
+    assert "shade: the gate g" in legend and "form reference" in legend
+  else:
+    assert "shade: the drive" in legend and f"form {form}" in legend
+    assert ("top 32 tokens" in legend) == (form == "topk")
+  titles = re.findall(r'<span style="background:(#[0-9a-f]{6})" title="([^"]*)">', page)
+  assert len(titles) == 2 * len(pieces)
+  for i, (colour, title) in enumerate(titles[: len(pieces)]):
+    assert "\n" not in title and "&#10;" in title  # one hover line per fact
+    (top,) = re.findall(r"teacher&#x27;s top 3: (.*)$", title)
+    probs = [float(p) for p in re.findall(r"&#x27;t\d&#x27; (\d\.\d{3})", top)]
+    assert len(probs) == 3 and sum(probs) <= 1.0 + 1.5e-3  # three roundings of 5e-4
+    assert probs == [round(p, 3) for _, p in turn.teacher_top[i]]
+    if form == "reference":
+      assert colour == diagnostics.gate_colour(0.3)
+    else:
+      assert colour == diagnostics.drive_colour(turn.drive.drive[i], turn.drive.push[i])
+      verb = "raises" if turn.drive.push[i] >= 0 else "lowers"
+      assert title.startswith(f"drive {turn.drive.drive[i]:.3f}: the term {verb} the sampled")
+
+
+def test_drive_colour_is_green_up_red_down():
+  assert diagnostics.drive_colour(0.0, 1.0) == diagnostics.drive_colour(0.0, -1.0) == "#ffffff"
+  assert diagnostics.drive_colour(1.0, 0.0) == diagnostics.gate_colour(1.0)
+  assert diagnostics.drive_colour(1.0, -1e-9) == "#{:02x}{:02x}{:02x}".format(
+    *diagnostics.DRIVE_DOWN_RGB
+  )
+  reds = [diagnostics.drive_colour(v, -0.5) for v in np.linspace(0, 1, 21)]
+  lum = [_luminance(c) for c in reds]
+  assert all(a > b for a, b in zip(lum[:-1], lum[1:]))
+  assert diagnostics.drive_colour(float("nan"), 1.0) == diagnostics.drive_colour(0.5, np.nan) == ""
+
+
+@pytest.mark.parametrize(
+  "top_k, gate", [(None, "gap"), (4, "soft_or")], ids=["vocab-gap", "topk-soft_or"]
+)
+def test_vocab_drive_is_the_terms_gradient(top_k, gate):
+  """The drive, the push on the sampled token and the weights against the gradient that JAX
+  takes of the training term itself (`vocab_distill_term` / `topk_distill_term`) w.r.t. the
+  student's logits, and against a NumPy sum of pT·g over the teacher's entries."""
+  from sdar_jax import algos
+
+  rng = np.random.default_rng(7)
+  V = 11
+  z = rng.normal(size=(2, 3, V)) * 2
+  zt = rng.normal(size=(2, 3, V)) * 2
+  targets = rng.integers(0, V, size=(2, 3))
+  lt = jax.nn.log_softmax(zt)
+  entropy = algos.entropy_from_logits(z)
+  kw = dict(beta=5.0, gate=gate, entropy=entropy, vocab_size=V)
+
+  def term(logits):
+    ls = jax.nn.log_softmax(logits)
+    if top_k is None:
+      return algos.vocab_distill_term(ls, lt, **kw).sum()
+    return algos.topk_distill_term(ls, lt, top_k=top_k, **kw).sum()
+
+  grad = np.asarray(jax.jit(jax.grad(term))(z), np.float64)  # one compile: faster than eager
+  drive = jax.jit(lambda ls, y: diagnostics.vocab_drive(ls, lt, y, top_k=top_k, **kw))
+  got = drive(jax.nn.log_softmax(z), targets)
+  got = {k: np.asarray(v) for k, v in got.items()}
+  np.testing.assert_allclose(got["drive"], 0.5 * np.abs(grad).sum(-1), atol=1e-6)
+  push = -np.take_along_axis(grad, targets[..., None], -1)[..., 0]
+  np.testing.assert_allclose(got["push"], push, atol=1e-6)
+  # w_v = pT(v)·g_v in NumPy (g from the gate, the one input not recomputed here)
+  ls64, lt64 = (np.asarray(jax.nn.log_softmax(x), np.float64) for x in (z, zt))
+  g = np.asarray(
+    algos.compute_gate(gate, beta=5.0, gap=lt64 - ls64, entropy=entropy[..., None], vocab_size=V)
+  )
+  w = np.exp(lt64) * g
+  if top_k is not None:
+    keep = np.argsort(-lt64, -1)[..., :top_k]
+    w = np.where(np.any(np.arange(V) == keep[..., None], axis=-2), w, 0.0)
+  np.testing.assert_allclose(got["total_weight"], w.sum(-1), atol=1e-6)
+  np.testing.assert_allclose(
+    got["sampled_weight"], np.take_along_axis(w, targets[..., None], -1)[..., 0], atol=1e-6
+  )
+  assert (got["preferred"] == w.argmax(-1)).all()
+  np.testing.assert_allclose(got["preferred_weight"], w.max(-1), atol=1e-6)
+  assert (got["drive"] <= got["total_weight"] + 1e-6).all()
+
+
+def test_score_turns_against_float64_truth(tiny_params, monkeypatch):
+  """The view's one scoring pass over both branches against float64 NumPy from the full logits
+  of `forward`: the log-probs the update takes, the teacher's top 3, and the vocab form's drive
+  (d = w − W·pθ); positions in chunks of 3, so a chunk boundary and a padded last chunk occur."""
+  from sdar_jax.algos import get_preset
+  from sdar_jax.models import forward
+
+  monkeypatch.setattr(diagnostics, "VIEW_CHUNK", 3)
+  monkeypatch.setattr(diagnostics, "_SCORE_FNS", {})
+
+  @dataclasses.dataclass
+  class Turn:
+    prompt_ids: list
+    response_ids: list
+    teacher_prompt_ids: list
+    valid: bool = True
+
+  rng = np.random.default_rng(5)
+  turns = []
+  for n_p, n_r in ((6, 7), (3, 4)):
+    prompt = rng.integers(1, TINY_CONFIG.vocab_size, n_p).tolist()
+    block = rng.integers(1, TINY_CONFIG.vocab_size, 4).tolist()
+    turns.append(
+      Turn(prompt, rng.integers(1, TINY_CONFIG.vocab_size, n_r).tolist(), block + prompt)
+    )
+  algo = get_preset("sdar_vocab")
+  got = diagnostics.score_turns(TINY_CONFIG, tiny_params, turns, algo)
+
+  # float64 log-softmax of every sequence's positions from one `forward` call: the sequences
+  # right-padded to one length (causal attention: the padding never reaches a real position)
+  seqs = [(t.prompt_ids, t.response_ids) for t in turns]
+  seqs += [(t.teacher_prompt_ids, t.response_ids) for t in turns]
+  T = max(len(p) + len(r) for p, r in seqs)
+  tokens = np.zeros((len(seqs), T), np.int32)
+  for i, (p, r) in enumerate(seqs):
+    tokens[i, : len(p) + len(r)] = p + r
+  logits = np.asarray(forward(TINY_CONFIG, tiny_params, tokens, np.ones_like(tokens)), np.float64)
+  logits -= logits.max(-1, keepdims=True)
+  logits -= np.log(np.exp(logits).sum(-1, keepdims=True))
+
+  def dist(i):  # [n, V]: the positions of sequence i that predict its response
+    p, r = seqs[i]
+    return logits[i, len(p) - 1 : len(p) - 1 + len(r)]
+
+  for k, (turn, scores) in enumerate(zip(turns, got)):
+    n = len(turn.response_ids)
+    y = np.asarray(turn.response_ids)
+    ls, lt = dist(k), dist(len(turns) + k)
+    np.testing.assert_allclose(scores["student"], ls[np.arange(n), y], atol=1e-4)
+    np.testing.assert_allclose(scores["teacher"], lt[np.arange(n), y], atol=1e-4)
+    top = np.sort(np.exp(lt), -1)[:, ::-1][:, :3]
+    np.testing.assert_allclose(scores["top_probs"], top, atol=1e-5)
+    assert (scores["top_ids"][:, 0] == lt.argmax(-1)).all()
+    gap = lt - ls
+    w = np.exp(lt) / (1 + np.exp(-algo.beta * gap))  # the gap gate σ(β·Δ_v) on every entry
+    d = w - w.sum(-1, keepdims=True) * np.exp(ls)
+    np.testing.assert_allclose(scores["drive/drive"], 0.5 * np.abs(d).sum(-1), atol=1e-5)
+    np.testing.assert_allclose(scores["drive/push"], d[np.arange(n), y], atol=1e-5)
+    want_gate = 1 / (1 + np.exp(-algo.beta * gap[np.arange(n), y]))
+    np.testing.assert_allclose(scores["gate"], want_gate, atol=1e-4)
+
+
 def test_token_pieces_join_to_the_decoded_text():
   from sdar_jax.text.tokenizer import Tokenizer
 
@@ -313,13 +506,23 @@ def test_a_tiny_run_writes_the_diagnostics(tmp_path, monkeypatch):
   trainer.run_evaluation(config("grpo"), out)
   assert os.path.exists(os.path.join(out, "episodes_val.jsonl"))
   page = open(os.path.join(out, "tokens.html"), encoding="utf-8").read()
-  assert "grpo (gate gap, beta 5" in page and "does not score a teacher in training" in page
+  assert (
+    "grpo (form reference, gate gap, beta 5" in page
+    and "does not score a teacher in training" in page
+  )
   assert re.search(r'<span style="background:#[0-9a-f]{6}" title="gap [+-]\d', page)
   assert not os.path.exists(os.path.join(out, "diagnostics"))
   assert "frozen initial policy" not in page
 
   # A frozen-teacher algorithm evaluated alone: the view says its teacher is not training's.
+  # Form "vocab": tokens shaded by the drive, the teacher's top 3 on hover.
   out = str(tmp_path / "sdar_vocab_eval")
   trainer.run_evaluation(config("sdar_vocab"), out)
   page = open(os.path.join(out, "tokens.html"), encoding="utf-8").read()
   assert "this evaluation holds no copy of it" in page
+  assert "shade: the drive</b> of form vocab" in page
+  titles = re.findall(r'<span style="background:#[0-9a-f]{6}" title="([^"]*)">', page)
+  assert titles and all(t.startswith("drive ") for t in titles)
+  for title in titles:
+    probs = [float(p) for p in re.findall(r" (\d\.\d{3})(?:, |$)", title.split("top 3: ")[1])]
+    assert len(probs) == 3 and probs == sorted(probs, reverse=True) and sum(probs) <= 1.0015

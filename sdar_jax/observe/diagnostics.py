@@ -20,13 +20,24 @@ local or gs:// workdir: sdar_jax.infra.paths):
   GRPO (and Skill-GRPO) have neither.
 
 * At each evaluation, a token view of one validation episode, `<workdir>/eval/step_<N>/tokens.html`
-  (an evaluation-only run writes `tokens.html` into its own results directory): every response
-  token shaded by its gate value (white 0 → green 1) with Δ, g and both log-probs on hover.
+  (an evaluation-only run writes `tokens.html` into its own results directory): the response
+  tokens flow as the text the model wrote, each shaded by what drives the distillation term's
+  gradient at its position in the run's algo.form, with the teacher's 3 most likely tokens and
+  the scores on hover. The forms that weight the sampled token ("reference", "reverse_kl") shade
+  it by its gate g (white 0 → green 1). The forms that sum over the teacher's distribution
+  ("vocab", "topk": `algos.vocab_distill_term`) move every logit at a position, by
+  −∇_z ℓ = w − W·pθ with w_v = pT(v)·g_v the gated teacher weights and W = Σ_v w_v; their shade
+  is the size of that move, ½‖w − W·pθ‖₁ (the probability mass the term shifts there, in
+  [0, W] ⊂ [0, 1]; `vocab_drive`), green where it raises the sampled token and red where it
+  lowers it (the teacher's weight lies on other tokens), and the hover names the teacher's
+  weight on the sampled token against the token it weights most.
   The episode is the first won one of the first evaluation mode, else its first finished one.
   The teacher prompt of each turn is the one training builds (`AgentLoop` with a teacher: the
   privileged skill block before the student prompt as the student got it), recorded while the
   episode is played (`with_teacher_prompts`). Log-probs are scored at the evaluated parameters and
-  algo.temperature, the gate is the run's algo.gate at algo.beta (`sdar_jax.algos.compute_gate`).
+  algo.temperature, the gate is the run's algo.gate at algo.beta (`sdar_jax.algos.compute_gate`),
+  in one compiled pass over both branches' response positions (`score_turns`) that also takes the
+  teacher's top 3 and, for "vocab" / "topk", the drive.
   Algorithms that do not score a teacher in training (grpo, skill_grpo) get the same view: the
   teacher is scored for this view only and the gate shown is the one the run's algo.gate / beta
   would give (for plain GRPO the preset's defaults: the gap gate at β = 5); the page says so.
@@ -50,13 +61,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from sdar_jax import algos
 from sdar_jax.core.batch import TurnSample, batch_bucket
 from sdar_jax.core.histograms import HISTOGRAM_EDGES, METRIC_PREFIX
-from sdar_jax.core.train_step import response_logprobs
 from sdar_jax.infra import multihost, paths
+from sdar_jax.models import apply, logits_from_hidden, positions_from_mask
 from sdar_jax.observe.metrics import read_history
 from sdar_jax.rollout.batching import pack_batch
 
@@ -70,6 +82,10 @@ TOKEN_VIEW_FILE = "tokens.html"
 # Token colour: white at gate 0, this green at gate 1, linear in between (each channel monotone).
 GATE_LOW_RGB = (255, 255, 255)
 GATE_HIGH_RGB = (46, 160, 67)
+# Forms "vocab" / "topk": white at drive 0, green (sampled token raised) or this red (lowered) at 1.
+DRIVE_DOWN_RGB = (214, 55, 62)
+VIEW_TOP = 3  # the teacher's most likely tokens listed on each token's hover
+VIEW_CHUNK = 64  # response positions per lm_head pass of the view (bounds its [B, c, V] arrays)
 
 
 # ------------------------------------------------------------------------ histograms on the host
@@ -260,10 +276,23 @@ def plot_histograms(
 def gate_colour(gate: float) -> str:
   """'#rrggbb' for a gate value: GATE_LOW_RGB at 0, GATE_HIGH_RGB at 1, linear in between
   (clipped to [0, 1]); '' for a value that is not finite."""
-  if not math.isfinite(gate):
+  return _blend(gate, GATE_HIGH_RGB)
+
+
+def drive_colour(drive: float, push: float) -> str:
+  """'#rrggbb' for forms "vocab" / "topk": white at drive 0, linear to GATE_HIGH_RGB at 1 where
+  the term raises the sampled token (`push` >= 0), to DRIVE_DOWN_RGB where it lowers it; '' for
+  a value that is not finite."""
+  if not math.isfinite(push):
     return ""
-  g = min(max(float(gate), 0.0), 1.0)
-  rgb = [round(lo + g * (hi - lo)) for lo, hi in zip(GATE_LOW_RGB, GATE_HIGH_RGB)]
+  return _blend(drive, GATE_HIGH_RGB if push >= 0 else DRIVE_DOWN_RGB)
+
+
+def _blend(value: float, high: tuple[int, int, int]) -> str:
+  if not math.isfinite(value):
+    return ""
+  v = min(max(float(value), 0.0), 1.0)
+  rgb = [round(lo + v * (hi - lo)) for lo, hi in zip(GATE_LOW_RGB, high)]
   return "#{:02x}{:02x}{:02x}".format(*rgb)
 
 
@@ -278,6 +307,24 @@ def token_pieces(tokenizer, ids: Sequence[int]) -> list[str]:
   return pieces
 
 
+def token_text(tokenizer, token_id: int) -> str:
+  """One token's bytes on its own (a partial UTF-8 character shows as U+FFFD)."""
+  table = tokenizer.all_token_bytes()
+  return (table[token_id] if 0 <= token_id < len(table) else b"").decode("utf-8", "replace")
+
+
+@dataclasses.dataclass
+class Drive:
+  """Forms "vocab" / "topk" at each response token of a turn (`vocab_drive`), all [n]."""
+
+  drive: np.ndarray  # ½‖w − W·pθ‖₁: the probability mass the term moves at the position
+  push: np.ndarray  # w_y − W·pθ(y): how much it raises (> 0) or lowers the sampled token y
+  sampled_weight: np.ndarray  # w_y = pT(y)·g_y (0 outside the teacher's top k)
+  total_weight: np.ndarray  # W = Σ_v w_v
+  preferred: list[str]  # the text of the token the teacher weights most (argmax_v w_v)
+  preferred_weight: np.ndarray  # its weight
+
+
 @dataclasses.dataclass
 class TurnScores:
   """One turn of the shown episode, scored token by token."""
@@ -290,6 +337,8 @@ class TurnScores:
   teacher_logp: np.ndarray | None  # [n]; None: no teacher prompt
   gate: np.ndarray | None  # [n]
   skill_block: str = ""  # the teacher's prompt before the student prompt (decoded)
+  teacher_top: list[list[tuple[str, float]]] | None = None  # per token: the teacher's top 3
+  drive: Drive | None = None  # forms "vocab" / "topk": what drives the gradient (the shade)
 
   @property
   def gap(self) -> np.ndarray | None:
@@ -306,19 +355,147 @@ def pick_episode(episodes: Sequence[Any]) -> Any | None:
   return (won or finished or [None])[0]
 
 
+def vocab_drive(
+  student_log_softmax: jax.typing.ArrayLike,
+  teacher_log_softmax: jax.typing.ArrayLike,
+  targets: jax.typing.ArrayLike,
+  *,
+  beta: float,
+  gate: str,
+  entropy: jax.typing.ArrayLike | None = None,
+  vocab_size: int | None = None,
+  top_k: int | None = None,
+) -> dict[str, Array]:
+  """What drives the gradient of SDAR's form "vocab" (`top_k` None: `algos.vocab_distill_term`)
+  or "topk" (`algos.topk_distill_term`) at each position: [..., V] x 2 and sampled tokens [...]
+  -> dict of [...] arrays.
+
+  The term's gradient w.r.t. the student's (temperature-scaled) logits z is −w + W·pθ, with
+  w_v = pT(v)·g_v (each entry gated by its own gap, 0 outside the teacher's top k) and W = Σ_v w_v;
+  a descent step moves z along d = w − W·pθ (Σ_v d_v = 0). Returned: "drive" ½‖d‖₁ (the mass
+  moved, in [0, W]), "push" d_y at the sampled token y, "sampled_weight" w_y, "total_weight" W,
+  "preferred" argmax_v w_v and "preferred_weight" its w.
+  """
+  ls = jnp.asarray(student_log_softmax, jnp.float32)
+  lt = jnp.asarray(teacher_log_softmax, jnp.float32)
+  targets = jnp.asarray(targets, jnp.int32)
+  if top_k is None:
+    lt_k, ls_k, idx = lt, ls, None
+  else:
+    lt_k, idx = jax.lax.top_k(lt, min(int(top_k), lt.shape[-1]))
+    ls_k = jnp.take_along_axis(ls, idx, axis=-1)
+  if entropy is not None:
+    entropy = jnp.asarray(entropy, jnp.float32)[..., None]
+  g = algos.compute_gate(gate, beta=beta, gap=lt_k - ls_k, entropy=entropy, vocab_size=vocab_size)
+  w = jnp.exp(lt_k) * g
+  total = jnp.sum(w, axis=-1)
+  p_k = jnp.exp(ls_k)
+  drive = 0.5 * jnp.sum(jnp.abs(w - total[..., None] * p_k), axis=-1)
+  if idx is None:
+    w_y = jnp.take_along_axis(w, targets[..., None], axis=-1)[..., 0]
+    best = jnp.argmax(w, axis=-1)
+  else:  # the entries outside the top k have w = 0 and d_v = −W·pθ(v)
+    drive = drive + 0.5 * total * jnp.maximum(1.0 - jnp.sum(p_k, axis=-1), 0.0)
+    w_y = jnp.sum(jnp.where(idx == targets[..., None], w, 0.0), axis=-1)
+    best = jnp.take_along_axis(idx, jnp.argmax(w, axis=-1)[..., None], axis=-1)[..., 0]
+  p_y = jnp.exp(jnp.take_along_axis(ls, targets[..., None], axis=-1)[..., 0])
+  return {
+    "drive": drive,
+    "push": w_y - total * p_y,
+    "sampled_weight": w_y,
+    "total_weight": total,
+    "preferred": best,
+    "preferred_weight": jnp.max(w, axis=-1),
+  }
+
+
+def _response_hidden(model_config, params, tokens, mask, response_len):
+  """The hidden states [B, R, D] that predict the last `response_len` tokens of `tokens`, as the
+  update takes them (`sdar_jax.core.train_step`)."""
+  prompt_len = tokens.shape[1] - response_len
+  hidden, _ = apply(model_config, params, tokens, positions_from_mask(mask), mask)
+  return hidden[:, prompt_len - 1 : prompt_len - 1 + response_len]
+
+
+def _view_head(model_config, options, params, teacher_params, hidden, teacher_hidden, targets):
+  """Per response position [B, c]: the student's log-prob and entropy and, with a teacher, the
+  teacher's log-prob, its top VIEW_TOP (ids and probabilities) and the forms' drive; from each
+  branch's [B, c, V] log-softmax at the temperature (what `response_logprobs` takes)."""
+  temperature, form, top_k, gate, beta = options
+
+  def log_softmax(p, h):
+    z = logits_from_hidden(model_config, p, h)
+    z = z if temperature == 1.0 else z / temperature
+    return jax.nn.log_softmax(z, axis=-1), z
+
+  ls, z = log_softmax(params, hidden)
+  out = {
+    "student": jnp.take_along_axis(ls, targets[..., None], axis=-1)[..., 0],
+    "entropy": algos.entropy_from_logits(z),
+  }
+  if teacher_hidden is None:
+    return out
+  lt, _ = log_softmax(teacher_params, teacher_hidden)
+  out["teacher"] = jnp.take_along_axis(lt, targets[..., None], axis=-1)[..., 0]
+  top_lp, out["top_ids"] = jax.lax.top_k(lt, VIEW_TOP)
+  out["top_probs"] = jnp.exp(top_lp)
+  if form in algos.VOCAB_FORMS:
+    drive = vocab_drive(
+      ls,
+      lt,
+      targets,
+      beta=beta,
+      gate=gate,
+      entropy=out["entropy"],
+      vocab_size=model_config.vocab_size,
+      top_k=top_k if form == "topk" else None,
+    )
+    out.update({f"drive/{k}": v for k, v in drive.items()})
+  return out
+
+
 _SCORE_FNS: dict[Any, Any] = {}
 
 
-def _score_fn(model_config):
-  """The jitted `response_logprobs` of one model (compiled once per shape bucket)."""
-  if model_config not in _SCORE_FNS:
-    _SCORE_FNS[model_config] = jax.jit(
-      lambda params, tokens, mask, response_len, temperature, with_entropy: response_logprobs(
-        model_config, params, tokens, mask, response_len, temperature, with_entropy
-      ),
-      static_argnums=(3, 4, 5),
-    )
-  return _SCORE_FNS[model_config]
+def _score_fn(model_config, options: tuple, with_teacher: bool):
+  """The view's jitted scoring of one model, options and branch set (compiled once per shape
+  bucket): both branches' hidden states, then `_view_head` over chunks of VIEW_CHUNK response
+  positions (so only one chunk's [B, c, V] arrays are live)."""
+  key = (model_config, options, with_teacher)
+  if key in _SCORE_FNS:
+    return _SCORE_FNS[key]
+
+  def run(params, teacher_params, batch_arrays, response_len):
+    student_tokens, student_mask, teacher_tokens, teacher_mask = batch_arrays
+    targets = student_tokens[:, student_tokens.shape[1] - response_len :]
+    hidden = _response_hidden(model_config, params, student_tokens, student_mask, response_len)
+    teacher_hidden = None
+    if with_teacher:
+      teacher_hidden = _response_hidden(
+        model_config, teacher_params, teacher_tokens, teacher_mask, response_len
+      )
+    chunk = min(VIEW_CHUNK, response_len)
+    num = -(-response_len // chunk)
+
+    def split(x):  # [B, R, ...] -> [num, B, chunk, ...], the last chunk zero-padded
+      x = jnp.pad(x, [(0, 0), (0, num * chunk - response_len)] + [(0, 0)] * (x.ndim - 2))
+      return x.reshape(x.shape[0], num, chunk, *x.shape[2:]).swapaxes(0, 1)
+
+    def body(xs):
+      h, t, th = xs
+      return _view_head(model_config, options, params, teacher_params, h, th, t)
+
+    if num == 1:  # one chunk: no loop
+      return body((hidden, targets, teacher_hidden))
+    xs = (split(hidden), split(targets), None if teacher_hidden is None else split(teacher_hidden))
+    outs = jax.lax.map(body, xs)
+    return {
+      k: v.swapaxes(0, 1).reshape(v.shape[1], num * chunk, *v.shape[3:])[:, :response_len]
+      for k, v in outs.items()
+    }
+
+  _SCORE_FNS[key] = jax.jit(run, static_argnums=(3,))
+  return _SCORE_FNS[key]
 
 
 def score_turns(
@@ -328,11 +505,13 @@ def score_turns(
   algo,
   pad_id: int = 0,
   teacher_params=None,
-) -> list[tuple[np.ndarray, np.ndarray | None, np.ndarray | None]]:
-  """(student log-probs, teacher log-probs or None, gate or None) of each turn's response tokens
-  under `params` (the teacher's under `teacher_params` when given: a frozen teacher), at
-  algo.temperature, as the update scores them (`response_logprobs`); the gate is algo.gate at
-  algo.beta (the student's entropy for the entropy gates)."""
+) -> list[dict[str, np.ndarray]]:
+  """Each turn's scores of its response tokens under `params` (the teacher's under
+  `teacher_params` when given: a frozen teacher), at algo.temperature, as the update scores
+  them: "student" (log-probs [n]) and, when every turn has a teacher prompt, "teacher" (log-probs
+  [n]), "gate" (algo.gate at algo.beta, with the student's entropy for the entropy gates),
+  "top_ids" and "top_probs" (the teacher's VIEW_TOP most likely tokens [n, 3]) and, for
+  algo.form "vocab" / "topk", `vocab_drive`'s arrays under "drive/<name>"."""
   turns = [t for t in turns if t.response_ids]
   if not turns:
     return []
@@ -352,43 +531,85 @@ def score_turns(
     for t in turns
   ]
   batch = pack_batch(samples, batch_bucket(len(samples)), with_teacher, pad_id)
-  R = batch.response_len
-  score = _score_fn(model_config)
-  temperature = float(algo.temperature)
-  student, entropy = score(params, batch.student_tokens, batch.student_mask, R, temperature, True)
-  student, entropy = np.asarray(student), np.asarray(entropy)
-  teacher = gate = None
+  options = (
+    float(algo.temperature),
+    str(algo.form),
+    int(algo.top_k),
+    str(algo.gate),
+    float(algo.beta),
+  )
+  score = _score_fn(model_config, options, with_teacher)
+  arrays = (batch.student_tokens, batch.student_mask, batch.teacher_tokens, batch.teacher_mask)
+  if not with_teacher:
+    arrays = (batch.student_tokens, batch.student_mask, None, None)
+  teacher = params if teacher_params is None else teacher_params
+  got = {k: np.asarray(v) for k, v in score(params, teacher, arrays, batch.response_len).items()}
   if with_teacher:
-    teacher = np.asarray(
-      score(
-        params if teacher_params is None else teacher_params,
-        batch.teacher_tokens,
-        batch.teacher_mask,
-        R,
-        temperature,
-        False,
-      )[0]
-    )
-    gate = np.asarray(
+    got["gate"] = np.asarray(
       algos.compute_gate(
         algo.gate,
         beta=algo.beta,
-        gap=teacher - student,
-        entropy=entropy,
+        gap=got["teacher"] - got["student"],
+        entropy=got["entropy"],
         vocab_size=model_config.vocab_size,
       )
     )
-  out = []
-  for i, t in enumerate(turns):
-    n = len(t.response_ids)
-    out.append(
-      (
-        student[i, :n],
-        None if teacher is None else teacher[i, :n],
-        None if gate is None else gate[i, :n],
-      )
+  del got["entropy"]
+  return [{k: v[i, : len(t.response_ids)] for k, v in got.items()} for i, t in enumerate(turns)]
+
+
+def _legend(form: str, top_k: int | None) -> str:
+  """The legend naming what the shade means for `form` (HTML)."""
+  steps = np.linspace(0, 1, 6)
+  green = "".join(f'<span style="background:{gate_colour(v)}">{v:.1f}</span>' for v in steps)
+  if form in algos.VOCAB_FORMS:
+    red = "".join(f'<span style="background:{drive_colour(v, -1.0)}">{v:.1f}</span>' for v in steps)
+    over = f"the teacher's top {top_k} tokens" if form == "topk" else "the whole vocabulary"
+    return (
+      f"<b>shade: the drive</b> of form {html.escape(form)}: how much probability its gradient "
+      "moves at this position, ½‖w − W·pθ‖₁ over the student's logits (w<sub>v</sub> = "
+      f"pT(v)·g<sub>v</sub>, the teacher's gated weights over {over}; W = Σ w); 0 where the "
+      "student's distribution is already proportional to w."
+      f"<br>green, the term raises the sampled token: {green}"
+      f"<br>red, it lowers it (the teacher's weight is on other tokens): {red}"
     )
-  return out
+  what = "its weight in g·(lT − lθ)" if form == "reference" else "the term weighs −lθ by g·Δ"
+  return (
+    f"<b>shade: the gate g</b> on the sampled token (form {html.escape(form)}: {what}): {green}"
+  )
+
+
+def _hover(turn: TurnScores, i: int) -> tuple[str, str]:
+  """(title text, background colour) of response token i of `turn`."""
+  lines = []
+  colour = ""
+  if turn.drive is not None:
+    d = turn.drive
+    push = float(d.push[i])
+    verb = "raises" if push >= 0 else "lowers"
+    moves = f"{verb} the sampled token by {abs(push):.3f}"
+    if abs(push) < 5e-4:
+      moves = "leaves the sampled token as it is"
+    lines.append(
+      f"drive {d.drive[i]:.3f}: the term {moves} (teacher "
+      f"weight w {d.sampled_weight[i]:.3f} on it, student p {math.exp(turn.student_logp[i]):.3f}"
+      f"); the teacher weights {d.preferred[i]!r} most (w {d.preferred_weight[i]:.3f}; "
+      f"W {d.total_weight[i]:.3f})"
+    )
+    colour = drive_colour(float(d.drive[i]), push)
+  tip = f"student log p {turn.student_logp[i]:.3f}"
+  if turn.teacher_logp is not None:
+    gap = turn.teacher_logp[i] - turn.student_logp[i]
+    tip = (
+      f"gap {gap:+.3f}, gate {turn.gate[i]:.3f}, teacher log p {turn.teacher_logp[i]:.3f}, {tip}"
+    )
+    if turn.drive is None:
+      colour = gate_colour(float(turn.gate[i]))
+  lines.append(tip)
+  if turn.teacher_top is not None:
+    top = ", ".join(f"{piece!r} {p:.3f}" for piece, p in turn.teacher_top[i])
+    lines.append(f"teacher's top {len(turn.teacher_top[i])}: {top}")
+  return "\n".join(lines), colour
 
 
 def render_token_view(
@@ -397,10 +618,13 @@ def render_token_view(
   title: str,
   facts: Sequence[tuple[str, str]] = (),
   note: str = "",
+  form: str = "reference",
+  top_k: int | None = None,
 ) -> str:
-  """A self-contained HTML page: each turn's observation, then its response tokens shaded by
-  the gate (`gate_colour`) with gap, gate and log-probs in each token's title (hover); all text
-  escaped."""
+  """A self-contained HTML page: each turn's observation, then its response as one run of inline
+  spans, one per token (nothing between them, so the text flows as the model wrote it), shaded by
+  the gate or, for form "vocab" / "topk", by the drive (`_legend`); each token's title (hover)
+  holds its scores and the teacher's top tokens. All text escaped."""
   esc = html.escape
   parts = [
     "<!DOCTYPE html>",
@@ -409,10 +633,12 @@ def render_token_view(
     "<style>",
     "body{font-family:sans-serif;margin:1.5em;max-width:70em}",
     ".obs{color:#555;white-space:pre-wrap;font-size:90%;margin:.3em 0}",
-    ".resp{font-family:monospace;white-space:pre-wrap;line-height:1.7;padding:.4em;"
+    ".resp{font-family:monospace;white-space:pre-wrap;line-height:1.8;padding:.4em;"
     + "border:1px solid #ddd}",
-    ".resp span{border-right:1px solid #eee}",
+    ".resp span{display:inline;border-radius:2px}",
+    ".resp span:hover{outline:1px solid #333}",
     ".turn{margin:1em 0}",
+    ".legend{line-height:1.8}",
     ".legend span{display:inline-block;width:3.2em;text-align:center;border:1px solid #ccc}",
     "table.facts td{padding:0 1em 0 0}",
     "</style></head><body>",
@@ -424,10 +650,8 @@ def render_token_view(
     parts.append("</table>")
   if note:
     parts.append(f"<p>{esc(note)}</p>")
-  legend = "".join(
-    f'<span style="background:{gate_colour(g)}">{g:.2f}</span>' for g in np.linspace(0, 1, 6)
-  )
-  parts.append(f'<p class="legend">gate: {legend}</p>')
+  if any(t.teacher_logp is not None for t in turns):
+    parts.append(f'<p class="legend">{_legend(form, top_k)}</p>')
   skill_block = next((t.skill_block for t in turns if t.skill_block), "")
   if skill_block:
     parts.append(
@@ -436,21 +660,17 @@ def render_token_view(
     )
   for k, turn in enumerate(turns):
     parts.append(f'<div class="turn"><b>turn {k + 1}</b>')
-    parts.append(f'<div class="obs">{esc(turn.observation)}</div><div class="resp">')
-    gap = turn.gap
+    spans = []
     for i, piece in enumerate(turn.pieces):
-      tip = f"student log p {turn.student_logp[i]:.3f}"
-      style = ""
-      if gap is not None:
-        tip = (
-          f"gap {gap[i]:+.3f}, gate {turn.gate[i]:.3f}, teacher log p "
-          f"{turn.teacher_logp[i]:.3f}, {tip}"
-        )
-        colour = gate_colour(float(turn.gate[i]))
-        style = f' style="background:{colour}"' if colour else ""
-      parts.append(f'<span{style} title="{esc(tip, quote=True)}">{esc(piece)}</span>')
+      tip, colour = _hover(turn, i)
+      style = f' style="background:{colour}"' if colour else ""
+      tip = esc(tip, quote=True).replace("\n", "&#10;")
+      spans.append(f'<span{style} title="{tip}">{esc(piece)}</span>')
+    # One line: a newline between the spans would be text inside `white-space: pre-wrap`.
+    parts.append(f'<div class="obs">{esc(turn.observation)}</div>')
+    parts.append(f'<div class="resp">{"".join(spans)}</div>')
     validity = "valid" if turn.valid else "invalid format"
-    parts.append(f"</div><div>action sent: <code>{esc(turn.action)}</code> ({validity})</div>")
+    parts.append(f"<div>action sent: <code>{esc(turn.action)}</code> ({validity})</div>")
     parts.append("</div>")
   parts.append("</body></html>")
   return "\n".join(parts) + "\n"
@@ -538,27 +758,48 @@ def _write_token_view(
   )
   tokenizer = source.tokenizer
   shown = []
-  for turn, (student, teacher, gate) in zip(turns, scores):
+  for turn, got in zip(turns, scores):
     block = ""
     if turn.teacher_prompt_ids is not None:
       extra = len(turn.teacher_prompt_ids) - len(turn.prompt_ids)
       block = tokenizer.decode(turn.teacher_prompt_ids[:extra]) if extra > 0 else ""
+    top = drive = None
+    if "top_ids" in got:
+      top = [
+        [(token_text(tokenizer, int(v)), float(p)) for v, p in zip(ids, probs)]
+        for ids, probs in zip(got["top_ids"], got["top_probs"])
+      ]
+    if "drive/drive" in got:
+      drive = Drive(
+        drive=got["drive/drive"],
+        push=got["drive/push"],
+        sampled_weight=got["drive/sampled_weight"],
+        total_weight=got["drive/total_weight"],
+        preferred=[token_text(tokenizer, int(v)) for v in got["drive/preferred"]],
+        preferred_weight=got["drive/preferred_weight"],
+      )
     shown.append(
       TurnScores(
         observation=turn.observation,
         action=turn.action,
         valid=turn.valid,
         pieces=token_pieces(tokenizer, turn.response_ids),
-        student_logp=student,
-        teacher_logp=teacher,
-        gate=gate,
+        student_logp=got["student"],
+        teacher_logp=got.get("teacher"),
+        gate=got.get("gate"),
         skill_block=block,
+        teacher_top=top,
+        drive=drive,
       )
     )
   facts = [
     ("run", run),
     ("step", str(step)),
-    ("algorithm", f"{algo.name} (gate {algo.gate}, beta {algo.beta:g}, lambda {algo.lam:g})"),
+    (
+      "algorithm",
+      f"{algo.name} (form {algo.form}, gate {algo.gate}, beta {algo.beta:g}, "
+      + f"lambda {algo.lam:g})",
+    ),
     ("episode", f"validation task {episode.task_id} ({episode.task_type}): {episode.task}"),
     (
       "outcome",
@@ -569,10 +810,16 @@ def _write_token_view(
   if any(t.teacher_logp is None for t in shown):
     note = "No teacher prompt (no skill retriever): tokens are not shaded."
   else:
+    shade = (
+      "the drive of the form's gradient (legend)"
+      if algo.form in algos.VOCAB_FORMS
+      else "the gate g (white 0, green 1)"
+    )
     note = (
-      "Each response token is shaded by the gate g (white 0, green 1); hover for the gap "
-      "lT - lθ (teacher minus student log-prob of the token), g and both log-probs, scored at "
-      f"this step's parameters and temperature {algo.temperature:g}."
+      f"Each response token is shaded by {shade}; hover for the gap lT - lθ (teacher minus "
+      "student log-prob of the token), g, both log-probs and the teacher's top "
+      f"{VIEW_TOP} tokens with their probabilities, scored at this step's parameters and "
+      f"temperature {algo.temperature:g}."
     )
     if frozen_teacher:
       note += " The teacher runs on the frozen initial policy (algo.teacher_weights='initial')."
@@ -588,7 +835,14 @@ def _write_token_view(
         f"scored for this view only, and g is what gate {algo.gate!r} at beta {algo.beta:g} "
         "would give."
       )
-  page = render_token_view(shown, title=f"Token view, step {step}", facts=facts, note=note)
+  page = render_token_view(
+    shown,
+    title=f"Token view, step {step}",
+    facts=facts,
+    note=note,
+    form=algo.form,
+    top_k=algo.top_k,
+  )
   if not paths.is_primary_process():  # every process scored the episode (collectives)
     return None
   paths.write_text(path, page)
