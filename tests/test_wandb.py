@@ -134,3 +134,26 @@ def test_offline_row_and_histogram_read_back(tmp_path, monkeypatch):
     "diagnostics/gate.values": [1, 0, 4, 2],
     "diagnostics/gate.bins": [-1.0, -0.5, 0.0, 0.5, 1.0],
   }
+
+
+def test_only_the_writing_process_logs_to_wandb(tmp_path):
+  """A process that writes no files (not process 0) sends nothing to W&B either."""
+  from sdar_jax.observe.metrics import MetricsLogger
+
+  class Recorder:
+    def __init__(self):
+      self.calls = []
+
+    def log(self, row):
+      self.calls.append(row)
+
+    def log_histogram(self, *args):
+      self.calls.append(args)
+
+  fields = {"bucket_limits": [0.0, 1.0, 2.0], "bucket_counts": [0.0, 1.0, 0.0]}
+  for write, expected in ((False, 0), (True, 2)):
+    run = Recorder()
+    logger = MetricsLogger(str(tmp_path / str(write)), write=write, wandb_run=run)
+    assert logger.log(1, {"train/loss": 0.5}) == {"step": 1, "train/loss": 0.5}
+    logger.log_histogram("diagnostics/gate", 1, **fields)
+    assert len(run.calls) == expected

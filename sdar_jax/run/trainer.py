@@ -34,8 +34,9 @@ final policy is exported as Hugging Face safetensors.
 The workdir may be local or a gs:// URL (sdar_jax.infra.paths): config.json, metrics, plots,
 diagnostics and the export are written by the primary process, checkpoints by every process.
 A run holds its workdir's lock (sdar_jax.run.workdir_lock) from start to close. Each iteration
-logs a progress line (elapsed time, ETA) and, every `logging.every` iterations, a metrics row. The
-first failure of each kind of an environment is logged with its env and game file; failures are counted
+logs a progress line (elapsed time, ETA) and, every `logging.every` iterations, a metrics row
+(also to Weights & Biases from the primary process with `logging.wandb`, in the W&B run whose id
+the workdir keeps: sdar_jax.observe.wandb_log). The first failure of each kind of an environment is logged with its env and game file; failures are counted
 in `episode/env_failures`, and the run stops with `EnvFailureError` when every environment failed
 in `train.max_failed_iterations` consecutive iterations.
 
