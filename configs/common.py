@@ -181,6 +181,15 @@ def base(model: str = "qwen2.5-3b", algo_name: str = "sdar") -> mlc.ConfigDict:
       jsonl=True,
       tensorboard=True,
       plots=True,
+      # Weights & Biases (the optional extra: pip install -e '.[wandb]'): every metrics row, the
+      # run config as W&B config; a resumed run continues the W&B run whose id <workdir>/wandb_run_id
+      # keeps. Only process 0 logs.
+      wandb=False,
+      wandb_project="sdar-jax",
+      wandb_entity=config_dict.placeholder(str),  # default: the W&B account's default entity
+      wandb_name=config_dict.placeholder(str),  # default: the workdir's folder name
+      wandb_tags=(),
+      wandb_mode=config_dict.placeholder(str),  # "online" | "offline" | "disabled"; default: W&B's
     )
   )
   return config

@@ -9,7 +9,8 @@ r"""Training entry point.
 The config is validated before anything is built or written (sdar_jax.run.config_validation): an
 unknown `--config.*` key, an impossible value, a model without weight files (or with truncated
 ones) or an option that is not implemented yet exits with a message naming it, and the workdir is
-left untouched. `--dry_run` validates (the same checks, weight files included), prints the resolved
+left untouched; `logging.wandb=True` without the wandb package exits with the extra to install.
+`--dry_run` validates (the same checks, weight files included), prints the resolved
 config, builds the mesh and the model's abstract train state (no memory), and exits. Otherwise the
 host loop `sdar_jax.run.trainer.run(config, workdir)` runs.
 """
@@ -221,6 +222,9 @@ def main(argv: Sequence[str]) -> None:
     model_config = validate(config)
   except ConfigError as e:
     sys.exit(f"Invalid config: {e}")
+  from sdar_jax.observe import wandb_log
+
+  wandb_log.require(config.logging)  # logging.wandb=True needs the extra: a UserError, exit 2
   print(config)
   mesh = make_mesh(dict(config.mesh))
   if flags.FLAGS.dry_run:
@@ -243,7 +247,9 @@ def cli(argv: Sequence[str] | None = None) -> None:
   argv = list(sys.argv if argv is None else argv)
   _check_overrides(argv)
   _define_flags()
-  app.run(main, argv=argv)
+  from sdar_jax.infra.errors import exit_on_user_error
+
+  app.run(exit_on_user_error(main), argv=argv)
 
 
 if __name__ == "__main__":

@@ -303,3 +303,90 @@ def write_skills_folder(directory, layout: str = "authors", general: str | None 
     with open(os.path.join(directory, name), "w") as f:
       f.write(text)
   return str(directory)
+
+
+# ------------------------------------------------------------------------ W&B offline run files
+def wandb_offline_env(monkeypatch, root) -> str:
+  """W&B in offline mode (no network, no login) with every folder it writes under `root`;
+  returns $WANDB_DIR (its runs go to <WANDB_DIR>/wandb/offline-run-<time>-<id>/)."""
+  folder = os.path.join(str(root), "wandb_dir")
+  for name, value in (
+    ("WANDB_MODE", "offline"),
+    ("WANDB_DIR", folder),
+    ("WANDB_CONFIG_DIR", os.path.join(str(root), "wandb_config")),
+    ("WANDB_CACHE_DIR", os.path.join(str(root), "wandb_cache")),
+    ("WANDB_DATA_DIR", os.path.join(str(root), "wandb_data")),
+    ("WANDB_SILENT", "true"),
+  ):
+    monkeypatch.setenv(name, value)
+  monkeypatch.delenv("WANDB_API_KEY", raising=False)
+  os.makedirs(folder, exist_ok=True)
+  return folder
+
+
+def wandb_records(path: str) -> list:
+  """The records of a W&B run file (run-<id>.wandb) as `wandb.proto` Record messages. The file is
+  a 7-byte header (":W&B", 0xBEE1 little-endian, version 0) and then LevelDB's log format: 32 KiB
+  blocks of chunks, each a 7-byte header (CRC, length, kind: 1 full, 2 first, 3 middle, 4 last)
+  and its bytes; a block's tail shorter than a header is padding."""
+  import struct
+
+  from wandb.proto import wandb_internal_pb2
+
+  with open(path, "rb") as f:
+    data = f.read()
+  assert data[:4] == b":W&B" and struct.unpack("<HB", data[4:7]) == (0xBEE1, 0), data[:7]
+  block, pos, parts, records = 32768, 7, b"", []
+  while pos + 7 <= len(data):
+    room = block - pos % block
+    if room < 7:
+      pos += room
+      continue
+    _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+    if kind == 0:  # zero padding up to the block's end
+      pos += room
+      continue
+    chunk = data[pos + 7 : pos + 7 + length]
+    pos += 7 + length
+    parts = chunk if kind in (1, 2) else parts + chunk
+    if kind in (1, 4):
+      record = wandb_internal_pb2.Record()
+      record.ParseFromString(parts)
+      records.append(record)
+  return records
+
+
+def wandb_offline_runs(wandb_dir: str, run_id: str) -> list[list]:
+  """The records of each offline W&B run of id `run_id` under `wandb_dir`, oldest first (a resumed
+  run writes a folder of its own). wandb's service may still be writing a run's file when
+  `finish` has returned: `wandb.teardown` waits for it first."""
+  import glob
+
+  import wandb
+
+  wandb.teardown()
+  pattern = os.path.join(wandb_dir, "wandb", f"offline-run-*-{run_id}", f"run-{run_id}.wandb")
+  return [wandb_records(path) for path in sorted(glob.glob(pattern))]
+
+
+def wandb_history(records) -> list[dict]:
+  """The logged rows of `records` (W&B's own "_step", "_runtime", ... left out), values decoded
+  from their JSON."""
+  import json
+
+  rows = []
+  for r in records:
+    if r.WhichOneof("record_type") == "history":
+      row = {}
+      for item in r.history.item:
+        key = item.key or ".".join(item.nested_key)
+        if not key.startswith("_"):
+          row[key] = json.loads(item.value_json)
+      rows.append(row)
+  return rows
+
+
+def wandb_run_record(records):
+  """The run record of `records` (id, project, name, tags, config)."""
+  (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+  return run

@@ -313,6 +313,10 @@ def test_scoring_temperature_follows_the_rollout():
     ({"optim.b2": 1.0}, ["optim.b2=1.0"]),
     ({"checkpoint.keep": 0}, ["checkpoint.keep=0"]),
     ({"checkpoint.every": -1}, ["checkpoint.every=-1", "use 0 to save only at the end"]),
+    (
+      {"logging.wandb": True, "logging.wandb_mode": "cloud"},
+      ["logging.wandb_mode='cloud'", "'offline'"],
+    ),
   ],
 )
 def test_impossible_values_are_named(overrides, expected):

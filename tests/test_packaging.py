@@ -22,6 +22,9 @@ FIRST_PARTY = {"sdar_jax", "envs", "configs", "tests", "bench", "_common"}
 # Imported only inside a function, for a feature that is off unless asked for; installed with the
 # runtime requirements anyway (a dependency of textworld's jericho).
 OPTIONAL_IMPORTS = {"spacy", "fsspec"}  # fsspec: only for gs:// workdirs (the gcs extra pins it)
+# Imported only inside a function, for an option that is off by default, and installed by its
+# extra (pinned there, and in requirements-dev.txt for the tests): logging.wandb.
+EXTRA_IMPORTS = {"wandb"}
 TEST_ONLY = {"transformers", "torch", "safetensors", "pytest"}
 
 
@@ -79,6 +82,7 @@ def test_dependencies_come_from_requirements_txt_and_extras_pin_jax():
     if r.name == "libtpu" and r.marker is not None and r.marker.evaluate({"extra": "tpu"})
   ]
   gcs = extras.pop("gcs")
+  (wandb,) = extras.pop("wandb")
   assert extras == {
     "gpu": [f"jax[cuda12]{jax_pin}"],
     "tpu": [f"jax[tpu]{jax_pin}"],
@@ -89,6 +93,34 @@ def test_dependencies_come_from_requirements_txt_and_extras_pin_jax():
   assert all("==" in r for r in gcs)
   launcher = (REPO / "launch" / "tpu_pod.sh").read_text()
   assert all(f"'{r}'" in launcher for r in gcs)
+  # the W&B extra: the pin the tests install and the one its error message names
+  from sdar_jax.observe.wandb_log import PINNED
+
+  assert wandb == PINNED and Requirement(wandb) in _requirements("requirements-dev.txt")
+
+
+def _outside_functions(node: ast.AST):
+  """The nodes under `node` that no function body holds (module level, classes, if / try)."""
+  for child in ast.iter_child_nodes(node):
+    if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+      yield child
+      yield from _outside_functions(child)
+
+
+def test_extras_are_imported_inside_functions_only():
+  """An extra's package is imported where its option is used, never at a module's top level:
+  a run without the option neither needs it nor pays its import."""
+  for directory in RUNTIME_DIRS:
+    for path in sorted((REPO / directory).rglob("*.py")):
+      tree = ast.parse(path.read_text(), filename=str(path))
+      for inner in _outside_functions(tree):
+        if isinstance(inner, ast.Import):
+          names = {alias.name.split(".")[0] for alias in inner.names}
+        elif isinstance(inner, ast.ImportFrom) and inner.module and inner.level == 0:
+          names = {inner.module.split(".")[0]}
+        else:
+          continue
+        assert not names & EXTRA_IMPORTS, f"{path.relative_to(REPO)}:{inner.lineno}"
 
 
 def test_every_runtime_import_is_pinned_directly():
@@ -97,7 +129,7 @@ def test_every_runtime_import_is_pinned_directly():
   stdlib = set(sys.stdlib_module_names) | {"__future__"}
   unpinned = []
   for module, where in sorted(_runtime_imports().items()):
-    if module in stdlib | FIRST_PARTY | OPTIONAL_IMPORTS:
+    if module in stdlib | FIRST_PARTY | OPTIONAL_IMPORTS | EXTRA_IMPORTS:
       continue
     distributions = {canonicalize_name(d) for d in owners.get(module, [])}
     if not distributions & pinned:

@@ -18,9 +18,16 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
-from tests.helpers import tiny_run_config
+from tests.helpers import (
+  tiny_run_config,
+  wandb_history,
+  wandb_offline_env,
+  wandb_offline_runs,
+  wandb_run_record,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -362,6 +369,39 @@ def test_kill_between_row_and_checkpoint_logs_each_step_once(broken_data, tmp_pa
   monkeypatch.undo()
   trainer.run(config, workdir)  # resumes at checkpoint 2 and runs iteration 3 again
   assert [r["step"] for r in _rows(os.path.join(workdir, "metrics.jsonl"))] == [1, 2, 3]
+
+
+def test_wandb_offline_gets_every_row_and_the_config_and_resume_continues_it(
+  broken_data, tmp_path, monkeypatch
+):
+  """logging.wandb=True in W&B's offline mode: the W&B run holds the run config and every row of
+  metrics.jsonl; the run resumed on its workdir logs into the same W&B run (its id kept there)."""
+  from sdar_jax.run import trainer
+
+  wandb_dir = wandb_offline_env(monkeypatch, tmp_path)
+  workdir = str(tmp_path / "run")
+  on = {"logging.wandb": True, "logging.wandb_tags": ("test",), "checkpoint.every": 1}
+  on["train.max_failed_iterations"] = 10  # every env fails: rows without an update
+  trainer.run(_broken(2, broken_data, **on), workdir)
+  with open(os.path.join(workdir, "wandb_run_id")) as f:
+    run_id = f.read().strip()
+  trainer.run(_broken(3, broken_data, **on), workdir)  # resumes at checkpoint 2
+  with open(os.path.join(workdir, "wandb_run_id")) as f:
+    assert f.read().strip() == run_id
+
+  first, resumed = wandb_offline_runs(wandb_dir, run_id)  # one folder per start, the same id
+  rows = _rows(os.path.join(workdir, "metrics.jsonl"))
+  assert [r["step"] for r in rows] == [1, 2, 3]
+  np.testing.assert_equal(wandb_history(first), rows[:2])  # NaN == NaN here
+  np.testing.assert_equal(wandb_history(resumed), rows[2:])
+  with open(os.path.join(workdir, "config.json")) as f:
+    config = json.load(f)  # the resumed run's (train.total_steps=3)
+  for records, total_steps in ((first, 2), (resumed, 3)):
+    meta = wandb_run_record(records)
+    assert meta.run_id == run_id and meta.resume
+    assert (meta.project, meta.display_name, list(meta.tags)) == ("sdar-jax", "run", ["test"])
+    logged = {i.key: json.loads(i.value_json) for i in meta.config.update if i.key != "_wandb"}
+    assert logged == {**config, "train": {**config["train"], "total_steps": total_steps}}
 
 
 def test_second_trainer_on_a_workdir_is_refused(broken_data, tmp_path):

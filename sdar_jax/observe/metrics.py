@@ -5,7 +5,8 @@ appended to, so a resumed run continues the same file, after `drop_rows_after` r
 iterations the restored checkpoint does not contain (a run killed between logging a row and saving
 its checkpoint logs that step again). `plot_history` turns it into a grid of curves
 (`metrics.png`): success rate, reward, the SDAR gate and gap, losses. TensorBoard event files go to
-the same directory when `logging.tensorboard` is on and tensorboardX is installed. The directory may
+the same directory when `logging.tensorboard` is on and tensorboardX is installed, and every row and
+histogram to a Weights & Biases run when one is given (`sdar_jax.observe.wandb_log`). The directory may
 be remote (gs://, through `sdar_jax.infra.paths`; TensorBoard writes locally and is copied up), and
 only the primary process writes (`sdar_jax.infra.paths.is_primary_process`).
 """
@@ -45,7 +46,7 @@ def _scalar(value: Any) -> float | None:
 
 
 class MetricsLogger:
-  """Writes metrics of each step to the console, `<logdir>/metrics.jsonl` and TensorBoard."""
+  """Writes metrics of each step to the console, `<logdir>/metrics.jsonl`, TensorBoard and W&B."""
 
   def __init__(
     self,
@@ -62,15 +63,19 @@ class MetricsLogger:
       "val/success_rate",
     ),
     write: bool | None = None,
+    wandb_run: Any = None,
   ):
     """write: whether this process writes files (default: only the primary process does; the
-    others compute and return the same rows, and `path` is None there)."""
+    others compute and return the same rows, and `path` is None there). wandb_run: a
+    `sdar_jax.observe.wandb_log.WandbRun` that gets every row and histogram (its owner finishes
+    it), or None."""
     self.logdir = paths.resolve(logdir)
     self.write = paths.is_primary_process() if write is None else write
     self.path = paths.join(self.logdir, "metrics.jsonl") if jsonl and self.write else None
     self.console_keys = tuple(console_keys)
     self._tb = None
     self._tb_mirror: paths.LocalMirror | None = None
+    self.wandb_run = wandb_run if self.write else None
     if self.write:
       paths.makedirs(self.logdir)
     if tensorboard and self.write:
@@ -100,14 +105,18 @@ class MetricsLogger:
           self._tb.add_scalar(name, x, step)
       self._tb.flush()
       self._tb_mirror.sync()
+    if self.wandb_run is not None:
+      self.wandb_run.log(row)
     if echo:
       log.info("[step %d] %s", step, self.summary(row))
     return row
 
   def log_histogram(self, name: str, step: int, **fields: Any) -> None:
-    """A histogram to TensorBoard (nothing without it): `fields` are tensorboardX's
+    """A histogram to TensorBoard and W&B (nothing without them): `fields` are tensorboardX's
     `add_histogram_raw` arguments (min, max, num, sum, sum_squares, bucket_limits, bucket_counts);
     `sdar_jax.observe.diagnostics.Histogram.tensorboard_fields` makes them from fixed-bin counts."""
+    if self.wandb_run is not None:
+      self.wandb_run.log_histogram(name, step, fields["bucket_limits"], fields["bucket_counts"])
     if self._tb is not None:
       self._tb.add_histogram_raw(name, global_step=step, **fields)
       self._tb.flush()

@@ -23,6 +23,7 @@ from sdar_jax.core import sharding
 from sdar_jax.core.sampling import Sampler, SamplingParams
 from sdar_jax.infra import multihost
 from sdar_jax.models import ModelConfig, init_params, load_pretrained
+from sdar_jax.observe import wandb_log
 from sdar_jax.rollout import AgentLoop, validation_tasks
 from sdar_jax.rollout.agent_loop import overlap_problem
 from sdar_jax.text.chat_templates import ChatTemplate, resolve_chat_template
@@ -126,6 +127,7 @@ def setting_problems(config) -> list[str]:
       "rollout.overlap='off', or run one process"
     )
   problems.extend(staleness_problems(config))
+  problems.extend(wandb_log.setting_problems(config.logging if "logging" in config else {}))
   return problems
 
 

@@ -34,8 +34,9 @@ final policy is exported as Hugging Face safetensors.
 The workdir may be local or a gs:// URL (sdar_jax.infra.paths): config.json, metrics, plots,
 diagnostics and the export are written by the primary process, checkpoints by every process.
 A run holds its workdir's lock (sdar_jax.run.workdir_lock) from start to close. Each iteration
-logs a progress line (elapsed time, ETA) and, every `logging.every` iterations, a metrics row. The
-first failure of each kind of an environment is logged with its env and game file; failures are counted
+logs a progress line (elapsed time, ETA) and, every `logging.every` iterations, a metrics row
+(also to Weights & Biases from the primary process with `logging.wandb`, in the W&B run whose id
+the workdir keeps: sdar_jax.observe.wandb_log). The first failure of each kind of an environment is logged with its env and game file; failures are counted
 in `episode/env_failures`, and the run stops with `EnvFailureError` when every environment failed
 in `train.max_failed_iterations` consecutive iterations.
 
@@ -68,7 +69,7 @@ from sdar_jax.core.sampling import Sampler
 from sdar_jax.core.train_state import create_train_state
 from sdar_jax.core.train_step import TrainStep, train_step_from_config
 from sdar_jax.infra import multihost, paths
-from sdar_jax.observe import diagnostics, transcripts
+from sdar_jax.observe import diagnostics, transcripts, wandb_log
 from sdar_jax.observe.metrics import (
   MetricsLogger,
   mean_over_updates,
@@ -169,6 +170,7 @@ class Trainer:
       problems = run_setup.setting_problems(config)
       if problems:
         raise ValueError("\n".join(problems))
+      wandb_log.require(config.logging)  # logging.wandb=True without the package: stop here
     self.config = config
     for what, where in (
       ("workdir", workdir),
@@ -193,11 +195,15 @@ class Trainer:
     config = self.config
     if self.eval_only:
       start_eval_record(self.workdir, evaluated_source(self.config, self.params_from))
+    config_json = json.dumps(config.to_dict(), indent=2, default=str)
     if paths.is_primary_process():
-      paths.write_text(
-        paths.join(self.workdir, "config.json"),
-        json.dumps(config.to_dict(), indent=2, default=str),
+      paths.write_text(paths.join(self.workdir, "config.json"), config_json)
+    self.wandb_run: wandb_log.WandbRun | None = None  # process 0 of a training run only
+    if not self.eval_only and config.logging.get("wandb") and paths.is_primary_process():
+      self.wandb_run = wandb_log.WandbRun.start(
+        config.logging, json.loads(config_json), self.workdir
       )
+      log.info("W&B run %s (id kept in %s)", self.wandb_run.id, wandb_log.RUN_ID_FILE)
     self.mesh = sharding.make_mesh(dict(config.mesh))
     self.tokenizer = build_tokenizer(config.model)
     if self.params_from is None:
@@ -263,6 +269,7 @@ class Trainer:
       self.workdir if self.eval_only else (config.logging.get("dir") or self.workdir),
       jsonl=config.logging.jsonl,
       tensorboard=config.logging.tensorboard,
+      wandb_run=self.wandb_run,
     )
     self.ckpt: CheckpointManager | None = None
     if not self.eval_only:
@@ -762,11 +769,13 @@ class Trainer:
     if self.config.logging.plots and self.logger.path:
       plot_history(self.logger.path)
 
-  def close(self) -> None:
+  def close(self, failed: bool = False) -> None:
     """Closes what was built (also after a failed build), each even if another fails to close,
-    and releases the workdir lock last."""
+    and releases the workdir lock last. failed: the W&B run, if any, is marked failed."""
     with contextlib.ExitStack() as stack:
       stack.callback(self.lock.release)
+      if getattr(self, "wandb_run", None) is not None:
+        stack.callback(self.wandb_run.finish, exit_code=1 if failed else 0)
       pools = [v.pool for v in getattr(self, "validations", [])]
       for resource in [*pools, *(getattr(self, n, None) for n in ("pool", "logger", "ckpt"))]:
         if resource is not None:
@@ -784,10 +793,13 @@ def _jsonable(value):
 def run(config, workdir: str) -> dict[str, float]:
   """Trains with `config` in `workdir` (resuming from its checkpoints); returns the last metrics."""
   trainer = Trainer(config, workdir)
+  finished = False
   try:
-    return trainer.run()
+    last = trainer.run()
+    finished = True
+    return last
   finally:
-    trainer.close()
+    trainer.close(failed=not finished)
 
 
 def run_evaluation(
