@@ -110,6 +110,9 @@ def base(model: str = "qwen2.5-3b", algo_name: str = "sdar") -> mlc.ConfigDict:
       eval_before_train=True,
       max_staleness=0,  # 0 = synchronous on-policy (the paper); >0 = async with bounded staleness
       max_failed_iterations=3,  # stop (non-zero exit) when every env fails this many in a row
+      # stop when this many updates in a row were skipped for a non-finite loss or gradient
+      # (the state and the last checkpoint stay as they were, nothing is exported); 0 = never
+      max_skipped_updates=3,
       # a folder (local or gs://) where XLA keeps compiled programs between runs, so a rerun, a
       # resumed run or a sweep's next run of the same shapes loads them instead of compiling;
       # "" = off (JAX's default). Use a folder local to one machine type.

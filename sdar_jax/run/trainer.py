@@ -37,7 +37,9 @@ A run holds its workdir's lock (sdar_jax.run.workdir_lock) from start to close. 
 logs a progress line (elapsed time, ETA) and, every `logging.every` iterations, a metrics row. The
 first failure of each kind of an environment is logged with its env and game file; failures are counted
 in `episode/env_failures`, and the run stops with `EnvFailureError` when every environment failed
-in `train.max_failed_iterations` consecutive iterations.
+in `train.max_failed_iterations` consecutive iterations. An update whose loss or gradient is not
+finite is skipped (the state unchanged); `train.max_skipped_updates` skipped in a row stop the run
+with `SkippedUpdatesError` before another checkpoint or the export is written.
 
 `Trainer(config, out_dir, eval_only=True, params_from=(checkpoint_dir, step))` is an evaluation:
 the checkpoint's parameters alone (no optimizer state, no KL reference, no training envs), the
@@ -68,6 +70,7 @@ from sdar_jax.core.sampling import Sampler
 from sdar_jax.core.train_state import create_train_state
 from sdar_jax.core.train_step import TrainStep, train_step_from_config
 from sdar_jax.infra import multihost, paths
+from sdar_jax.infra.errors import UserError
 from sdar_jax.observe import diagnostics, transcripts
 from sdar_jax.observe.metrics import (
   MetricsLogger,
@@ -107,6 +110,11 @@ class EnvFailureError(RuntimeError):
   """Every environment failed in `train.max_failed_iterations` consecutive iterations."""
 
 
+class SkippedUpdatesError(UserError):
+  """`train.max_skipped_updates` updates in a row were skipped because their loss or gradient
+  was not finite: the run stops before another checkpoint or the export is written."""
+
+
 def _error_kind(error: str) -> str:
   """'env raised during reset: JSONDecodeError: Expecting ...' -> its first two ': ' fields."""
   return ": ".join(error.split(": ")[:2])
@@ -125,6 +133,7 @@ class LoopState:
   task_rng: dict[str, Any] | None = None  # numpy bit-generator state of the task sampler
   replay: dict[str, int] | None = None
   all_failed_iterations: int = 0  # consecutive iterations in which every env failed
+  skipped_in_a_row: int = 0  # consecutive updates skipped for a non-finite loss or gradient
 
 
 @dataclasses.dataclass
@@ -508,6 +517,31 @@ class Trainer:
         "raise --config.train.max_failed_iterations."
       )
 
+  def _count_skipped(self, metrics: dict[str, Any], iteration: int, k: int, n: int) -> None:
+    """Counts updates skipped in a row (train/skipped_update of update `k` of `n` in
+    `iteration`); stops the run with SkippedUpdatesError at train.max_skipped_updates (0: never).
+    Raised before the iteration's checkpoint: the last saved one holds the last good state."""
+    if float(metrics.get("train/skipped_update", 0.0)) > 0:
+      self.loop_state.skipped_in_a_row += 1
+    else:
+      self.loop_state.skipped_in_a_row = 0
+    limit = self.config.train.get("max_skipped_updates", 3)
+    if limit > 0 and self.loop_state.skipped_in_a_row >= limit:
+      saved = self.ckpt.latest_step() if self.ckpt is not None else None
+      kept = (
+        f"the last checkpoint (iteration {saved}) is kept as it was"
+        if saved is not None
+        else "no checkpoint was written"
+      )
+      raise SkippedUpdatesError(
+        f"{self.loop_state.skipped_in_a_row} updates in a row were skipped because the loss or "
+        f"the gradient was not finite (NaN or inf), the last at iteration {iteration}, update "
+        f"{k} of {n} (train.max_skipped_updates={limit}); {kept} and nothing was exported. Fix: "
+        "check the weights the run started from (model.path), lower optim.lr or keep "
+        "optim.clip_norm on, and read train/grad_norm in metrics.jsonl; "
+        "--config.train.max_skipped_updates=0 never stops."
+      )
+
   def _play(
     self,
     iteration: int,
@@ -673,6 +707,7 @@ class Trainer:
         self.state, m = self.step_fn(self.state, b, self.ref_params, iteration=it + 1)
         m = jax.device_get(m)
       per_batch.append((m, multihost.total(b.response_mask)))
+      self._count_skipped(m, it + 1, len(per_batch), len(batches))
     # takes the gap / gate histogram counts out of per_batch (files in <workdir>/diagnostics/)
     diagnostics.record_update_histograms(
       per_batch, it + 1, self.workdir, self.logger, self.config.logging.plots
