@@ -37,7 +37,8 @@ A run holds its workdir's lock (sdar_jax.run.workdir_lock) from start to close. 
 logs a progress line (elapsed time, ETA) and, every `logging.every` iterations, a metrics row. The
 first failure of each kind of an environment is logged with its env and game file; failures are counted
 in `episode/env_failures`, and the run stops with `EnvFailureError` when every environment failed
-in `train.max_failed_iterations` consecutive iterations. An update whose loss or gradient is not
+in `train.max_failed_iterations` consecutive iterations. A Search-QA search that fails is counted
+in `rollout/search_errors` and logged once per kind of failure. An update whose loss or gradient is not
 finite is skipped (the state unchanged); `train.max_skipped_updates` skipped in a row stop the run
 with `SkippedUpdatesError` before another checkpoint or the export is written.
 
@@ -77,6 +78,7 @@ from sdar_jax.observe.metrics import (
   mean_over_updates,
   plot_history,
   rollout_metrics,
+  search_error_count,
   teacher_old_gap_metrics,
   validation_summary,
 )
@@ -282,6 +284,8 @@ class Trainer:
       )
     self.loop_state = LoopState(iteration=self.params_from[1] if self.params_from else 0)
     self._failure_kinds: dict[str, str] = {}  # first error of each kind, with its env and game
+    self._search_error_kinds: set[str] = set()  # kinds of failed searches already warned about
+    self._searches = config.env.name == "search_qa"  # its episodes search: count failed searches
     self.task_rng = np.random.default_rng(config.train.seed)
     self.rng = jax.random.key(config.train.seed + 1)  # rollout keys: see _key
     self.eval_rng = jax.random.key(config.eval.get("seed", 0))  # validation keys: see evaluate
@@ -404,6 +408,9 @@ class Trainer:
           rates.append(rollout_metrics(summary, prefix).get(f"{prefix}/success_rate", 0.0))
         self._report_env_failures(episodes, validation.games, prefix)
         metrics.update(rollout_metrics(everyone, prefix, self.env_family.episode_metrics))
+        self._report_search_errors(episodes, prefix)
+        if self._searches:
+          metrics[f"{prefix}/search_errors"] = search_error_count(everyone)
         if repeats > 1:  # avg@k is success_rate; the spread of the k repeats' rates
           metrics[f"{prefix}/success_rate_repeat_sd"] = float(np.std(rates, ddof=1))
         transcripts.write_outcomes(
@@ -499,6 +506,24 @@ class Trainer:
         ep.env_error,
         prefix,
       )
+
+  def _report_search_errors(self, episodes: list[Episode], where: str) -> None:
+    """Logs the first failed search of each kind (unreachable, timeout, HTTP 500, ...) once per
+    run; every failed search is counted in rollout/search_errors (<prefix>/search_errors in an
+    evaluation)."""
+    for ep in episodes:
+      for kind, message in ep.search_errors:
+        if kind in self._search_error_kinds:
+          continue
+        self._search_error_kinds.add(kind)
+        log.warning(
+          "%s: a search failed (%s): %s. The episode goes on with the error as its observation; "
+          "further failures of this kind are counted in rollout/search_errors, not shown. Check "
+          "the retrieval server at env.search_url (env.search_timeout_s, env.search_retries).",
+          where,
+          kind,
+          message,
+        )
 
   def _check_all_failed(self, episodes: list[Episode]) -> None:
     """Counts iterations in which every env failed; stops the run after too many in a row."""
@@ -633,6 +658,9 @@ class Trainer:
     everyone = episode_summaries(episodes)  # every process's, for the metrics
     self._check_all_failed(everyone)
     metrics = rollout_metrics(everyone, "episode", self.env_family.episode_metrics)
+    self._report_search_errors(episodes, "training")
+    if self._searches:
+      metrics["rollout/search_errors"] = search_error_count(everyone)
     samples = episodes_to_samples(
       episodes,
       invalid_penalty=self.step_fn.algo_config.invalid_penalty,
