@@ -37,10 +37,10 @@ A run holds its workdir's lock (sdar_jax.run.workdir_lock) from start to close. 
 logs a progress line (elapsed time, ETA) and, every `logging.every` iterations, a metrics row. The
 first failure of each kind of an environment is logged with its env and game file; failures are counted
 in `episode/env_failures`, and the run stops with `EnvFailureError` when every environment failed
-in `train.max_failed_iterations` consecutive iterations. A Search-QA search that fails is counted
-in `rollout/search_errors` and logged once per kind of failure. An update whose loss or gradient is not
-finite is skipped (the state unchanged); `train.max_skipped_updates` skipped in a row stop the run
-with `SkippedUpdatesError` before another checkpoint or the export is written.
+in `train.max_failed_iterations` consecutive iterations. A Search-QA search that fails is
+counted in `rollout/search_errors` and logged once per kind of failure. An update whose loss or
+gradient is not finite is skipped (the state unchanged); `train.max_skipped_updates` skipped in a
+row stop the run with `SkippedUpdatesError` before another checkpoint or the export is written.
 
 `Trainer(config, out_dir, eval_only=True, params_from=(checkpoint_dir, step))` is an evaluation:
 the checkpoint's parameters alone (no optimizer state, no KL reference, no training envs), the
@@ -558,12 +558,13 @@ class Trainer:
         if saved is not None
         else "no checkpoint was written"
       )
+      count = self.loop_state.skipped_in_a_row
       raise SkippedUpdatesError(
-        f"{self.loop_state.skipped_in_a_row} updates in a row were skipped because the loss or "
-        f"the gradient was not finite (NaN or inf), the last at iteration {iteration}, update "
-        f"{k} of {n} (train.max_skipped_updates={limit}); {kept} and nothing was exported. Fix: "
-        "check the weights the run started from (model.path), lower optim.lr or keep "
-        "optim.clip_norm on, and read train/grad_norm in metrics.jsonl; "
+        f"{count} update{'s' if count > 1 else ''} in a row {'were' if count > 1 else 'was'} "
+        "skipped because the loss or the gradient was not finite (NaN or inf), the last at "
+        f"iteration {iteration}, update {k} of {n} (train.max_skipped_updates={limit}); {kept} "
+        "and nothing was exported. Fix: check the weights the run started from (model.path), "
+        "lower optim.lr or keep optim.clip_norm on, and read train/grad_norm in metrics.jsonl; "
         "--config.train.max_skipped_updates=0 never stops."
       )
 
