@@ -110,6 +110,9 @@ def base(model: str = "qwen2.5-3b", algo_name: str = "sdar") -> mlc.ConfigDict:
       eval_before_train=True,
       max_staleness=0,  # 0 = synchronous on-policy (the paper); >0 = async with bounded staleness
       max_failed_iterations=3,  # stop (non-zero exit) when every env fails this many in a row
+      # stop when this many updates in a row were skipped for a non-finite loss or gradient
+      # (the state and the last checkpoint stay as they were, nothing is exported); 0 = never
+      max_skipped_updates=3,
       # a folder (local or gs://) where XLA keeps compiled programs between runs, so a rerun, a
       # resumed run or a sweep's next run of the same shapes loads them instead of compiling;
       # "" = off (JAX's default). Use a folder local to one machine type.
@@ -296,6 +299,12 @@ def search_qa(
     corpus=config_dict.placeholder(str),  # wiki-18 style .jsonl; None = data_dir's or generated
     search_url=config_dict.placeholder(str),  # e.g. http://127.0.0.1:8000/retrieve
     server_protocol="search_r1",  # "search_r1" {"queries": [...]} | "verl_agent" {"query": q}
+    # the server must answer a test query at start; each search then waits up to
+    # search_timeout_s, and a failed one is tried search_retries more times (verl-agent: 60 s x
+    # 10 attempts); what still fails is counted in rollout/search_errors
+    search_timeout_s=30.0,
+    search_retries=3,
+    search_max_passage_chars=2000,  # characters of a passage shown (the cut marked); 0 = whole
     passage_format="verl_agent",  # "verl_agent" JSON | "search_r1" Doc i(Title: ...)
     index_dir=config_dict.placeholder(str),  # BM25 index cache (default ~/.cache/sdar_jax)
     expert_episodes=100,  # scripted expert episodes for warm_start.source="walkthroughs"

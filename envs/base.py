@@ -196,6 +196,10 @@ class EnvFamily:
     config_problems: optional check of the environment's own keys of a run config's ``env``
       section, one "<key>=<value>: <problem>. Fix: <fix>" line per problem (ALFWorld: the
       offline room size); `env_section_problems` adds them to the generic ones.
+    start_check: optional check of what the environment reaches outside the run, made once the
+      config is valid and before anything is compiled (`env_start_check`): (``env`` section) ->
+      None, or `envs.errors.EnvInputError` naming what cannot be reached and the fix (Search-QA:
+      the retrieval server answers a test query).
   """
 
   name: str
@@ -208,6 +212,7 @@ class EnvFamily:
   episode_metrics: Callable[[list[dict[str, Any]]], dict[str, float]] | None = None
   skill_retriever: Callable[..., Any] | None = None
   config_problems: Callable[[Any], list[str]] | None = None
+  start_check: Callable[[Any], None] | None = None
 
 
 def play_walkthroughs(
@@ -284,6 +289,14 @@ def families_among(names: Sequence[str]) -> tuple[str, ...]:
       continue
     runnable.append(name)
   return tuple(runnable)
+
+
+def env_start_check(section: Any) -> None:
+  """Runs the `EnvFamily.start_check` of the run config's ``env`` section's environment, if it has
+  one (raises `envs.errors.EnvInputError`); nothing for a name without a family."""
+  name = section.get("name")
+  if name in families_among([name]) and env_family(name).start_check is not None:
+    env_family(name).start_check(section)
 
 
 def env_section_problems(section: Any, configured: Sequence[str]) -> list[str]:

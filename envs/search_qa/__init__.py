@@ -19,11 +19,13 @@
 - split: "train" or "test" (any `{split}.parquet` of data_dir; or a parquet path).
 - seed: order of `reset()` without a task.
 - search_url: a Search-R1 retrieval server's /retrieve endpoint; `server_protocol` "search_r1"
-  ({"queries": [...]}) or "verl_agent" ({"query": q}); `timeout_s` per request (60).
+  ({"queries": [...]}) or "verl_agent" ({"query": q}); `timeout_s` per request (30) and
+  `search_retries` (3) more attempts after a failed one.
 - corpus_path: a wiki-18 style JSONL corpus to index with BM25 (index cached under `index_dir`,
   default $SDAR_CACHE_DIR/search_qa_bm25 or ~/.cache/sdar_jax/search_qa_bm25).
 - data_sources: keep only these sources (a sequence or a comma-separated string, e.g. "nq,hotpotqa").
-- max_turns (4), topk (3), passage_format ("verl_agent" JSON or "search_r1" Doc i(Title: ...)).
+- max_turns (4), topk (3), passage_format ("verl_agent" JSON or "search_r1" Doc i(Title: ...)),
+  max_passage_chars (2000: characters of a passage shown, the cut marked; 0 = whole passages).
 - data_seed: the generated world's seed (train and test share one world).
 - max_steps: the same as max_turns (the name the trainer passes).
 
@@ -71,6 +73,7 @@ from envs.search_qa.env import MAX_TURNS, TOPK, SearchQAEnv
 from envs.search_qa.projection import INVALID_ACTION_PENALTY, project_action, project_actions
 from envs.search_qa.prompts import HISTORY_LENGTH, build_prompt
 from envs.search_qa.retrieval import (
+  DEFAULT_MAX_PASSAGE_CHARS,
   BM25Retriever,
   Passage,
   RetrievalServerClient,
@@ -146,7 +149,9 @@ def make_search_qa(
   topk: int = TOPK,
   passage_format: str = "verl_agent",
   server_protocol: str = "search_r1",
-  timeout_s: float = 60.0,
+  timeout_s: float = 30.0,
+  search_retries: int = 3,
+  max_passage_chars: int = DEFAULT_MAX_PASSAGE_CHARS,
   index_dir: str | None = None,
   data_seed: int = 0,
   max_steps: int | None = None,
@@ -187,7 +192,9 @@ def make_search_qa(
       f"{sorted({r.data_source for r in all_records})}"
     )
   if search_url is not None:
-    retriever = RetrievalServerClient(search_url, protocol=server_protocol, timeout_s=timeout_s)
+    retriever = RetrievalServerClient(
+      search_url, protocol=server_protocol, timeout_s=timeout_s, max_attempts=search_retries + 1
+    )
   elif corpus_path is not None:
     retriever = _bm25_for(corpus_path, index_dir)
   elif retriever is None and data_dir is not None:
@@ -200,6 +207,7 @@ def make_search_qa(
     topk=topk,
     passage_format=passage_format,
     seed=seed,
+    max_passage_chars=max_passage_chars,
   )
 
 
@@ -212,5 +220,7 @@ SEARCH_QA_FAMILY = register_family(
     expert_records=family.expert_records,
     episode_metrics=family.episode_metrics,
     skill_retriever=DataSourceSkillRetriever,
+    config_problems=family.config_problems,
+    start_check=family.start_check,
   )
 )

@@ -10,8 +10,11 @@ One step is one (projected) model response (docs/reference.md §5.2):
   ``<search>(.*?)</search>`` (case-sensitive, across lines) is searched (content stripped) and the
   observation is ``<information>{result}</information>``: the top `topk` (3) passages as
   verl-agent's JSON (`{"result": "Doc 1: ...\\nDoc 2: ...\\n"}`) or as Search-R1's
-  ``Doc i(Title: ...) text`` lines (`passage_format="search_r1"`). A failed search shows
-  `{"result": "Search error: ..."}`;
+  ``Doc i(Title: ...) text`` lines (`passage_format="search_r1"`), each passage cut to
+  `max_passage_chars` characters (the cut marked). A failed search shows
+  `{"result": "Search error: ..."}` and sets `info["search_error"]` (the message) and
+  `info["search_error_kind"]` ("unreachable", "timeout", "HTTP 500", ...), which the trainer
+  counts (`rollout/search_errors`) and warns about once per kind;
 - any other action (e.g. "" from an output the projection could not read) returns no observation
   (""), reward 0, and spends the turn.
 `info["won"]` is done and reward >= 1. The first observation is the question itself.
@@ -28,6 +31,7 @@ from typing import Any
 
 from envs.search_qa.data import QARecord
 from envs.search_qa.retrieval import (
+  DEFAULT_MAX_PASSAGE_CHARS,
   PASSAGE_FORMATS,
   Retriever,
   SearchError,
@@ -52,6 +56,7 @@ class SearchQAEnv:
     max_turns: turns before the episode is cut (an answer ends it earlier).
     topk: passages per search.
     passage_format: "verl_agent" (JSON, the reference's env) or "search_r1" (Doc i(Title: ...)).
+    max_passage_chars: characters of a passage shown (the rest cut, the cut marked); 0 = whole.
     seed: order of `reset()` without a task (a seeded shuffle, reshuffled after each pass).
     owns_retriever: close the retriever in `close()`.
   """
@@ -65,6 +70,7 @@ class SearchQAEnv:
     passage_format: str = "verl_agent",
     seed: int = 0,
     owns_retriever: bool = False,
+    max_passage_chars: int = DEFAULT_MAX_PASSAGE_CHARS,
   ):
     if not records:
       raise ValueError("SearchQAEnv needs at least one question")
@@ -74,6 +80,11 @@ class SearchQAEnv:
       )
     if max_turns < 1 or topk < 1:
       raise ValueError(f"max_turns and topk must be >= 1, got max_turns={max_turns}, topk={topk}")
+    if max_passage_chars < 0:
+      raise ValueError(
+        f"max_passage_chars must be >= 0 (0: whole passages), got {max_passage_chars}"
+      )
+    self.max_passage_chars = max_passage_chars
     self.records = list(records)
     self.retriever = retriever
     self.max_turns = max_turns
@@ -123,13 +134,14 @@ class SearchQAEnv:
     self._last = (self._record.question, self._info(False))
     return self._record.question, dict(self._last[1])
 
-  def _search(self, query: str) -> tuple[str, str | None]:
-    """(information text, error message or None) for one query."""
+  def _search(self, query: str) -> tuple[str, SearchError | None]:
+    """(information text, the error or None) for one query."""
     try:
       passages = self.retriever.search([query], self.topk)[0]
     except SearchError as e:
-      return error_text(str(e), self.passage_format), str(e)
-    return information_text(passages[: self.topk], self.passage_format), None
+      return error_text(str(e), self.passage_format), e
+    text = information_text(passages[: self.topk], self.passage_format, self.max_passage_chars)
+    return text, None
 
   def step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
     if self._record is None:
@@ -159,7 +171,8 @@ class SearchQAEnv:
     info = self._info(won=False)
     info.update(tool_calling=True, postprocessed_action=action)
     if error is not None:
-      info["search_error"] = error
+      info["search_error"] = str(error)
+      info["search_error_kind"] = error.kind
     self._last = (observation, info)
     return observation, 0.0, False, dict(info)
 

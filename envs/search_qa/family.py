@@ -10,7 +10,11 @@ The run config's ``env`` section (configs/common.search_qa) gives:
 - ``retriever``: "bm25" (over ``corpus``, else data_dir's corpus, else the generated corpus;
   index cached under ``index_dir``) or "server" (a Search-R1 retrieval server at ``search_url``,
   ``server_protocol`` "search_r1" or "verl_agent");
-- ``retrieval_top_k`` (3), ``passage_format`` ("verl_agent" JSON or "search_r1" Doc i(Title: ...));
+- ``search_timeout_s`` (30) and ``search_retries`` (3): the server's per-request timeout and how
+  many more attempts a failed request gets; the server must answer a test query at start
+  (`start_check`, before anything is compiled);
+- ``retrieval_top_k`` (3), ``passage_format`` ("verl_agent" JSON or "search_r1" Doc i(Title: ...)),
+  ``search_max_passage_chars`` (2000: characters of a passage shown, the cut marked; 0 = whole);
 - ``expert_episodes``: scripted expert episodes the warm start imitates.
 """
 
@@ -21,8 +25,17 @@ from typing import Any
 
 from envs.base import EnvSplit, play_walkthroughs
 from envs.search_qa.env import MAX_TURNS, SearchQAEnv
+from envs.search_qa.retrieval import DEFAULT_MAX_PASSAGE_CHARS, check_server
 
-__all__ = ["RETRIEVERS", "env_kwargs", "episode_metrics", "expert_records", "split"]
+__all__ = [
+  "RETRIEVERS",
+  "config_problems",
+  "env_kwargs",
+  "episode_metrics",
+  "expert_records",
+  "split",
+  "start_check",
+]
 
 RETRIEVERS = ("bm25", "server")
 DEFAULT_EXPERT_EPISODES = 100
@@ -56,14 +69,48 @@ def env_kwargs(env_cfg: Any, split_name: str) -> dict[str, Any]:
     "passage_format": env_cfg.get("passage_format", "verl_agent"),
     "data_seed": int(offline.get("seed", 0)),
     "index_dir": env_cfg.get("index_dir"),
+    "max_passage_chars": int(env_cfg.get("search_max_passage_chars", DEFAULT_MAX_PASSAGE_CHARS)),
   }
   if retriever == "server":
     kwargs.update(
-      search_url=search_url, server_protocol=env_cfg.get("server_protocol", "search_r1")
+      search_url=search_url,
+      server_protocol=env_cfg.get("server_protocol", "search_r1"),
+      timeout_s=float(env_cfg.get("search_timeout_s", 30.0)),
+      search_retries=int(env_cfg.get("search_retries", 3)),
     )
   elif env_cfg.get("corpus"):
     kwargs["corpus_path"] = env_cfg.get("corpus")
   return kwargs
+
+
+def config_problems(section: Any) -> list[str]:
+  """Search-QA's own keys of a run config's ``env`` section (`EnvFamily.config_problems`): the
+  retrieval server's timeout and retries, the passage cut."""
+  problems = []
+  for key, low, strict, fix in (
+    ("search_timeout_s", 0, True, "give the seconds a search may take, e.g. 30"),
+    ("search_retries", 0, False, "use 0 for one attempt per search, or how many more to make"),
+    ("search_max_passage_chars", 0, False, "use 0 to show whole passages, or e.g. 2000"),
+  ):
+    value = section.get(key, low + 1)
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    whole = key == "search_timeout_s" or isinstance(value, int)
+    if not number or not whole or value < low or (strict and value <= low):
+      need = f"a number > {low}" if strict else f"a whole number >= {low}"
+      problems.append(f"env.{key}={value!r}: must be {need}. Fix: {fix}")
+  return problems
+
+
+def start_check(section: Any) -> None:
+  """What a run checks before anything is compiled (`EnvFamily.start_check`): with
+  ``retriever="server"``, that the server at ``search_url`` answers a test query within
+  ``search_timeout_s`` (`retrieval.check_server`; raises `envs.errors.EnvInputError`)."""
+  if section.get("retriever", "bm25") == "server" and section.get("search_url"):
+    check_server(
+      section.get("search_url"),
+      protocol=section.get("server_protocol", "search_r1"),
+      timeout_s=float(section.get("search_timeout_s", 30.0)),
+    )
 
 
 def _env(env_cfg: Any, split_name: str, **extra: Any) -> SearchQAEnv:

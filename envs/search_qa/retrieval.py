@@ -16,11 +16,15 @@ Corpus format (wiki-18, Search-R1's corpus): one JSON object per line, ``{"id": 
   ``{"result": [[{"document": {"id", "contents"}, "score": s}, ...] per query]}``
   (protocol "search_r1"); or verl-agent's server, one POST per query with ``{"query": q, ...}``
   (protocol "verl_agent"). Server errors 500/502/503/504, connection errors and timeouts are
-  retried up to `max_attempts` times, waiting `retry_delay_s` x attempt between tries.
+  retried up to `max_attempts` times, waiting `retry_delay_s` x attempt between tries; what still
+  fails raises `SearchError`, whose `kind` ("unreachable", "timeout", "HTTP 500", "bad reply", ...)
+  says what went wrong in a word. `check_server(url, ...)` sends one test query at start and
+  raises `envs.errors.EnvInputError` naming the URL and the fix when it gets no usable answer.
 
-`information_text(results, passage_format)` renders a search result for the env: verl-agent's JSON
-(`{"result": "Doc 1: <contents>\\nDoc 2: ...\\n"}`) or Search-R1's ``Doc i(Title: <title>) <text>``
-lines (docs/reference.md §5).
+`information_text(results, passage_format, max_chars)` renders a search result for the env:
+verl-agent's JSON (`{"result": "Doc 1: <contents>\\nDoc 2: ...\\n"}`) or Search-R1's
+``Doc i(Title: <title>) <text>`` lines (docs/reference.md §5), each passage cut to `max_chars`
+characters with a marker saying how many were left out (`cut_passage`).
 
 BM25 uses Lucene's default parameters (k1 = 0.9, b = 0.4, as pyserini, Search-R1's BM25 option),
 lower-casing, English stop words and no stemming.
@@ -43,6 +47,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from envs.common import file_lock, import_bm25s
+from envs.errors import EnvInputError
 
 __all__ = [
   "PASSAGE_FORMATS",
@@ -52,6 +57,8 @@ __all__ = [
   "RetrievalServerClient",
   "Retriever",
   "SearchError",
+  "check_server",
+  "cut_passage",
   "default_cache_dir",
   "information_text",
   "read_corpus_jsonl",
@@ -64,8 +71,17 @@ BM25_K1, BM25_B = 0.9, 0.4
 _INDEX_FORMAT = 1  # bump when the on-disk cache layout changes
 
 
+DEFAULT_MAX_PASSAGE_CHARS = 2000  # a wiki-18 passage (100 words) is about 600 characters
+
+
 class SearchError(RuntimeError):
-  """A search that could not be answered (server unreachable, bad reply, ...)."""
+  """A search that could not be answered. `kind` names the failure in a word or two
+  ("unreachable", "timeout", "HTTP 500", "bad reply"): one warning per kind is enough."""
+
+  def __init__(self, message: str, kind: str = "error", detail: str = ""):
+    super().__init__(message)
+    self.kind = kind
+    self.detail = detail or message  # the cause alone, without the URL and the attempts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,8 +111,23 @@ class Retriever(Protocol):
   def close(self) -> None: ...
 
 
-def information_text(passages: Sequence[Passage], passage_format: str = "verl_agent") -> str:
-  """The text placed between <information> and </information> for one query's passages."""
+def cut_passage(contents: str, max_chars: int | None) -> str:
+  """`contents` cut to its first `max_chars` characters, followed by a marker that says how many
+  were left out; as it is when it is no longer, or when `max_chars` is 0 or None."""
+  if not max_chars or len(contents) <= max_chars:
+    return contents
+  return f"{contents[:max_chars]} [... {len(contents) - max_chars} more characters cut]"
+
+
+def information_text(
+  passages: Sequence[Passage], passage_format: str = "verl_agent", max_chars: int | None = None
+) -> str:
+  """The text placed between <information> and </information> for one query's passages, each
+  passage's contents cut to `max_chars` characters (`cut_passage`; None or 0: whole)."""
+  if max_chars:
+    passages = [
+      dataclasses.replace(p, contents=cut_passage(p.contents, max_chars)) for p in passages
+    ]
   if passage_format == "verl_agent":
     if not passages:
       return json.dumps({"result": "No search results found."})
@@ -316,7 +347,7 @@ class RetrievalServerClient:
   def _post(self, payload: dict[str, Any]) -> Any:
     data = json.dumps(payload).encode("utf-8")
     headers = {"Content-Type": "application/json", "Accept": "application/json"}
-    last_error = "no attempt made"
+    last_error, kind, detail = "no attempt made", "error", ""
     for attempt in range(1, self.max_attempts + 1):
       request = urllib.request.Request(self.url, data=data, headers=headers, method="POST")
       try:
@@ -325,25 +356,43 @@ class RetrievalServerClient:
       except urllib.error.HTTPError as e:
         if e.code not in RETRY_STATUS:
           detail = e.read()[:200].decode("utf-8", "replace")
-          raise SearchError(f"HTTP {e.code} from {self.url}: {detail}") from e
+          raise SearchError(f"HTTP {e.code} from {self.url}: {detail}", f"HTTP {e.code}") from e
+        kind = detail = f"HTTP {e.code}"
         last_error = f"server error {e.code} on attempt {attempt}/{self.max_attempts}"
       except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
-        last_error = f"{type(e).__name__}: {e} on attempt {attempt}/{self.max_attempts}"
+        reason = getattr(e, "reason", e)
+        if isinstance(e, TimeoutError) or isinstance(reason, TimeoutError):
+          kind, detail = "timeout", f"no answer within {self.timeout_s:g} s"
+          last_error = (
+            f"no answer within env.search_timeout_s={self.timeout_s:g} s on attempt "
+            f"{attempt}/{self.max_attempts}"
+          )
+        else:
+          cause = reason if isinstance(reason, BaseException) else e
+          kind, detail = "unreachable", f"{type(cause).__name__}: {cause}"
+          last_error = f"{detail} on attempt {attempt}/{self.max_attempts}"
       else:
         try:
           return json.loads(body)
         except ValueError as e:
-          raise SearchError(f"reply from {self.url} is not JSON: {body[:200]!r}") from e
+          raise SearchError(
+            f"reply from {self.url} is not JSON: {body[:200]!r}", "bad reply"
+          ) from e
       if attempt < self.max_attempts:
         time.sleep(self.retry_delay_s * attempt)
-    raise SearchError(f"{self.url} failed after {self.max_attempts} attempts: {last_error}")
+    attempts = f"{self.max_attempts} attempt{'s' if self.max_attempts > 1 else ''}"
+    raise SearchError(f"{self.url} failed after {attempts}: {last_error}", kind, detail)
 
   def _parse(self, reply: Any, expected: int) -> list[list[Passage]]:
     if not isinstance(reply, dict) or not isinstance(reply.get("result"), list):
-      raise SearchError(f'reply from {self.url} has no "result" list: {str(reply)[:200]}')
+      raise SearchError(
+        f'reply from {self.url} has no "result" list: {str(reply)[:200]}', "bad reply"
+      )
     lists = reply["result"]
     if len(lists) != expected:
-      raise SearchError(f"{self.url} answered {len(lists)} result lists for {expected} queries")
+      raise SearchError(
+        f"{self.url} answered {len(lists)} result lists for {expected} queries", "bad reply"
+      )
     parsed = []
     for items in lists:
       passages = []
@@ -351,7 +400,7 @@ class RetrievalServerClient:
         doc = item.get("document", item) if isinstance(item, dict) else None
         if not isinstance(doc, dict) or not isinstance(doc.get("contents"), str):
           raise SearchError(
-            f'{self.url} returned an item without document "contents": {item!r:.200}'
+            f'{self.url} returned an item without document "contents": {item!r:.200}', "bad reply"
           )
         score = float(item.get("score", 0.0)) if "document" in item else 0.0
         passages.append(Passage(str(doc.get("id", "")), doc["contents"], score))
@@ -373,6 +422,32 @@ class RetrievalServerClient:
 
   def close(self) -> None:
     pass
+
+
+def check_server(url: str, protocol: str = "search_r1", timeout_s: float = 30.0) -> None:
+  """Sends one test query to the retrieval server at `url` (one attempt, `timeout_s`); raises
+  `EnvInputError` naming the URL, what went wrong and the fix when no usable answer comes back.
+  A run calls it at start, before anything is compiled (and --dry_run does too)."""
+  where = f"env.search_url={url!r}"
+  try:
+    client = RetrievalServerClient(url, protocol=protocol, timeout_s=timeout_s, max_attempts=1)
+  except ValueError as e:
+    raise EnvInputError(f"{where}: {e}. Fix: give the server's full http:// URL.") from None
+  try:
+    client.search(["test"], topk=1)
+  except SearchError as e:
+    if e.kind == "unreachable":
+      what = f"nothing answers there ({e.detail})"
+    elif e.kind == "timeout":
+      what = f"the server did not answer a test query within env.search_timeout_s={timeout_s:g} s"
+    else:
+      what = f"the server's answer to a test query is not usable ({e.detail})"
+    raise EnvInputError(
+      f"{where}: {what}. Fix: start the retrieval server (Search-R1's e5 server serves "
+      "POST /retrieve, by default on port 8000) and check the URL and env.server_protocol="
+      f"{protocol!r}; raise env.search_timeout_s for a slow server; or search a local corpus "
+      "with --config.env.retriever=bm25 --config.env.search_url=None."
+    ) from None
 
 
 CORPUS_NAMES = ("corpus.jsonl", "wiki-18.jsonl")  # a prepared data folder's passage corpus

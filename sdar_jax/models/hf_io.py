@@ -22,12 +22,30 @@ import struct
 from typing import Any, Iterable
 
 import jax
+import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+from sdar_jax.infra import multihost
+from sdar_jax.infra.errors import UserError
 from sdar_jax.models.config import ModelConfig
 from sdar_jax.models.qwen import Params, param_specs
 from sdar_jax.text.tokenizer import Tokenizer
+
+
+class NonFiniteWeightsError(UserError):
+  """A weight tensor holds NaN or infinity: a model loaded, restored or about to be exported with
+  it would train (or be served) on garbage. The message names the tensor and where it came from."""
+
+
+def all_finite(x: np.ndarray) -> bool:
+  """Whether every element of a host array is finite, without a temporary array of its size: a
+  float64 sum is finite exactly when every element is (NaN and infinities propagate; float32 and
+  bfloat16 values cannot add up to float64's range). Non-float arrays are finite."""
+  if not np.issubdtype(x.dtype, np.floating) and x.dtype != ml_dtypes.bfloat16:
+    return True
+  return bool(np.isfinite(np.sum(x, dtype=np.float64)))
+
 
 # ----------------------------------------------------------------------------------- name table
 # (HF name relative to `model.layers.{i}.`, our name under params["layers"], transform)
@@ -361,7 +379,13 @@ def load_pretrained(
     shardings = sharding_lib.param_shardings(config, mesh, rules)
 
   def convert(hf_name: str, kind: str, shape: tuple[int, ...]) -> np.ndarray:
-    return _to_ours(kind, where[hf_name].get(hf_name), shape).astype(np_dtype)
+    x = _to_ours(kind, where[hf_name].get(hf_name), shape).astype(np_dtype)
+    if not all_finite(x):  # after the cast: a value beyond bfloat16's range becomes inf there
+      raise NonFiniteWeightsError(
+        f"{where[hf_name].path}: tensor {hf_name!r} holds NaN or infinite values (read as "
+        f"{np_dtype}). Fix: use an intact copy of the model (download or export it again)."
+      )
+    return x
 
   def place(x: np.ndarray, path: tuple[str, ...]):
     if shardings is None:
@@ -382,6 +406,48 @@ def load_pretrained(
     )
     params["layers"][ours] = place(stacked, ("layers", ours))
   return config, params
+
+
+# ----------------------------------------------------------------------------------- finite
+@jax.jit
+def _finite_flags(params: Params) -> Params:
+  """Per parameter: whether it is all finite; per stacked layer parameter, one flag per layer.
+  Reduced where the arrays live (sharded or not): only the flags come back to the host."""
+
+  def one(path, x):
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+      return jnp.ones(x.shape[:1] if path[0].key == "layers" else (), bool)
+    finite = jnp.isfinite(x)
+    if path[0].key == "layers":
+      return finite.reshape(x.shape[0], -1).all(axis=1)
+    return finite.all()
+
+  return jax.tree_util.tree_map_with_path(one, params)
+
+
+def first_non_finite(config: ModelConfig, params: Params) -> str | None:
+  """The Hugging Face name of the first parameter (in checkpoint order) that holds NaN or
+  infinity, e.g. "model.layers.1.mlp.down_proj.weight"; None when every value is finite. One
+  compiled reduction over the whole tree, where the parameters live (no host copy)."""
+  flags = jax.tree.map(multihost.fetch, _finite_flags(params))  # all processes: a collective
+  for hf_name, ours, _ in TOP_TABLE:
+    if ours in flags and not bool(flags[ours]):
+      return hf_name
+  for i in range(config.num_layers):
+    for hf_suffix, ours, _ in LAYER_TABLE:
+      if ours in flags["layers"] and not bool(flags["layers"][ours][i]):
+        return f"model.layers.{i}.{hf_suffix}"
+  return None
+
+
+def check_finite(config: ModelConfig, params: Params, where: str, fix: str) -> None:
+  """Raises NonFiniteWeightsError naming the first non-finite parameter of `params` (from
+  `where`, e.g. a checkpoint folder), with `fix`."""
+  name = first_non_finite(config, params)
+  if name is not None:
+    raise NonFiniteWeightsError(
+      f"{where}: parameter {name!r} holds NaN or infinite values. Fix: {fix}"
+    )
 
 
 # ----------------------------------------------------------------------------------- save
@@ -490,6 +556,12 @@ def save_pretrained(
     shards: list[dict[str, np.ndarray]] = [{}]
     size = 0
     for name, x in to_hf_tensors(config, params):
+      if not all_finite(x):  # nothing is written: the half-built folder is removed below
+        raise NonFiniteWeightsError(
+          f"refusing to export to {out_dir}: tensor {name!r} holds NaN or infinite values. Fix: "
+          "the weights diverged: resume from an earlier checkpoint, e.g. with a lower optim.lr, "
+          "and watch train/skipped_update and train/grad_norm in metrics.jsonl."
+        )
       if shards[-1] and size + x.nbytes > max_shard_bytes:
         shards.append({})
         size = 0

@@ -267,6 +267,12 @@ def rollout_metrics(
   return m
 
 
+def search_error_count(episodes: Sequence[Any]) -> float:
+  """How many searches of `episodes` failed (`Episode.search_errors`: Search-QA's retrieval
+  server unreachable, too slow, answering an error), failed episodes included."""
+  return float(sum(len(ep.search_errors) for ep in episodes))
+
+
 def mean_over_updates(per_update: list[tuple[Mapping[str, Any], float]]) -> dict[str, float]:
   """One iteration's update metrics from (metrics, response tokens) per mini-batch update: the
   token-weighted mean of each, the sum for train/skipped_update."""

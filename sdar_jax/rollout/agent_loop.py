@@ -407,6 +407,8 @@ class AgentLoop:
     else:
       views[i].observation = result.observation
       views[i].admissible = list(info.get("admissible_commands", []))
+      if info.get("search_error"):  # the episode goes on; the trainer counts and warns
+        ep.search_errors.append((str(info.get("search_error_kind", "error")), info["search_error"]))
       ep.reward += float(result.reward)
       if ep.turns:  # the turn whose action this step played
         ep.turns[-1].reward = float(result.reward)

@@ -51,6 +51,9 @@ class Episode:
   won: bool = False
   done: bool = False
   env_error: str | None = None  # the env raised / hung: the episode is lost, not trained on
+  # (kind, message) of every search that failed (info["search_error_kind"], info["search_error"]:
+  # Search-QA's retrieval); the episode goes on, its observation says "Search error: ..."
+  search_errors: list[tuple[str, str]] = dataclasses.field(default_factory=list)
   info: dict[str, Any] = dataclasses.field(default_factory=dict)
 
   @property

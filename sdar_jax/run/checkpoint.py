@@ -49,6 +49,7 @@ from sdar_jax.core import sharding as sharding_lib
 from sdar_jax.core.train_state import TrainState, init_train_state, train_state_shardings
 from sdar_jax.infra import paths
 from sdar_jax.models import ModelConfig, param_shapes, save_pretrained
+from sdar_jax.models.hf_io import NonFiniteWeightsError, first_non_finite
 
 __all__ = [
   "ARCH_FIELDS",
@@ -273,7 +274,7 @@ class CheckpointManager:
       self._check_model(meta, model_config, step)
     if target is not None and getattr(target, "ema_params", None) is not None:
       try:
-        return self._restore_state(step, target), meta
+        state = self._restore_state(step, target)
       except (ValueError, KeyError, TypeError):
         # written before the EMA teacher existed (or without it): the EMA starts from the params
         state = self._restore_state(step, target.replace(ema_params=None))
@@ -282,8 +283,30 @@ class CheckpointManager:
           self.directory,
           step,
         )
-        return state.replace(ema_params=jax.tree.map(jnp.copy, state.params)), meta
-    return self._restore_state(step, target), meta
+        state = state.replace(ema_params=jax.tree.map(jnp.copy, state.params))
+    else:
+      state = self._restore_state(step, target)
+    if model_config is not None and isinstance(state, TrainState):
+      self._check_finite(model_config, state.params, step)
+    return state, meta
+
+  def _check_finite(self, model_config: ModelConfig, params: Any, step: int) -> None:
+    """NonFiniteWeightsError naming the first parameter of checkpoint `step` that holds NaN or
+    infinity (one compiled reduction where the restored arrays live)."""
+    name = first_non_finite(model_config, params)
+    if name is None:
+      return
+    earlier = [s for s in self.all_steps() if s < step]
+    fix = (
+      f"move {self.directory}/{step} out of that folder so that the run resumes from step "
+      f"{earlier[-1]}, or evaluate that step (--step={earlier[-1]})"
+      if earlier
+      else "start the run again in a new workdir"
+    )
+    raise NonFiniteWeightsError(
+      f"checkpoint {self.directory}/{step}: parameter {name!r} holds NaN or infinite values. "
+      f"Fix: {fix}."
+    )
 
   def _restore_state(self, step: int, target: Any) -> Any:
     if isinstance(target, TrainState) and target.ema_params is None:
@@ -347,7 +370,9 @@ class CheckpointManager:
         f"Could not restore the parameters of {self.directory}/{step}: {e}\nThe parameter tree "
         "differs from the checkpoint's."
       ) from e
-    return out["state"]["params"], meta
+    params = out["state"]["params"]
+    self._check_finite(model_config, params, step)
+    return params, meta
 
   def _check_model(self, meta: Mapping[str, Any], model_config: ModelConfig, step: int) -> None:
     diffs = model_config_mismatches(meta["model_config"], model_config)

@@ -1,7 +1,9 @@
 """Checks a run config before anything is built, and resolves its model.
 
 `validate(config)` raises one `ConfigError` listing every problem ("<key>=<value>: <problem>. Fix:
-<what to do>" per line). The checks here span sections (model folder vs preset / random_init and
+<what to do>" per line); a valid config's environment then checks what it reaches outside the run
+(`envs.base.env_start_check`: Search-QA's retrieval server answers a test query), raising
+`envs.errors.EnvInputError`. The checks here span sections (model folder vs preset / random_init and
 its files, model length and vocabulary vs rollout and tokenizer, the linked temperatures, batches
 vs mesh); each component checks its own section (the configs it builds, its `setting_problems`)
 and this module collects their lines. It reads config.json, safetensors headers and chat
@@ -18,7 +20,7 @@ from typing import Any
 
 import jax
 
-from envs.base import env_section_problems, families_among
+from envs.base import env_section_problems, env_start_check, families_among
 from envs.skills.retrieval import skills_section_problems
 from sdar_jax.algos import AlgoConfig
 from sdar_jax.core.sampling import SamplingParams
@@ -189,4 +191,5 @@ def validate(config: Any, num_devices: int | None = None) -> ModelConfig:
   if p:
     raise ConfigError(f"{len(p)} problem(s) in the config:\n  - " + "\n  - ".join(p))
   assert model_config is not None
+  env_start_check(config.env)  # what the env reaches (a retrieval server): EnvInputError
   return model_config

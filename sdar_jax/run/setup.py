@@ -81,7 +81,7 @@ EVAL_MODES = {
 }
 # The host loop's own settings: (section, smallest value, keys), checked by `setting_problems`.
 _AT_LEAST = (
-  ("train", 0, ("total_steps", "eval_every")),
+  ("train", 0, ("total_steps", "eval_every", "max_skipped_updates")),
   ("train", 1, ("mini_batch_size", "micro_batch_size", "max_failed_iterations")),
   ("rollout", 1, ("max_new_tokens", "max_prompt_len")),
   ("env", 0, ("history",)),
@@ -97,6 +97,7 @@ _FIXES = {
   "eval.num_tasks": "use -1 for the whole split, 0 for none, or how many tasks to draw",
   "eval.batch_size": "use 0 to play every validation episode at once, or a batch size",
   "train.eval_every": "use 0 to never evaluate during training",
+  "train.max_skipped_updates": "use 0 to never stop on skipped (non-finite) updates",
   "checkpoint.every": "use 0 to save only at the end",
 }
 

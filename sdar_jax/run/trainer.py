@@ -36,9 +36,13 @@ diagnostics and the export are written by the primary process, checkpoints by ev
 A run holds its workdir's lock (sdar_jax.run.workdir_lock) from start to close. Each iteration
 logs a progress line (elapsed time, ETA) and, every `logging.every` iterations, a metrics row
 (also to Weights & Biases from the primary process with `logging.wandb`, in the W&B run whose id
-the workdir keeps: sdar_jax.observe.wandb_log). The first failure of each kind of an environment is logged with its env and game file; failures are counted
+the workdir keeps: sdar_jax.observe.wandb_log). The first failure of each kind of an environment
+is logged with its env and game file; failures are counted
 in `episode/env_failures`, and the run stops with `EnvFailureError` when every environment failed
-in `train.max_failed_iterations` consecutive iterations.
+in `train.max_failed_iterations` consecutive iterations. A Search-QA search that fails is
+counted in `rollout/search_errors` and logged once per kind of failure. An update whose loss or
+gradient is not finite is skipped (the state unchanged); `train.max_skipped_updates` skipped in a
+row stop the run with `SkippedUpdatesError` before another checkpoint or the export is written.
 
 `Trainer(config, out_dir, eval_only=True, params_from=(checkpoint_dir, step))` is an evaluation:
 the checkpoint's parameters alone (no optimizer state, no KL reference, no training envs), the
@@ -69,12 +73,14 @@ from sdar_jax.core.sampling import Sampler
 from sdar_jax.core.train_state import create_train_state
 from sdar_jax.core.train_step import TrainStep, train_step_from_config
 from sdar_jax.infra import multihost, paths
+from sdar_jax.infra.errors import UserError
 from sdar_jax.observe import diagnostics, transcripts, wandb_log
 from sdar_jax.observe.metrics import (
   MetricsLogger,
   mean_over_updates,
   plot_history,
   rollout_metrics,
+  search_error_count,
   teacher_old_gap_metrics,
   validation_summary,
 )
@@ -108,6 +114,11 @@ class EnvFailureError(RuntimeError):
   """Every environment failed in `train.max_failed_iterations` consecutive iterations."""
 
 
+class SkippedUpdatesError(UserError):
+  """`train.max_skipped_updates` updates in a row were skipped because their loss or gradient
+  was not finite: the run stops before another checkpoint or the export is written."""
+
+
 def _error_kind(error: str) -> str:
   """'env raised during reset: JSONDecodeError: Expecting ...' -> its first two ': ' fields."""
   return ": ".join(error.split(": ")[:2])
@@ -126,6 +137,7 @@ class LoopState:
   task_rng: dict[str, Any] | None = None  # numpy bit-generator state of the task sampler
   replay: dict[str, int] | None = None
   all_failed_iterations: int = 0  # consecutive iterations in which every env failed
+  skipped_in_a_row: int = 0  # consecutive updates skipped for a non-finite loss or gradient
 
 
 @dataclasses.dataclass
@@ -280,6 +292,8 @@ class Trainer:
       )
     self.loop_state = LoopState(iteration=self.params_from[1] if self.params_from else 0)
     self._failure_kinds: dict[str, str] = {}  # first error of each kind, with its env and game
+    self._search_error_kinds: set[str] = set()  # kinds of failed searches already warned about
+    self._searches = config.env.name == "search_qa"  # its episodes search: count failed searches
     self.task_rng = np.random.default_rng(config.train.seed)
     self.rng = jax.random.key(config.train.seed + 1)  # rollout keys: see _key
     self.eval_rng = jax.random.key(config.eval.get("seed", 0))  # validation keys: see evaluate
@@ -402,6 +416,9 @@ class Trainer:
           rates.append(rollout_metrics(summary, prefix).get(f"{prefix}/success_rate", 0.0))
         self._report_env_failures(episodes, validation.games, prefix)
         metrics.update(rollout_metrics(everyone, prefix, self.env_family.episode_metrics))
+        self._report_search_errors(episodes, prefix)
+        if self._searches:
+          metrics[f"{prefix}/search_errors"] = search_error_count(everyone)
         if repeats > 1:  # avg@k is success_rate; the spread of the k repeats' rates
           metrics[f"{prefix}/success_rate_repeat_sd"] = float(np.std(rates, ddof=1))
         transcripts.write_outcomes(
@@ -498,6 +515,24 @@ class Trainer:
         prefix,
       )
 
+  def _report_search_errors(self, episodes: list[Episode], where: str) -> None:
+    """Logs the first failed search of each kind (unreachable, timeout, HTTP 500, ...) once per
+    run; every failed search is counted in rollout/search_errors (<prefix>/search_errors in an
+    evaluation)."""
+    for ep in episodes:
+      for kind, message in ep.search_errors:
+        if kind in self._search_error_kinds:
+          continue
+        self._search_error_kinds.add(kind)
+        log.warning(
+          "%s: a search failed (%s): %s. The episode goes on with the error as its observation; "
+          "further failures of this kind are counted in rollout/search_errors, not shown. Check "
+          "the retrieval server at env.search_url (env.search_timeout_s, env.search_retries).",
+          where,
+          kind,
+          message,
+        )
+
   def _check_all_failed(self, episodes: list[Episode]) -> None:
     """Counts iterations in which every env failed; stops the run after too many in a row."""
     if episodes and all(ep.env_error is not None for ep in episodes):
@@ -513,6 +548,32 @@ class Trainer:
         f"(train.max_failed_iterations={limit}); nothing was trained. First error of each kind:"
         f"\n  - {first}\nFix the environment or its data (env.data_dir, the generated games), or "
         "raise --config.train.max_failed_iterations."
+      )
+
+  def _count_skipped(self, metrics: dict[str, Any], iteration: int, k: int, n: int) -> None:
+    """Counts updates skipped in a row (train/skipped_update of update `k` of `n` in
+    `iteration`); stops the run with SkippedUpdatesError at train.max_skipped_updates (0: never).
+    Raised before the iteration's checkpoint: the last saved one holds the last good state."""
+    if float(metrics.get("train/skipped_update", 0.0)) > 0:
+      self.loop_state.skipped_in_a_row += 1
+    else:
+      self.loop_state.skipped_in_a_row = 0
+    limit = self.config.train.get("max_skipped_updates", 3)
+    if limit > 0 and self.loop_state.skipped_in_a_row >= limit:
+      saved = self.ckpt.latest_step() if self.ckpt is not None else None
+      kept = (
+        f"the last checkpoint (iteration {saved}) is kept as it was"
+        if saved is not None
+        else "no checkpoint was written"
+      )
+      count = self.loop_state.skipped_in_a_row
+      raise SkippedUpdatesError(
+        f"{count} update{'s' if count > 1 else ''} in a row {'were' if count > 1 else 'was'} "
+        "skipped because the loss or the gradient was not finite (NaN or inf), the last at "
+        f"iteration {iteration}, update {k} of {n} (train.max_skipped_updates={limit}); {kept} "
+        "and nothing was exported. Fix: check the weights the run started from (model.path), "
+        "lower optim.lr or keep optim.clip_norm on, and read train/grad_norm in metrics.jsonl; "
+        "--config.train.max_skipped_updates=0 never stops."
       )
 
   def _play(
@@ -606,6 +667,9 @@ class Trainer:
     everyone = episode_summaries(episodes)  # every process's, for the metrics
     self._check_all_failed(everyone)
     metrics = rollout_metrics(everyone, "episode", self.env_family.episode_metrics)
+    self._report_search_errors(episodes, "training")
+    if self._searches:
+      metrics["rollout/search_errors"] = search_error_count(everyone)
     samples = episodes_to_samples(
       episodes,
       invalid_penalty=self.step_fn.algo_config.invalid_penalty,
@@ -680,6 +744,7 @@ class Trainer:
         self.state, m = self.step_fn(self.state, b, self.ref_params, iteration=it + 1)
         m = jax.device_get(m)
       per_batch.append((m, multihost.total(b.response_mask)))
+      self._count_skipped(m, it + 1, len(per_batch), len(batches))
     # takes the gap / gate histogram counts out of per_batch (files in <workdir>/diagnostics/)
     diagnostics.record_update_histograms(
       per_batch, it + 1, self.workdir, self.logger, self.config.logging.plots
