@@ -71,11 +71,13 @@ def rewrite(algo: AlgoConfig, table: np.ndarray, gap_sum: np.ndarray, gap_mean: 
   groups = groups.reshape(-1).astype(np.int32)
   num_groups = int(groups.max()) + 1 if len(groups) else 1
   if algo.advantage == "agent_opsd":
+    # an episode is its (group, index) pair: indices restart with each rollout, groups do not
+    _, episodes = np.unique(table[:, 1:3].astype(np.int64), axis=0, return_inverse=True)
     out = algos.agent_opsd_advantages(
       adv,
       gap_sum,
       groups,
-      table[:, 2].astype(np.int32),
+      episodes.reshape(-1).astype(np.int32),
       table[:, 3].astype(np.int32),
       v0=algo.agent_opsd_v0,
       eps=algo.agent_opsd_eps,

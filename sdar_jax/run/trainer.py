@@ -723,7 +723,7 @@ class Trainer:
     if self.validations and cfg.train.eval_before_train and not resumed:
       evaluation = self.evaluate()
       if self.retirement is not None:
-        self._retirement_validation(evaluation, start=True)
+        evaluation.update(self._retirement_validation(evaluation, start=True))
       last = self.logger.log(self.loop_state.iteration, {**self.warm_start_metrics, **evaluation})
       self.plot_metrics()
     progress = Progress(total)
