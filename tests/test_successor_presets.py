@@ -1,7 +1,8 @@
 """SDAR's successors through the real trainer on the suite's shared tiny run config
 (`tiny_run_config`): AgentOPSD and GRSD each train one iteration with their rewritten turn
 advantages; RetireOPD trains one iteration, is resumed from its checkpoint, retires at the
-iteration the restored rule state makes due, and trains on without the distillation term."""
+iteration the restored rule state makes due, and, resumed again, trains without the distillation
+term."""
 
 from __future__ import annotations
 
@@ -43,8 +44,8 @@ def test_turn_advantage_presets_train_one_iteration(tmp_path, algo):
 def test_retire_opd_retires_across_a_resume(tmp_path):
   """W = 1 with thresholds that always hold: the rule needs 2W = 2 iterations of reverse KL, so a
   run stopped after iteration 1 cannot retire; resumed, it retires at the validation after
-  iteration 2 only if the checkpoint kept iteration 1's value, and the checkpoint then says so
-  (a run resumed from it trains without the distillation: `AlgoConfig.retired`)."""
+  iteration 2 only if the checkpoint kept iteration 1's value; the checkpoint then says so, and a
+  run resumed from it trains without the distillation term or the teacher."""
   from sdar_jax.run import trainer
   from sdar_jax.run.checkpoint import CheckpointManager
 
@@ -74,3 +75,10 @@ def test_retire_opd_retires_across_a_resume(tmp_path):
     meta = ckpt.restore_meta(step)
   state = meta["extra"]["loop"]["retirement"]
   assert step == 2 and state["retired_at"] == 2 and len(state["kl"]) == 2
+
+  # resumed once more from the retired checkpoint: no distillation, no teacher scored
+  trainer.run(tiny_run_config(3, "retire_opd", **settings), workdir)
+  third = _rows(workdir)[3]
+  assert third["retire/active"] == 0.0 and third["retire/lam"] == 0.0
+  assert third["retire/retired_at"] == 2.0 and third["train/skipped_update"] == 0.0
+  assert "sdar/loss" not in third and "rollout/teacher_old_gap_mean" not in third

@@ -77,7 +77,7 @@ class AlgoConfig:
   per token), or the turn-level "agent_opsd" / "grsd" (each turn-sample's advantage rewritten from
   its turn's teacher gap over the whole iteration before the updates, `algos.agent_opsd_advantages`
   / `algos.grsd_advantages`; need teacher_source="rollout"). All but "grpo" read the teacher's
-  log-probs."""
+  log-probs (a newly registered estimator that does too needs teacher=True)."""
   agent_opsd_v0: float = 0.5
   """AgentOPSD: the success belief V_0 every episode starts from, in (0, 1)."""
   agent_opsd_eps: float = 1e-4
@@ -146,8 +146,8 @@ class AlgoConfig:
   """Put the retrieved skills into the student's own prompt (Skill-GRPO); rollout."""
   teacher: bool | None = None
   """Score the teacher's log-probs. None (the default) resolves to whether a term reads them
-  (distill != "none" or an advantage other than "grpo"); True also scores them for the teacher/* metrics
-  alone; False is refused when a term needs them."""
+  (distill != "none", or advantage "rlsd", "agent_opsd" or "grsd"); True also scores them for the
+  teacher/* metrics alone; False is refused when a term needs them."""
   teacher_source: str = "rollout"
   """"rollout": teacher log-probs scored once per iteration at θ_old and kept through every
   mini-batch (the reference); "step": re-scored inside each update at the current weights."""
@@ -199,7 +199,7 @@ class AlgoConfig:
   @property
   def terms_need_teacher(self) -> bool:
     """Whether a loss term or the advantage estimator reads the teacher's log-probs."""
-    return self.distill != "none" or self.advantage != "grpo"
+    return self.distill != "none" or self.advantage in ("rlsd", *TURN_ADVANTAGES)
 
   @property
   def turn_advantages(self) -> bool:
