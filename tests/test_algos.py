@@ -422,6 +422,38 @@ EXPECTED_PRESETS = {
     teacher_weights="initial",
     teacher=True,
   ),
+  "retire_opd": dict(
+    distill="sdar",
+    lam=0.01,
+    gate="gap",
+    form="reference",
+    teacher_source="rollout",
+    teacher_weights="initial",
+    retire_window=5,
+    retire_progress=0.0,
+    retire_competence=0.9,
+    teacher=True,
+  ),
+  "agent_opsd": dict(
+    distill="none",
+    lam=0.0,
+    advantage="agent_opsd",
+    agent_opsd_v0=0.5,
+    teacher_source="rollout",
+    retire_window=0,
+    teacher=True,
+  ),
+  "grsd": dict(
+    distill="none",
+    lam=0.0,
+    advantage="grsd",
+    grsd_scale=0.5,
+    grsd_clip=3.0,
+    grsd_floor=0.1,
+    teacher_source="rollout",
+    retire_window=0,
+    teacher=True,
+  ),
 }
 
 

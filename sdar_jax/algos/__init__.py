@@ -4,9 +4,12 @@ the one schema of an algorithm, with the paper's methods as presets."""
 
 from sdar_jax.algos.advantages import (
   ADVANTAGE_ESTIMATORS,
+  TURN_ADVANTAGES,
+  agent_opsd_advantages,
   apply_invalid_penalty,
   grpo_advantages,
   grpo_group_stats,
+  grsd_advantages,
   rlsd_lambda,
   rlsd_token_advantages,
   token_advantages,
@@ -40,6 +43,7 @@ from sdar_jax.algos.losses import (
 )
 from sdar_jax.algos.presets import ALGO_PRESETS, get_preset
 from sdar_jax.algos.registry import Registry
+from sdar_jax.algos.retirement import Retirement
 
 __all__ = [
   "ADVANTAGE_ESTIMATORS",
@@ -53,9 +57,12 @@ __all__ = [
   "STEP_ANCHORS",
   "TEACHER_SOURCES",
   "TEACHER_WEIGHTS",
+  "TURN_ADVANTAGES",
   "VOCAB_FORMS",
   "AlgoConfig",
   "Registry",
+  "Retirement",
+  "agent_opsd_advantages",
   "agg_loss",
   "apply_invalid_penalty",
   "compute_gate",
@@ -65,6 +72,7 @@ __all__ = [
   "get_preset",
   "grpo_advantages",
   "grpo_group_stats",
+  "grsd_advantages",
   "kl_loss",
   "kl_penalty",
   "masked_mean",

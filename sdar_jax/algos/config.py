@@ -19,7 +19,7 @@ import difflib
 from collections.abc import Mapping
 from typing import Any
 
-from sdar_jax.algos.advantages import ADVANTAGE_ESTIMATORS
+from sdar_jax.algos.advantages import ADVANTAGE_ESTIMATORS, TURN_ADVANTAGES
 from sdar_jax.algos.aggregation import AGG_MODES
 from sdar_jax.algos.distill import DISTILL_LOSSES, SDAR_FORMS, VOCAB_FORMS
 from sdar_jax.algos.gates import GATES
@@ -73,14 +73,38 @@ class AlgoConfig:
   no [mb, R, V] array is live at once; a response of at most this many slots (the offline demo's)
   is one chunk, the unchunked computation. 0 = never chunk."""
   advantage: str = "grpo"
-  """Token-advantage estimator (`ADVANTAGE_ESTIMATORS`): "grpo", or "rlsd" (teacher re-weighted,
-  needs the teacher's log-probs)."""
+  """Token-advantage estimator (`ADVANTAGE_ESTIMATORS`): "grpo", "rlsd" (teacher re-weighted
+  per token), or the turn-level "agent_opsd" / "grsd" (each turn-sample's advantage rewritten from
+  its turn's teacher gap over the whole iteration before the updates, `algos.agent_opsd_advantages`
+  / `algos.grsd_advantages`; need teacher_source="rollout"). All but "grpo" read the teacher's
+  log-probs (a newly registered estimator that does too needs teacher=True)."""
+  agent_opsd_v0: float = 0.5
+  """AgentOPSD: the success belief V_0 every episode starts from, in (0, 1)."""
+  agent_opsd_eps: float = 1e-4
+  """AgentOPSD: V is clamped to [eps, 1 − eps], eps in (0, 0.5)."""
+  grsd_scale: float = 0.5
+  """GRSD: A' = A·max(1 + scale·clip(q̃, −grsd_clip, grsd_clip)·m, grsd_floor)."""
+  grsd_clip: float = 3.0
+  """GRSD: the normalised teacher signal q̃ is clipped to [−grsd_clip, grsd_clip]."""
+  grsd_floor: float = 0.1
+  """GRSD: the smallest factor a turn's advantage is multiplied by (keeps its sign)."""
   rlsd_lam0: float = 0.5
   """RLSD's initial teacher weight λ0 in [0, 1]; it decays linearly to 0."""
   rlsd_warmdown_steps: int = 100
   """RLSD: training iterations over which λ decays from rlsd_lam0 to 0."""
   rlsd_clip_eps: float = 0.2
   """RLSD: the teacher weight exp(sign(A)·(lT − lold)) is clipped to [1 − eps, 1 + eps]."""
+  retire_window: int = 0
+  """RetireOPD's W: 0 never retires the distillation; W >= 1 retires it (λ = 0 and the teacher
+  no longer scored for the rest of the run) once progress ≤ retire_progress and competence ≥
+  retire_competence, both measured over windows of W iterations (`algos.Retirement`; the host loop
+  applies it at each evaluation)."""
+  retire_progress: float = 0.0
+  """RetireOPD: retire once progress_t = (K_{t−W} − K_t) / K_{t−W} is at most this (K: the mean
+  reverse KL −(lT − lθ) of the last W iterations' rollouts)."""
+  retire_competence: float = 0.9
+  """RetireOPD: retire once competence_t = (SR_t + SR_{t−1}) / (2·SR_teacher) is at least this
+  (SR: validation success rate; SR_teacher: the frozen teacher's, with its skills, at the start)."""
   entropy_coef: float = 0.001
   """Weight of the entropy bonus (subtracted from the loss)."""
   kl_coef: float = 0.01
@@ -122,8 +146,8 @@ class AlgoConfig:
   """Put the retrieved skills into the student's own prompt (Skill-GRPO); rollout."""
   teacher: bool | None = None
   """Score the teacher's log-probs. None (the default) resolves to whether a term reads them
-  (distill != "none" or advantage "rlsd"); True also scores them for the teacher/* metrics
-  alone; False is refused when a term needs them."""
+  (distill != "none", or advantage "rlsd", "agent_opsd" or "grsd"); True also scores them for the
+  teacher/* metrics alone; False is refused when a term needs them."""
   teacher_source: str = "rollout"
   """"rollout": teacher log-probs scored once per iteration at θ_old and kept through every
   mini-batch (the reference); "step": re-scored inside each update at the current weights."""
@@ -175,7 +199,31 @@ class AlgoConfig:
   @property
   def terms_need_teacher(self) -> bool:
     """Whether a loss term or the advantage estimator reads the teacher's log-probs."""
-    return self.distill != "none" or self.advantage == "rlsd"
+    return self.distill != "none" or self.advantage in ("rlsd", *TURN_ADVANTAGES)
+
+  @property
+  def turn_advantages(self) -> bool:
+    """Whether the advantage estimator rewrites each turn-sample's advantage before the updates
+    (AgentOPSD, GRSD: `algos.TURN_ADVANTAGES`)."""
+    return self.advantage in TURN_ADVANTAGES
+
+  @property
+  def retires(self) -> bool:
+    """Whether the distillation may be retired during the run (RetireOPD, retire_window >= 1)."""
+    return self.retire_window > 0
+
+  def retired(self) -> AlgoConfig:
+    """This algorithm after RetireOPD's retirement: no distillation term, no teacher scored (so no
+    turn-level teacher advantage either), nothing more to retire."""
+    return dataclasses.replace(
+      self,
+      distill="none",
+      lam=0.0,
+      teacher=None,
+      teacher_weights="current",
+      advantage="grpo",
+      retire_window=0,
+    )
 
   def _problems(self) -> list[str]:
     """Every invalid value, one "algo.<field>=<value>: <problem>. Fix: <fix>" line each."""
@@ -265,6 +313,39 @@ class AlgoConfig:
         f"{self.advantage!r}) would only cost memory",
         "set algo.distill='sdar' (or teacher=True), or teacher_weights='current'",
       )
+    if not _is_number(self.agent_opsd_v0) or not 0 < self.agent_opsd_v0 < 1:
+      bad("agent_opsd_v0", "a success belief must be in (0, 1)", "use 0.5 (no prior)")
+    if not _is_number(self.agent_opsd_eps) or not 0 < self.agent_opsd_eps < 0.5:
+      bad("agent_opsd_eps", "the clamp of V must be in (0, 0.5)", "use 1e-4")
+    for field in ("grsd_scale", "grsd_clip", "grsd_floor"):
+      if not _is_number(getattr(self, field), low=0):
+        bad(field, "must be a number >= 0", "use GRSD's 0.5 / 3.0 / 0.1")
+    if self.turn_advantages and self.teacher_source != "rollout":
+      bad(
+        "teacher_source",
+        f"algo.advantage={self.advantage!r} rewrites each turn's advantage from the teacher's "
+        "log-probs at θ_old over the whole iteration, before the first update",
+        "set --config.algo.teacher_source=rollout",
+      )
+    window = self.retire_window
+    if not isinstance(window, int) or isinstance(window, bool) or window < 0:
+      bad("retire_window", "must be an integer >= 0", "use 0 (never retire) or RetireOPD's 5")
+    elif window and self.distill == "none":
+      bad(
+        "retire_window",
+        "RetireOPD retires the distillation term, and algo.distill='none' has none",
+        "set algo.distill='sdar' (preset retire_opd), or retire_window=0",
+      )
+    elif window and self.teacher_source != "rollout":
+      bad(
+        "teacher_source",
+        "RetireOPD's progress reads the teacher's gap on the rollouts, scored once per iteration",
+        "set --config.algo.teacher_source=rollout",
+      )
+    if not _is_number(self.retire_progress):
+      bad("retire_progress", "must be a number", "use RetireOPD's 0.0")
+    if not _is_number(self.retire_competence, low=0):
+      bad("retire_competence", "must be a number >= 0", "use RetireOPD's 0.9")
     warmdown = self.rlsd_warmdown_steps
     if self.advantage == "rlsd" and (not isinstance(warmdown, int) or warmdown < 1):
       bad(

@@ -68,6 +68,17 @@ ALGO_PRESETS: dict[str, AlgoConfig] = {
         "teacher_weights": "initial",
       },
     ),
+    # SDAR's successors, each a setting of the same update (docs/reference.md has the table).
+    # RetireOPD: SDAR's term from the frozen initial policy (with its skills), retired for good
+    # once the reverse KL to it stops falling and the student's validation success nears the
+    # teacher's (algos.Retirement; W = 5, progress <= 0, competence >= 0.9).
+    _preset("retire_opd", **{**_SDAR, "teacher_weights": "initial", "retire_window": 5}),
+    # AgentOPSD: a per-episode success belief moved by the teacher's turn-summed gap; each turn's
+    # advantage is how far its turn moved it, signed by GRPO's, normalised in the group.
+    _preset("agent_opsd", advantage="agent_opsd"),
+    # GRSD: GRPO's advantage scaled by the teacher's turn-mean gap, in mixed groups only. Its
+    # paper's teacher also reads generated reflections; ours is the skills teacher.
+    _preset("grsd", advantage="grsd"),
   )
 }
 

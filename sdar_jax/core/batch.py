@@ -69,6 +69,9 @@ class TurnSample:
   valid: bool  # the response parsed as a valid action
   task_type: str = "unknown"
   teacher_prompt_ids: list[int] | None = None  # skills block + the same prompt (teacher branch)
+  episode: int = -1  # the episode's index among the process's episodes of the iteration
+  turn: int = 0  # the turn's index within its episode
+  won: bool = False  # whether its episode succeeded
 
 
 @flax.struct.dataclass

@@ -53,8 +53,14 @@ def episodes_to_samples(
   The episode-level part says which episodes won; the step-level part says which action, from a
   state several episodes shared, led to the win sooner."""
   rows = [
-    (ep, turn) for ep in episodes if ep.env_error is None for turn in ep.turns if turn.response_ids
+    (e, k, ep, turn)
+    for e, ep in enumerate(episodes)
+    if ep.env_error is None
+    for k, turn in enumerate(ep.turns)
+    if turn.response_ids
   ]
+  where = [(e, k) for e, k, _, _ in rows]
+  rows = [(ep, turn) for _, _, ep, turn in rows]
   if not rows:
     return []
   penalties = (invalid_penalty, inadmissible_penalty)
@@ -81,8 +87,11 @@ def episodes_to_samples(
       valid=turn.valid,
       task_type=ep.task_type,
       teacher_prompt_ids=turn.teacher_prompt_ids,
+      episode=e,
+      turn=k,
+      won=bool(ep.won),
     )
-    for (ep, turn), s, a in zip(rows, scores, advantages)
+    for (ep, turn), (e, k), s, a in zip(rows, where, scores, advantages)
   ]
 
 

@@ -129,6 +129,48 @@ def setting_problems(config) -> list[str]:
     )
   problems.extend(staleness_problems(config))
   problems.extend(wandb_log.setting_problems(config.logging if "logging" in config else {}))
+  problems.extend(retirement_problems(config))
+  return problems
+
+
+def retirement_problems(config) -> list[str]:
+  """What RetireOPD's rule (algo.retire_window >= 1) needs from the run: the frozen teacher's
+  success rate with its skills at the start (eval.skills='both': its val_with_skill mode, and
+  train.eval_before_train) and the student's at later validations (train.eval_every >= 1,
+  eval.num_tasks != 0)."""
+  window = config.algo.get("retire_window", 0)
+  if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+    return []
+  why = f"algo.retire_window={window} (RetireOPD) compares validation success rates"
+  problems = []
+  for key, value, ok, fix in (
+    (
+      "eval.skills",
+      config.eval.skills,
+      config.eval.skills == "both",
+      "set --config.eval.skills=both (the teacher's rate is the start's val_with_skill rate)",
+    ),
+    (
+      "train.eval_before_train",
+      config.train.eval_before_train,
+      bool(config.train.eval_before_train),
+      "set --config.train.eval_before_train=True (the frozen teacher is evaluated then)",
+    ),
+    (
+      "train.eval_every",
+      config.train.eval_every,
+      config.train.eval_every not in (0, None),
+      "set --config.train.eval_every to how often the rule is checked (e.g. 5)",
+    ),
+    (
+      "eval.num_tasks",
+      config.eval.get("num_tasks", -1),
+      config.eval.get("num_tasks", -1) != 0,
+      "use -1 (the whole validation split) or a number of tasks",
+    ),
+  ):
+    if not ok:
+      problems.append(f"{key}={value!r}: {why}. Fix: {fix}")
   return problems
 
 

@@ -67,7 +67,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import envs
-from sdar_jax.algos import AlgoConfig
+from sdar_jax.algos import AlgoConfig, Retirement
 from sdar_jax.core import sharding
 from sdar_jax.core.sampling import Sampler
 from sdar_jax.core.train_state import create_train_state
@@ -89,6 +89,7 @@ from sdar_jax.observe.progress import Progress, ensure_log_handler
 from sdar_jax.rollout import ReplayQueue, episodes_to_samples
 from sdar_jax.rollout.global_batches import global_minibatches
 from sdar_jax.rollout.trajectory import Episode, RolloutTimings, episode_summaries
+from sdar_jax.rollout.turn_advantages import apply_turn_advantages
 from sdar_jax.rollout.worker import RolloutWorker, StoppablePool
 from sdar_jax.run import setup as run_setup
 from sdar_jax.run.checkpoint import CheckpointManager, abstract_train_state, export_hf
@@ -138,6 +139,7 @@ class LoopState:
   replay: dict[str, int] | None = None
   all_failed_iterations: int = 0  # consecutive iterations in which every env failed
   skipped_in_a_row: int = 0  # consecutive updates skipped for a non-finite loss or gradient
+  retirement: dict[str, Any] | None = None  # RetireOPD's rule state (algos.Retirement)
 
 
 @dataclasses.dataclass
@@ -227,9 +229,15 @@ class Trainer:
     log.info("chat template: %s", self.chat_template.name)
     self.step_fn: TrainStep | None = None
     self.with_teacher = False
+    self.retirement: Retirement | None = None  # RetireOPD (algo.retire_window >= 1)
     if not self.eval_only:
       self.step_fn = train_step_from_config(self.model_config, config, self.mesh)
       self.with_teacher = self.step_fn.algo_config.scores_teacher
+      algo = self.step_fn.algo_config
+      if algo.retires:
+        self.retirement = Retirement(
+          algo.retire_window, algo.retire_progress, algo.retire_competence
+        )
     self.pad_id = self.tokenizer.pad_token_id or _PAD_FALLBACK
     self.sampler = Sampler(
       self.model_config, self.mesh, self.tokenizer, max_prompt_len=config.rollout.max_prompt_len
@@ -324,6 +332,10 @@ class Trainer:
       self.task_rng.bit_generator.state = self.loop_state.task_rng
     if self.loop_state.replay:
       self.replay.load_state_dict(self.loop_state.replay)
+    if self.retirement is not None and self.loop_state.retirement:
+      self.retirement.load_state_dict(self.loop_state.retirement)
+      if self.retirement.retired:
+        self._retire_distillation()
     log.info("resumed from %s at iteration %d", self.ckpt.directory, self.loop_state.iteration)
     self._drop_metric_rows_after(self.loop_state.iteration)
     return True
@@ -359,6 +371,8 @@ class Trainer:
       else self.task_rng.bit_generator.state
     )
     self.loop_state.replay = self.replay.state_dict()
+    if self.retirement is not None:
+      self.loop_state.retirement = self.retirement.state_dict()
     self.ckpt.save(
       self.loop_state.iteration,
       self.state,
@@ -738,6 +752,16 @@ class Trainer:
           batches, rows=multihost.host_rows, combine=multihost.sum_over_processes
         )
       )
+      if algo.turn_advantages:  # AgentOPSD / GRSD: every turn's advantage from its teacher gap
+        batches, turn_metrics = apply_turn_advantages(
+          algo, batches, samples, self.with_teacher, self.config.train.minibatch_order
+        )
+        metrics.update(turn_metrics)
+    if self.retirement is not None:
+      gap = metrics.get("rollout/teacher_old_gap_mean")
+      if gap is not None and not self.retirement.retired:  # K: reverse KL to the frozen teacher
+        self.retirement.record_kl(-gap)
+      metrics["retire/lam"] = 0.0 if self.retirement.retired else float(algo.lam)
     per_batch = []
     for b in batches:
       with self._device_turn():  # the rollout thread may generate between mini-batches
@@ -769,9 +793,10 @@ class Trainer:
     resumed = self.maybe_restore()
     last: dict[str, float] = {}
     if self.validations and cfg.train.eval_before_train and not resumed:
-      last = self.logger.log(
-        self.loop_state.iteration, {**self.warm_start_metrics, **self.evaluate()}
-      )
+      evaluation = self.evaluate()
+      if self.retirement is not None:
+        evaluation.update(self._retirement_validation(evaluation, start=True))
+      last = self.logger.log(self.loop_state.iteration, {**self.warm_start_metrics, **evaluation})
       self.plot_metrics()
     progress = Progress(total)
     if self.loop_state.iteration < total:
@@ -791,6 +816,10 @@ class Trainer:
       if evaluated:
         with self._device_turn():  # the rollout thread keeps stepping its envs meanwhile
           metrics.update(self.evaluate())
+        if self.retirement is not None:
+          metrics.update(self._retirement_validation(metrics))
+      if self.retirement is not None:
+        metrics.update(self.retirement.metrics())
       duration = progress.tick()
       log.info("%s | %s", progress.line(it, duration), self.logger.summary(metrics))
       if evaluated or _due(it, cfg.logging.every, total):
@@ -814,6 +843,48 @@ class Trainer:
     if summary:
       log.info("%s", summary)
     return last
+
+  # ------------------------------------------------------------------------ RetireOPD
+  def _retirement_validation(self, evaluation: dict[str, float], start: bool = False) -> dict:
+    """RetireOPD after a validation: the student's success rate recorded; at the start (the
+    initial policy, before any update) also the frozen teacher's, which is the same weights with
+    its skills (the val_with_skill mode, eval.skills='both'); after a training iteration, the
+    rule checked and the distillation retired when it holds. Returns retire/* metrics."""
+    retirement = self.retirement
+    retirement.record_success(evaluation.get("val/success_rate", 0.0))
+    if start:
+      retirement.teacher_success = evaluation.get("val_with_skill/success_rate", 0.0)
+      return {"retire/teacher_success": retirement.teacher_success}
+    it = self.loop_state.iteration
+    if retirement.check(it):
+      log.info(
+        "RetireOPD: the distillation is retired after iteration %d (progress %.4f <= %g, "
+        "competence %.3f >= %g): λ = 0 and the teacher is no longer scored from now on",
+        it,
+        retirement.progress(),
+        retirement.progress_at_most,
+        retirement.competence(),
+        retirement.competence_at_least,
+      )
+      self._retire_distillation()
+    return {}
+
+  def _retire_distillation(self) -> None:
+    """Swaps the update for the retired algorithm's (`AlgoConfig.retired`: no distillation term,
+    no teacher scored): the same optimizer, mesh and settings, one more compilation."""
+    old = self.step_fn
+    self.step_fn = TrainStep(
+      old.model_config,
+      old.algo_config.retired(),
+      old.optimizer,
+      mesh=old.mesh,
+      micro_batch_size=old.micro_batch_size,
+      lr_schedule=old.lr_schedule,
+      rules=old.rules,
+      histograms=old.histograms,
+    )
+    self.step_fn.num_traces = old.num_traces
+    self.with_teacher = False
 
   def _evaluate_once(self) -> dict[str, float]:
     """What an eval-only Trainer runs: one evaluation of its parameters (validation episodes of

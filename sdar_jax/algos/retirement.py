@@ -1,0 +1,115 @@
+"""RetireOPD's retirement rule: distil from a frozen teacher until the distillation stops helping.
+
+Host-side bookkeeping, no arrays: the host loop reports each iteration's reverse KL on the student's
+rollouts and each validation success rate, and asks after a validation whether to retire.
+
+- K_t: the mean over the last W iterations of the token-mean reverse KL −(lT − lθ) on the
+  student's rollouts (lT the frozen teacher's log-prob of a sampled token, lθ the student's at
+  sampling time).
+- progress_t = (K_{t−W} − K_t) / K_{t−W}: how much the student's distance to the teacher shrank
+  over the last W iterations (K_{t−W} is the same mean over the W iterations before those).
+  Defined once 2W iterations are recorded and K_{t−W} ≠ 0.
+- competence_t = (SR_t + SR_{t−1}) / (2·SR_teacher): the mean of the last two validation success
+  rates over the teacher's (the frozen teacher evaluated with its skills at the start). A teacher
+  that never succeeds makes any success of the student competent (the ratio is taken against
+  1e-9 instead of 0).
+
+Once progress_t ≤ `progress_at_most` and competence_t ≥ `competence_at_least` at a validation,
+the distillation is retired for the rest of the run: its weight becomes 0 and the teacher is no
+longer scored. The state (`state_dict`) goes into the checkpoint, so a resumed run retires at the
+same iteration an uninterrupted one does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+
+@dataclasses.dataclass
+class Retirement:
+  """The rule's settings (W = `window`, the two thresholds) and what it has seen."""
+
+  window: int = 5
+  progress_at_most: float = 0.0
+  competence_at_least: float = 0.9
+  kl: list[float] = dataclasses.field(default_factory=list)  # the last 2W per-iteration values
+  success: list[float] = dataclasses.field(default_factory=list)  # the last two validation SRs
+  teacher_success: float | None = None
+  retired_at: int | None = None  # the iteration after which the distillation stopped
+
+  def __post_init__(self):
+    if not isinstance(self.window, int) or isinstance(self.window, bool) or self.window < 1:
+      raise ValueError(f"Retirement window={self.window!r}: must be an integer >= 1")
+
+  @property
+  def retired(self) -> bool:
+    return self.retired_at is not None
+
+  def record_kl(self, kl: float) -> None:
+    """One iteration's token-mean reverse KL −(lT − lθ) on its rollouts (non-finite: skipped)."""
+    if math.isfinite(kl):
+      self.kl = (self.kl + [float(kl)])[-2 * self.window :]
+
+  def record_success(self, success_rate: float) -> None:
+    """One validation's success rate of the student."""
+    self.success = (self.success + [float(success_rate)])[-2:]
+
+  def progress(self) -> float | None:
+    """progress_t, or None before 2W iterations are recorded or when K_{t−W} = 0."""
+    w = self.window
+    if len(self.kl) < 2 * w:
+      return None
+    before, now = sum(self.kl[:w]) / w, sum(self.kl[w:]) / w
+    return None if before == 0 else (before - now) / before
+
+  def competence(self) -> float | None:
+    """competence_t, or None before two validations and the teacher's rate are known."""
+    if len(self.success) < 2 or self.teacher_success is None:
+      return None
+    return (self.success[0] + self.success[1]) / max(2.0 * self.teacher_success, 1e-9)
+
+  def should_retire(self) -> bool:
+    """Whether both conditions hold now (False once retired: it happens once)."""
+    progress, competence = self.progress(), self.competence()
+    if self.retired or progress is None or competence is None:
+      return False
+    return progress <= self.progress_at_most and competence >= self.competence_at_least
+
+  def check(self, iteration: int) -> bool:
+    """Retires after `iteration` when `should_retire`; returns whether it retired now."""
+    if self.should_retire():
+      self.retired_at = int(iteration)
+      return True
+    return False
+
+  def metrics(self) -> dict[str, float]:
+    """retire/active (1 while distilling, 0 once retired), retire/retired_at (when it did, else
+    absent), retire/progress and retire/competence when defined, retire/kl (K_t)."""
+    out = {"retire/active": 0.0 if self.retired else 1.0}
+    if self.retired:
+      out["retire/retired_at"] = float(self.retired_at)
+    if self.kl:
+      tail = self.kl[-self.window :]
+      out["retire/kl"] = sum(tail) / len(tail)
+    for name, value in (("progress", self.progress()), ("competence", self.competence())):
+      if value is not None and math.isfinite(value):
+        out[f"retire/{name}"] = float(value)
+    return out
+
+  def state_dict(self) -> dict[str, Any]:
+    return {
+      "kl": list(self.kl),
+      "success": list(self.success),
+      "teacher_success": self.teacher_success,
+      "retired_at": self.retired_at,
+    }
+
+  def load_state_dict(self, state: dict[str, Any]) -> None:
+    self.kl = [float(x) for x in state.get("kl", [])][-2 * self.window :]
+    self.success = [float(x) for x in state.get("success", [])][-2:]
+    teacher = state.get("teacher_success")
+    self.teacher_success = None if teacher is None else float(teacher)
+    retired = state.get("retired_at")
+    self.retired_at = None if retired is None else int(retired)
