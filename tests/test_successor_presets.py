@@ -1,8 +1,7 @@
 """SDAR's successors through the real trainer on the suite's shared tiny run config
 (`tiny_run_config`): AgentOPSD and GRSD each train one iteration with their rewritten turn
 advantages; RetireOPD trains one iteration, is resumed from its checkpoint, retires at the
-iteration the restored rule state makes due, and, resumed again, trains without the distillation
-term."""
+iteration the restored rule state makes due, and then trains without the distillation term."""
 
 from __future__ import annotations
 
@@ -44,8 +43,8 @@ def test_turn_advantage_presets_train_one_iteration(tmp_path, algo):
 def test_retire_opd_retires_across_a_resume(tmp_path):
   """W = 1 with thresholds that always hold: the rule needs 2W = 2 iterations of reverse KL, so a
   run stopped after iteration 1 cannot retire; resumed, it retires at the validation after
-  iteration 2 only if the checkpoint kept iteration 1's value; the checkpoint then says so, and a
-  run resumed from it trains without the distillation term or the teacher."""
+  iteration 2 only if the checkpoint kept iteration 1's value, then trains iteration 3 without the
+  distillation term or the teacher; the checkpoint keeps the rule's state."""
   from sdar_jax.run import trainer
   from sdar_jax.run.checkpoint import CheckpointManager
 
@@ -66,19 +65,18 @@ def test_retire_opd_retires_across_a_resume(tmp_path):
   assert rows[1]["retire/active"] == 1.0 and "retire/progress" not in rows[1]
   assert math.isfinite(rows[1]["sdar/loss"]) and rows[1]["retire/lam"] == 0.01
 
-  trainer.run(tiny_run_config(2, "retire_opd", **settings), workdir)
-  row = _rows(workdir)[2]
-  assert math.isfinite(row["sdar/loss"]) and row["retire/lam"] == 0.01  # still distilled
-  assert row["retire/active"] == 0.0 and row["retire/retired_at"] == 2.0  # retired after it
+  # resumed to iteration 3: it retires at the validation after iteration 2 (the restored rule
+  # state holds iteration 1's value), and iteration 3 trains without the term or the teacher
+  trainer.run(tiny_run_config(3, "retire_opd", **settings), workdir)
+  rows = _rows(workdir)
+  assert math.isfinite(rows[2]["sdar/loss"]) and rows[2]["retire/lam"] == 0.01  # still distilled
+  assert rows[2]["retire/active"] == 0.0 and rows[2]["retire/retired_at"] == 2.0  # retired
+  third = rows[3]
+  assert third["retire/active"] == 0.0 and third["retire/lam"] == 0.0
+  assert third["retire/retired_at"] == 2.0 and third["train/skipped_update"] == 0.0
+  assert "sdar/loss" not in third and "rollout/teacher_old_gap_mean" not in third
   with CheckpointManager(os.path.join(workdir, "checkpoints"), read_only=True) as ckpt:
     step = ckpt.latest_step()
     meta = ckpt.restore_meta(step)
   state = meta["extra"]["loop"]["retirement"]
-  assert step == 2 and state["retired_at"] == 2 and len(state["kl"]) == 2
-
-  # resumed once more from the retired checkpoint: no distillation, no teacher scored
-  trainer.run(tiny_run_config(3, "retire_opd", **settings), workdir)
-  third = _rows(workdir)[3]
-  assert third["retire/active"] == 0.0 and third["retire/lam"] == 0.0
-  assert third["retire/retired_at"] == 2.0 and third["train/skipped_update"] == 0.0
-  assert "sdar/loss" not in third and "rollout/teacher_old_gap_mean" not in third
+  assert step == 3 and state["retired_at"] == 2 and len(state["kl"]) == 2
