@@ -28,6 +28,8 @@ import os
 import string
 from typing import Any
 
+from envs.errors import EnvFileNotFoundError
+
 __all__ = [
   "PLACEHOLDERS",
   "PromptTemplate",
@@ -134,7 +136,7 @@ def load_prompt_template(path: str | None) -> PromptTemplate | None:
     return None
   full = os.path.expanduser(path)
   if not os.path.isfile(full):
-    raise FileNotFoundError(
+    raise EnvFileNotFoundError(
       f"env.prompt_template={path!r}: no such file. Fix: point it at a template file, or unset "
       "it for the built-in prompts"
     )

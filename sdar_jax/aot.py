@@ -57,8 +57,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from envs.errors import EnvInputError
 from sdar_jax.core import sharding
 from sdar_jax.core.batch import batch_bucket, new_tokens_bucket, prompt_bucket
+from sdar_jax.infra.errors import UserError, exit_on_user_error
 from sdar_jax.models import ModelConfig, param_shapes
 
 GiB = 2**30
@@ -679,6 +681,13 @@ def _define_flags() -> None:
   flags.DEFINE_string("json", None, "Also write the plan as JSON to this file.")
 
 
+class PlanError(UserError):
+  """A plan that cannot be made (an unknown slice, a part that does not compile)."""
+
+  heading = "sdar_jax.aot"
+
+
+@exit_on_user_error(extra_types=(EnvInputError,))
 def main(argv: Sequence[str]) -> None:
   import json
 
@@ -695,8 +704,10 @@ def main(argv: Sequence[str]) -> None:
       teacher_prompt_len=FLAGS.teacher_prompt_len,
       log=lambda line: print(line, flush=True),
     )
-  except (ValueError, RuntimeError) as e:
-    sys.exit(f"sdar_jax.aot: {e}")
+  except (ValueError, RuntimeError) as e:  # a plan that cannot be made: its message, status 2
+    if isinstance(e, (UserError, EnvInputError)):
+      raise
+    raise PlanError(str(e)) from e
   print()
   print(format_plan(result), flush=True)
   if FLAGS.json:
@@ -716,6 +727,7 @@ def main(argv: Sequence[str]) -> None:
       json.dump(record, f, indent=2)
 
 
+@exit_on_user_error
 def cli(argv: Sequence[str] | None = None) -> None:
   from absl import app
 

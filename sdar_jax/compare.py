@@ -17,10 +17,12 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from sdar_jax.infra.errors import add_verbosity_argument, exit_on_user_error
 from sdar_jax.observe import stats
-from sdar_jax.observe.compare import CompareError, compare_runs
+from sdar_jax.observe.compare import compare_runs
 
 
+@exit_on_user_error
 def main(argv: Sequence[str] | None = None) -> int:
   parser = argparse.ArgumentParser(
     prog="python -m sdar_jax.compare", description=__doc__.splitlines()[0]
@@ -28,12 +30,10 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("runs", nargs="+", help="run folders (a training run's --workdir)")
   parser.add_argument("--resamples", type=int, default=stats.RESAMPLES, help="bootstrap resamples")
   parser.add_argument("--rng_seed", type=int, default=stats.RNG_SEED, help="bootstrap RNG seed")
+  add_verbosity_argument(parser)
   args = parser.parse_args(argv)
-  try:
-    print(compare_runs(args.runs, resamples=args.resamples, rng_seed=args.rng_seed), end="")
-  except CompareError as e:
-    print(f"Cannot compare: {e}", file=sys.stderr)
-    return 2
+  # A CompareError prints "Cannot compare: ..." and exits with status 2.
+  print(compare_runs(args.runs, resamples=args.resamples, rng_seed=args.rng_seed), end="")
   return 0
 
 

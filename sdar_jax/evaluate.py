@@ -33,8 +33,11 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from envs.errors import EnvInputError
 from sdar_jax import train
-from sdar_jax.run.evaluation import EvaluationError, plan_evaluation
+from sdar_jax.infra import paths
+from sdar_jax.infra.errors import exit_on_user_error
+from sdar_jax.run.evaluation import plan_evaluation
 
 log = logging.getLogger("sdar_jax.evaluate")  # not __name__: it is "__main__" under python -m
 
@@ -62,11 +65,12 @@ def _define_flags() -> None:
   )
 
 
+@exit_on_user_error(extra_types=(EnvInputError,))
 def main(argv: Sequence[str]) -> None:
   from absl import app, flags
 
   from sdar_jax.observe.progress import configure_logging
-  from sdar_jax.run.config_validation import ConfigError, validate
+  from sdar_jax.run.config_validation import validate
   from sdar_jax.run.trainer import run_evaluation
 
   if len(argv) > 1:
@@ -78,10 +82,7 @@ def main(argv: Sequence[str]) -> None:
 
     multihost.initialize()
   config = FLAGS.config
-  try:
-    validate(config)
-  except ConfigError as e:
-    sys.exit(f"Invalid config: {e}")
+  validate(config)  # a ConfigError: one message, exit status 2
   print(config)
   if FLAGS.workdir is None:
     if FLAGS.dry_run:
@@ -91,10 +92,8 @@ def main(argv: Sequence[str]) -> None:
       "--workdir is required: a training run whose checkpoints to evaluate, or a directory for the "
       "results of evaluating model.path."
     )
-  try:
-    plan = plan_evaluation(config, FLAGS.workdir, FLAGS.step, FLAGS.output)
-  except EvaluationError as e:
-    sys.exit(f"Cannot evaluate: {e}")
+  plan = plan_evaluation(config, FLAGS.workdir, FLAGS.step, FLAGS.output)  # EvaluationError
+  paths.check_writable_folder(plan.output, "--output" if FLAGS.output else "--workdir")
   log.info("%s", plan.describe())
   if FLAGS.dry_run:
     print(f"dry run: {plan.describe()}; nothing evaluated.")
@@ -106,6 +105,7 @@ def main(argv: Sequence[str]) -> None:
   print(f"evaluation done: {shown}; results in {plan.output}")
 
 
+@exit_on_user_error(extra_types=(EnvInputError,))
 def cli(argv: Sequence[str] | None = None) -> None:
   from absl import app
 

@@ -36,6 +36,9 @@ import ml_collections as mlc  # noqa: E402
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+from envs.errors import EnvInputError  # noqa: E402
+from sdar_jax.infra.errors import exit_on_user_error  # noqa: E402
+
 DEFAULT_CONFIG = os.path.join(_REPO, "configs", "default.py")
 _OVERRIDE = re.compile(r"^--?(?:no)?config\.([^=]+)")
 
@@ -98,7 +101,9 @@ def _check_overrides(argv: Sequence[str]) -> None:
     return
   problems = unknown_override_keys(config, argv)
   if problems:
-    sys.exit("Unknown config key(s):\n  " + "\n  ".join(problems))
+    from sdar_jax.run.setup import UnknownConfigKeyError
+
+    raise UnknownConfigKeyError("\n  " + "\n  ".join(problems))
 
 
 def _define_flags() -> None:
@@ -191,6 +196,26 @@ def cpu_fingerprint() -> str:
   return "cpu-" + hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
+def output_folders(config, workdir: str) -> list[tuple[str, str]]:
+  """(name, path) of every folder a run writes into: the workdir, checkpoint.dir, logging.dir."""
+  folders = [("workdir", workdir)]
+  for key in ("checkpoint", "logging"):
+    if config[key].get("dir"):
+      folders.append((f"{key}.dir", config[key].dir))
+  return folders
+
+
+def check_output_folders(config, workdir: str) -> None:
+  """Refuses, before anything is compiled or written (and in --dry_run), a workdir,
+  checkpoint.dir or logging.dir the run could not write into: read-only, missing rights, a file,
+  or a gs:// path without the gcs extra (sdar_jax.infra.paths.check_writable_folder)."""
+  from sdar_jax.infra import paths
+
+  for what, where in output_folders(config, workdir):
+    paths.check_writable_folder(where, what)
+
+
+@exit_on_user_error(extra_types=(EnvInputError,))
 def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -207,7 +232,7 @@ def main(argv: Sequence[str]) -> None:
     processes = flags.FLAGS.num_processes
     refused = staleness_problems(flags.FLAGS.config, processes) if processes else []
     if refused:  # before joining the other processes, which would wait for this one
-      sys.exit("Invalid config: " + "\n  - ".join(refused))
+      raise ConfigError("\n  - ".join(refused))
     multihost.initialize(
       flags.FLAGS.coordinator_address, flags.FLAGS.num_processes, flags.FLAGS.process_id
     )
@@ -218,10 +243,9 @@ def main(argv: Sequence[str]) -> None:
       "--coordinator_address, --num_processes and --process_id need --distributed."
     )
   config = flags.FLAGS.config
-  try:
-    model_config = validate(config)
-  except ConfigError as e:
-    sys.exit(f"Invalid config: {e}")
+  model_config = validate(config)  # a ConfigError: one message, exit status 2
+  workdir = flags.FLAGS.workdir or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
+  check_output_folders(config, workdir)
   from sdar_jax.observe import wandb_log
 
   wandb_log.require(config.logging)  # logging.wandb=True needs the extra: a UserError, exit 2
@@ -234,22 +258,16 @@ def main(argv: Sequence[str]) -> None:
   if config.train.get("xla_cache_dir"):
     use_xla_cache(config.train.xla_cache_dir)
   from sdar_jax.run import trainer  # the workdir is created only now, after validation passed
-  from sdar_jax.run.workdir_lock import WorkdirLockedError
 
-  workdir = flags.FLAGS.workdir or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
-  try:
-    trainer.run(config, workdir)
-  except (trainer.EnvFailureError, WorkdirLockedError) as e:
-    sys.exit(f"{type(e).__name__}: {e}")
+  trainer.run(config, workdir)
 
 
+@exit_on_user_error(extra_types=(EnvInputError,))
 def cli(argv: Sequence[str] | None = None) -> None:
   argv = list(sys.argv if argv is None else argv)
   _check_overrides(argv)
   _define_flags()
-  from sdar_jax.infra.errors import exit_on_user_error
-
-  app.run(exit_on_user_error(main), argv=argv)
+  app.run(main, argv=argv)  # main prints a user error's message and exits 2
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ def test_unsupported_scheme_and_missing_package_are_refused_with_the_fix(monkeyp
     paths.check_remote_workdir("s3://b/run")
   with fake_gcs():  # fsspec's gs filesystem is there; the extra module is not
     monkeypatch.setitem(paths.EXTRA_MODULES, "gs", (("no_such_module_xyz", "some-package"),))
-    with pytest.raises(ImportError, match="pip install some-package"):
+    with pytest.raises(ImportError, match=r'needs some-package.*pip install -e "\.\[gcs\]"'):
       paths.check_remote_workdir("gs://b/run", "checkpoint.dir")
   paths.check_remote_workdir("/local/run")  # a local path passes
 

@@ -24,7 +24,7 @@ from envs.alfworld.env import collect_game_files
 from envs.alfworld.tasks import SHORT_NAMES, TASK_TYPES
 from envs.base import EnvSplit
 from envs.common import file_lock
-from envs.errors import EnvInputError
+from envs.errors import EnvFileNotFoundError, EnvInputError
 
 __all__ = [
   "data_dir",
@@ -179,7 +179,7 @@ def split(env_cfg: Any, split_name: str) -> EnvSplit:
 def read_walkthroughs(path: str) -> list[dict[str, Any]]:
   """The expert records of a walkthrough file (`python -m envs.alfworld.generator` writes them)."""
   if not os.path.exists(path):
-    raise FileNotFoundError(
+    raise EnvFileNotFoundError(
       f"No expert walkthroughs at {path!r}: generate games with `python -m envs.alfworld.generator "
       f"--out DIR` (it writes DIR/walkthroughs/<split>.jsonl) or set warm_start.steps=0."
     )

@@ -16,6 +16,8 @@ import os
 import threading
 from typing import Any, Sequence
 
+from envs.errors import EnvInputError
+
 __all__ = [
   "GameFileError",
   "read_game_file",
@@ -36,7 +38,7 @@ _FIX = (
 )
 
 
-class GameFileError(ValueError):
+class GameFileError(EnvInputError):
   """A `.tw-pddl` game file that cannot be played (not JSON, or missing the game's fields)."""
 
 

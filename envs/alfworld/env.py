@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 from envs.alfworld import engine as engine_lib
 from envs.alfworld.tasks import TASK_TYPES, extract_task, task_type_from_path, task_type_of_game
+from envs.errors import EnvFileNotFoundError
 
 __all__ = ["AlfworldEnv", "collect_game_files", "split_dir", "WIN_REWARD", "MAX_STEPS"]
 
@@ -32,7 +33,7 @@ def split_dir(data_dir: str, split: str) -> str:
       return candidate
   if os.path.basename(os.path.normpath(data_dir)) == split and os.path.isdir(data_dir):
     return data_dir
-  raise FileNotFoundError(
+  raise EnvFileNotFoundError(
     f"no {split!r} split under {data_dir!r} (looked for json_2.1.1/{split} and {split}). Point data_dir at an "
     "ALFWorld data folder, or generate offline games: python -m envs.alfworld.generator --out DIR"
   )
@@ -64,7 +65,7 @@ def collect_game_files(
       continue
     files.append(gamefile)
   if not files:
-    raise FileNotFoundError(f"no playable games of types {list(task_types)} under {root!r}")
+    raise EnvFileNotFoundError(f"no playable games of types {list(task_types)} under {root!r}")
   return sorted(files)
 
 
@@ -82,7 +83,7 @@ class AlfworldEnv:
       raise ValueError("AlfworldEnv needs at least one game file")
     missing = [f for f in game_files if not os.path.isfile(f)]
     if missing:
-      raise FileNotFoundError(f"{len(missing)} game files do not exist, e.g. {missing[0]!r}")
+      raise EnvFileNotFoundError(f"{len(missing)} game files do not exist, e.g. {missing[0]!r}")
     self.game_files = list(game_files)
     self.max_steps = max_steps
     self.with_expert_plan = with_expert_plan

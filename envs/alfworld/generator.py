@@ -43,6 +43,7 @@ from envs.alfworld.catalog import (
 )
 from envs.alfworld.problem import GameSpec, Receptacle, Thing, pddl_problem
 from envs.alfworld.tasks import TASK_TYPES, extract_task
+from envs.errors import add_verbosity_argument, exit_on_env_error
 
 __all__ = [
   "SPLITS",
@@ -452,6 +453,7 @@ def generate(
   }
 
 
+@exit_on_env_error
 def main(argv: Sequence[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--out", required=True, help="output data directory")
@@ -473,6 +475,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   parser.add_argument(
     "--workers", type=int, default=1, help="generator processes (output does not depend on it)"
   )
+  add_verbosity_argument(parser)
   args = parser.parse_args(argv)
   result = generate(
     args.out,

@@ -44,6 +44,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from envs.errors import EnvFileNotFoundError
+
 __all__ = [
   "AlfworldGames",
   "SearchQaData",
@@ -242,7 +244,7 @@ def _classes() -> dict[str, type]:
           for k, g in enumerate(games)
         )
       if not splits:
-        raise FileNotFoundError(
+        raise EnvFileNotFoundError(
           f"no ALFWorld games under {root!r}; point --data_dir at an ALFWorld data folder or "
           "generate one: python -m envs.alfworld.generator --out DIR"
         )
@@ -304,7 +306,7 @@ def _search_qa_sources(settings: dict[str, Any]) -> tuple[dict[str, list], Itera
   source = os.path.expanduser(source)
   names = sorted(f[: -len(".parquet")] for f in os.listdir(source) if f.endswith(".parquet"))
   if not names:
-    raise FileNotFoundError(
+    raise EnvFileNotFoundError(
       f"no .parquet question files in {source!r}; expected Search-R1's train.parquet / "
       "test.parquet (or verl-agent's), or omit --data_dir for the generated data"
     )
@@ -336,6 +338,11 @@ def build(env: str, out_dir: str, data_dir: str | None = None, **settings: Any) 
   if env not in names:
     raise ValueError(f"unknown environment {env!r}; choose one of {sorted(names)}")
   source = os.path.abspath(os.path.expanduser(data_dir)) if data_dir else None
+  if source is not None and not os.path.isdir(source):  # never the generated data instead
+    raise EnvFileNotFoundError(
+      f"data_dir={data_dir!r}: no such folder. Fix: point it at the real {env} files, or leave "
+      "it out to build from the generated data."
+    )
   if env == "webshop":
     values = {
       "source_dir": source,
@@ -390,7 +397,7 @@ def find_dataset(path: str | None, name: str) -> str | None:
 def _require(path: str, name: str) -> str:
   found = find_dataset(path, name)
   if found is None:
-    raise FileNotFoundError(
+    raise EnvFileNotFoundError(
       f"no {name} dataset at {path!r}; build one with python -m envs.datasets "
       f"{name.split('_data')[0].replace('_games', '')} --out DIR"
     )
@@ -528,13 +535,13 @@ def alfworld_game_files(
     if task_types is None or _text(e["task_type"]) in task_types
   ]
   if not games:
-    raise FileNotFoundError(
+    raise EnvFileNotFoundError(
       f"the alfworld_games dataset at {folder} lists no {split!r} games of types "
       f"{list(task_types or [])}; choose other env.task_types or rebuild it from a folder that "
       "has them: python -m envs.datasets alfworld --out DIR --data_dir ALFWORLD_DIR"
     )
   if data_dir is None and not os.path.isfile(games[0]):
-    raise FileNotFoundError(
+    raise EnvFileNotFoundError(
       f"the alfworld_games dataset at {folder} lists games under {root!r}, but {games[0]!r} does "
       "not exist (the data folder moved?); rebuild it with python -m envs.datasets alfworld "
       "--out DIR --data_dir <the ALFWorld folder>"

@@ -17,8 +17,10 @@ import os
 from collections.abc import Sequence
 
 from envs.datasets import build
+from envs.errors import add_verbosity_argument, exit_on_env_error
 
 
+@exit_on_env_error
 def main(argv: Sequence[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("env", choices=("webshop", "search_qa", "alfworld"))
@@ -28,6 +30,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   parser.add_argument("--human_goals", action="store_true", help="webshop: human instructions")
   parser.add_argument("--data_seed", type=int, default=None, help="webshop 233, search_qa 0")
   parser.add_argument("--corpus", default=None, help="search_qa: a wiki-18 style .jsonl corpus")
+  add_verbosity_argument(parser)
   args = parser.parse_args(argv)
   for flag in ("data_dir", "corpus"):  # a given path that is not there is a mistake, not a default
     given = getattr(args, flag)

@@ -23,11 +23,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from envs import common
+from envs.errors import EnvFileNotFoundError, EnvInputError
 
 __all__ = [
   "DATA_SOURCES",
   "TRAIN_SOURCES",
   "QARecord",
+  "QuestionFileError",
   "find_split_file",
   "read_parquet",
   "success_rates",
@@ -67,11 +69,15 @@ def _answers(value: Any) -> tuple[str, ...] | None:
   return tuple(str(v) for v in value)
 
 
+class QuestionFileError(EnvInputError):
+  """A question file that is not a readable parquet, or lacks the questions' columns."""
+
+
 def _record(row: Mapping[str, Any], index: int, path: str) -> QARecord:
   question = row.get("question") or _get(row, "env_kwargs", "question")
   question = question or _get(row, "extra_info", "question")
   if not isinstance(question, str) or not question.strip():
-    raise ValueError(
+    raise QuestionFileError(
       f"{path} row {index} has no question (looked at question, env_kwargs.question, "
       "extra_info.question); is this a Search-R1 or verl-agent search parquet?"
     )
@@ -83,7 +89,7 @@ def _record(row: Mapping[str, Any], index: int, path: str) -> QARecord:
     if answers is None:
       answers = _answers(_get(row, *path_keys))
   if answers is None:
-    raise ValueError(
+    raise QuestionFileError(
       f"{path} row {index} has no gold answers (looked at golden_answers, "
       "reward_model.ground_truth.target, env_kwargs.ground_truth.target)"
     )
@@ -115,12 +121,20 @@ _WANTED = (
 
 def read_parquet(path: str, data_sources: Sequence[str] | None = None) -> list[QARecord]:
   """Questions of a Search-R1 or verl-agent parquet file, optionally only those of `data_sources`."""
+  import pyarrow as pa
   import pyarrow.parquet as pq
 
   if not os.path.isfile(path):
-    raise FileNotFoundError(f"question file {path} does not exist")
-  schema_names = set(pq.read_schema(path).names)
-  table = pq.read_table(path, columns=[c for c in _WANTED if c in schema_names])
+    raise EnvFileNotFoundError(f"question file {path} does not exist")
+  try:
+    schema_names = set(pq.read_schema(path).names)
+    table = pq.read_table(path, columns=[c for c in _WANTED if c in schema_names])
+  except (pa.ArrowException, OSError) as err:  # ArrowInvalid: not parquet, or cut short
+    raise QuestionFileError(
+      f"Search-QA question file {path!r} cannot be read as parquet ({str(err).rstrip('.')}; the file has "
+      f"{os.path.getsize(path)} bytes). Fix: download Search-R1's train.parquet/test.parquet "
+      "again, or write generated ones with: python -m envs.search_qa.generator --out DIR"
+    ) from None
   records = [_record(row, i, path) for i, row in enumerate(table.to_pylist())]
   if data_sources is not None:
     wanted = set(data_sources)
@@ -163,7 +177,7 @@ def find_split_file(data_dir: str, split: str) -> str:
   path = os.path.join(os.path.expanduser(data_dir), f"{split}.parquet")
   if not os.path.isfile(path):
     present = sorted(f for f in os.listdir(os.path.expanduser(data_dir)) if f.endswith(".parquet"))
-    raise FileNotFoundError(
+    raise EnvFileNotFoundError(
       f"no {split}.parquet in {data_dir} (parquet files there: {present}); point data_dir at a "
       "folder with Search-R1's train.parquet/test.parquet, or generate one with "
       "python -m envs.search_qa.generator --out DIR"

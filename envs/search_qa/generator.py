@@ -37,6 +37,7 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from envs.errors import add_verbosity_argument, exit_on_env_error
 from envs.search_qa.data import DATA_SOURCES, QARecord, write_parquet
 from envs.search_qa.retrieval import BM25Retriever
 
@@ -694,12 +695,14 @@ def write_dataset(out_dir: str, seed: int = 0, spec: WorldSpec = WorldSpec()) ->
   return summary
 
 
+@exit_on_env_error
 def _main(argv: Sequence[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--out", required=True, help="output folder")
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--test-per-source", type=int, default=WorldSpec.test_per_source)
   parser.add_argument("--train-per-source", type=int, default=WorldSpec.train_per_source)
+  add_verbosity_argument(parser)
   args = parser.parse_args(argv)
   spec = WorldSpec(test_per_source=args.test_per_source, train_per_source=args.train_per_source)
   print(json.dumps(write_dataset(args.out, args.seed, spec), indent=1))

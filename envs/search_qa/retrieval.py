@@ -47,7 +47,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from envs.common import file_lock, import_bm25s
-from envs.errors import EnvInputError
+from envs.errors import EnvFileNotFoundError, EnvInputError
 
 __all__ = [
   "PASSAGE_FORMATS",
@@ -216,7 +216,9 @@ class BM25Retriever:
     """Indexes `path` (or loads its cached index) and reads passages from the file by offset."""
     path = os.path.abspath(os.path.expanduser(path))
     if not os.path.isfile(path):
-      raise FileNotFoundError(f"corpus file {path} does not exist; pass the wiki-18 style .jsonl")
+      raise EnvFileNotFoundError(
+        f"corpus file {path} does not exist; pass the wiki-18 style .jsonl"
+      )
     if path.endswith(".gz"):
       raise ValueError(f"{path} is compressed; decompress it first (gunzip -k {path})")
     stat = os.stat(path)
@@ -459,7 +461,7 @@ def corpus_in(data_dir: str) -> str:
     path = os.path.join(os.path.expanduser(data_dir), name)
     if os.path.isfile(path):
       return path
-  raise FileNotFoundError(
+  raise EnvFileNotFoundError(
     f"no corpus in {data_dir} (looked for {', '.join(CORPUS_NAMES)}); pass corpus_path=<wiki-18 "
     "style .jsonl> or search_url=<retrieval server /retrieve endpoint>"
   )

@@ -20,6 +20,8 @@ import json
 import os
 import re
 
+from envs.errors import EnvFileNotFoundError
+
 __all__ = ["SkillItem", "SkillFile", "SkillLibrary", "skills_dir"]
 
 _ITEM_START = re.compile(r"^(\d+)\.\s+(.*)$")
@@ -31,7 +33,7 @@ def skills_dir(env: str) -> str:
   """The folder of the skills shipped for environment `env`."""
   path = os.path.join(os.path.dirname(os.path.abspath(__file__)), env)
   if not os.path.isdir(path):
-    raise FileNotFoundError(f"no skills for environment {env!r} (expected the folder {path})")
+    raise EnvFileNotFoundError(f"no skills for environment {env!r} (expected the folder {path})")
   return path
 
 
@@ -113,7 +115,7 @@ class SkillLibrary:
     folder = folder_or_env if os.path.isdir(folder_or_env) else skills_dir(folder_or_env)
     mapping_path = os.path.join(folder, "skill_mapping.json")
     if not os.path.isfile(mapping_path):
-      raise FileNotFoundError(
+      raise EnvFileNotFoundError(
         f"skills folder {folder} has no skill_mapping.json. Fix: point env.skills.dir at a "
         "folder holding skill_mapping.json and its Markdown files"
       )
@@ -135,7 +137,7 @@ class SkillLibrary:
       name = GENERAL if name in GENERAL_KEYS else name
       path = os.path.join(folder, filename)
       if not os.path.isfile(path):
-        raise FileNotFoundError(
+        raise EnvFileNotFoundError(
           f"{mapping_path}: skill_files[{name!r}] = {filename!r}, but {path} does not exist. Fix: "
           "add the file or correct its name in skill_files"
         )

@@ -34,7 +34,11 @@ from collections.abc import Mapping, Sequence
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from envs.errors import EnvInputError
+
 __all__ = [
+  "WebShopDataError",
+  "WebShopFilesMissingError",
   "DEFAULT_DATA_SEED",
   "PRICE_RANGE",
   "SPLITS",
@@ -66,6 +70,22 @@ _DROPPED_KEYS = (
   "fulfilled_by_amazon", "fast_track_message", "aplus_present", "small_description_old",
 )  # fmt: skip
 _NOT_PRICE_CHARS = re.compile(r"[^\d.]")
+# The fields of a raw product record the loader reads without a default.
+PRODUCT_FIELDS = ("asin", "name", "full_description", "small_description", "query")
+GOAL_FIELDS = ("category", "product_category")  # read for the goals of a product
+_DATA_FIX = (
+  "Fix: download the WebShop data files again, or write generated ones with: python -m "
+  "envs.webshop.generator --out DIR"
+)
+
+
+class WebShopDataError(EnvInputError):
+  """A WebShop data file that cannot be used: not JSON, or a record without a field the loader
+  reads. The message names the file, the record and the field."""
+
+
+class WebShopFilesMissingError(WebShopDataError, FileNotFoundError):
+  """A WebShop data folder without the files the settings ask for."""
 
 
 @dataclasses.dataclass
@@ -104,14 +124,50 @@ def find_data_files(data_dir: str, use_small: bool = True, human_goals: bool = F
   data_dir = os.path.expanduser(os.path.expandvars(data_dir))
   products, attributes, human = data_file_names(use_small)
   wanted = [products, attributes] + ([human] if human_goals else [])
-  for folder in (data_dir, os.path.join(data_dir, "data")):
+  folders = (data_dir, os.path.join(data_dir, "data"))
+  for folder in folders:
     if all(os.path.isfile(os.path.join(folder, name)) for name in wanted):
       return [os.path.join(folder, name) for name in wanted]
-  raise FileNotFoundError(
-    f"WebShop data folder {data_dir!r} (or its data/) lacks {wanted}. Point data_dir at the folder "
-    "holding the original files (use_small=False reads items_shuffle.json / items_ins_v2.json), "
-    "or write generated ones with: python -m envs.webshop.generator --out DIR"
+  if not os.path.isdir(data_dir):
+    raise WebShopFilesMissingError(
+      f"WebShop data folder {data_dir!r}: no such folder. Fix: point data_dir at the folder "
+      "holding the original files, or write generated ones with: python -m "
+      "envs.webshop.generator --out DIR"
+    )
+  # The folder that has the most of them is the one meant: name only what it lacks.
+  folder = max(folders, key=lambda f: sum(os.path.isfile(os.path.join(f, n)) for n in wanted))
+  missing = [name for name in wanted if not os.path.isfile(os.path.join(folder, name))]
+  present = [name for name in wanted if name not in missing]
+  has = f" (it has {present})" if present else ""
+  settings = "use_small=True" if use_small else "use_small=False"
+  raise WebShopFilesMissingError(
+    f"WebShop data folder {folder!r} lacks {missing}{has}; with {settings}"
+    f"{', human_goals=True' if human_goals else ''} the run reads {wanted}. Fix: add the missing "
+    "file(s) (use_small=False reads items_shuffle.json / items_ins_v2.json, use_small=True the "
+    "_1000 files), point data_dir at the folder holding them, or write generated ones with: "
+    "python -m envs.webshop.generator --out DIR"
   )
+
+
+def _read_json(path: str, expected: type, what: str) -> Any:
+  """The JSON content of data file `path`, which must be a `expected` (list or dict) of `what`."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      value = json.load(f)
+  except json.JSONDecodeError as err:
+    raise WebShopDataError(
+      f"WebShop data file {path!r} is not valid JSON ({err.msg}: line {err.lineno}, column "
+      f"{err.colno}; the file has {os.path.getsize(path)} bytes): truncated or corrupted. "
+      f"{_DATA_FIX}"
+    ) from None
+  except UnicodeDecodeError as err:
+    raise WebShopDataError(f"WebShop data file {path!r} is not UTF-8 text ({err}). {_DATA_FIX}")
+  if not isinstance(value, expected):
+    raise WebShopDataError(
+      f"WebShop data file {path!r} holds a JSON {type(value).__name__}; the loader expects a "
+      f"JSON {expected.__name__} of {what}. Is it the right file? {_DATA_FIX}"
+    )
+  return value
 
 
 def read_data_files(
@@ -119,13 +175,10 @@ def read_data_files(
 ) -> tuple[list[dict], dict, dict | None]:
   """(raw products, attributes by asin, human instructions by asin or None) from a data folder."""
   paths = find_data_files(data_dir, use_small, human_goals)
-  loaded = []
-  for path in paths:
-    with open(path) as f:
-      loaded.append(json.load(f))
-  if not isinstance(loaded[0], list):
-    raise TypeError(f"{paths[0]} must hold a JSON list of products, got {type(loaded[0]).__name__}")
-  return loaded[0], loaded[1], (loaded[2] if human_goals else None)
+  products = _read_json(paths[0], list, "product records")
+  attributes = _read_json(paths[1], dict, "{asin: attribute record}")
+  human = _read_json(paths[2], dict, "{asin: [instruction, ...]}") if human_goals else None
+  return products, attributes, human
 
 
 def _parse_pricing(asin: str, pricing: Any) -> tuple[list[float], str]:
@@ -151,58 +204,91 @@ def clean_products(
   human_instructions: Mapping[str, Any] | None = None,
   human_goals: bool = False,
   num_products: int | None = None,
+  source: str = "",
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]], dict[str, set[str]]]:
   """(products, {asin: product}, {attribute: asins}) cleaned as the original loader.
 
-  The raw records are copied, not modified.
+  The raw records are copied, not modified. A record without a field the loader reads (or of
+  the wrong shape) is a `WebShopDataError` naming `source` (the data folder), the record and the
+  field.
   """
   if num_products is not None:
     raw_products = raw_products[:num_products]
   seen: set[str] = set()
   products = []
-  for raw in raw_products:
-    asin = raw["asin"]
-    if asin == "nan" or len(asin) > 10 or asin in seen:
-      continue
-    seen.add(asin)
-    product = {k: v for k, v in raw.items() if k not in _DROPPED_KEYS}
-    product["Title"] = raw["name"]
-    product["Description"] = raw["full_description"]
-    product["Reviews"] = []
-    product["Rating"] = "N.A."
-    bullets = raw["small_description"]
-    product["BulletPoints"] = bullets if isinstance(bullets, list) else [bullets]
-    product["pricing"], product["Price"] = _parse_pricing(asin, raw.get("pricing"))
-    options: dict[str, list[str]] = {}
-    option_to_image: dict[str, Any] = {}
-    for name, contents in (raw.get("customization_options") or {}).items():
-      if contents is None:
-        continue
-      values = []
-      for content in contents:
-        value = content["value"].strip().replace("/", " | ").lower()
-        values.append(value)
-        option_to_image[value] = content.get("image")
-      options[name.lower()] = values
-    product["options"] = options
-    product["option_to_image"] = option_to_image
-    record = attributes.get(asin) or {}
-    product["Attributes"] = record.get("attributes", [DUMMY_ATTRIBUTE])
-    if human_goals:
-      if human_instructions is not None and asin in human_instructions:
-        product["instructions"] = human_instructions[asin]
-    else:
-      product["instruction_text"] = record.get("instruction")
-      product["instruction_attributes"] = record.get("instruction_attributes")
-    images = raw.get("images") or [None]
-    product["MainImage"] = images[0]
-    product["query"] = raw["query"].lower().strip()
-    products.append(product)
+  for number, raw in enumerate(raw_products):
+    try:
+      product = _clean_product(raw, seen, attributes, human_instructions, human_goals)
+    except (KeyError, TypeError, AttributeError) as err:
+      what = (
+        f"lacks the field {err.args[0]!r} (a product record needs {list(PRODUCT_FIELDS)})"
+        if isinstance(err, KeyError)
+        else f"is malformed ({err})"
+      )
+      asin = raw.get("asin", "?") if isinstance(raw, Mapping) else "?"
+      where = f" in {source!r}" if source else ""
+      raise WebShopDataError(
+        f"WebShop product record #{number} (asin {asin!r}){where} {what}. {_DATA_FIX}"
+      ) from err
+    if product is not None:
+      products.append(product)
   attribute_to_asins: dict[str, set[str]] = defaultdict(set)
   for product in products:
     for attribute in product["Attributes"]:
       attribute_to_asins[attribute].add(product["asin"])
   return products, {p["asin"]: p for p in products}, dict(attribute_to_asins)
+
+
+def _clean_product(
+  raw: Mapping[str, Any],
+  seen: set[str],
+  attributes: Mapping[str, Mapping[str, Any]],
+  human_instructions: Mapping[str, Any] | None,
+  human_goals: bool,
+) -> dict[str, Any] | None:
+  """One raw record cleaned (None: skipped, as the original skips it)."""
+  asin = raw["asin"]
+  if asin == "nan" or len(asin) > 10 or asin in seen:
+    return None
+  seen.add(asin)
+  product = {k: v for k, v in raw.items() if k not in _DROPPED_KEYS}
+  product["Title"] = raw["name"]
+  product["Description"] = raw["full_description"]
+  product["Reviews"] = []
+  product["Rating"] = "N.A."
+  bullets = raw["small_description"]
+  product["BulletPoints"] = bullets if isinstance(bullets, list) else [bullets]
+  product["pricing"], product["Price"] = _parse_pricing(asin, raw.get("pricing"))
+  options: dict[str, list[str]] = {}
+  option_to_image: dict[str, Any] = {}
+  for name, contents in (raw.get("customization_options") or {}).items():
+    if contents is None:
+      continue
+    values = []
+    for content in contents:
+      value = content["value"].strip().replace("/", " | ").lower()
+      values.append(value)
+      option_to_image[value] = content.get("image")
+    options[name.lower()] = values
+  product["options"] = options
+  product["option_to_image"] = option_to_image
+  record = attributes.get(asin) or {}
+  if not isinstance(record, Mapping):
+    raise TypeError(
+      f"its record in the attributes file is a {type(record).__name__}, not a dict with "
+      "'attributes', 'instruction', 'instruction_attributes'"
+    )
+  product["Attributes"] = record.get("attributes", [DUMMY_ATTRIBUTE])
+  if human_goals:
+    if human_instructions is not None and asin in human_instructions:
+      product["instructions"] = human_instructions[asin]
+  else:
+    product["instruction_text"] = record.get("instruction")
+    product["instruction_attributes"] = record.get("instruction_attributes")
+  images = raw.get("images") or [None]
+  product["MainImage"] = images[0]
+  product["query"] = raw["query"].lower().strip()
+  return product
 
 
 def generate_product_prices(
@@ -319,13 +405,24 @@ def build_catalogue(
   if human_goals and human_instructions is None:
     raise ValueError("human_goals=True needs the human instructions (items_human_ins.json)")
   products, by_asin, attribute_to_asins = clean_products(
-    raw_products, attributes, human_instructions, human_goals, num_products
+    raw_products, attributes, human_instructions, human_goals, num_products, source
   )
   if not products:
     raise ValueError(f"no usable products in {source or 'the given records'}")
   rng = random.Random(data_seed)
   prices = generate_product_prices(products, rng)
-  goals = (get_human_goals if human_goals else get_synthetic_goals)(products, prices, rng)
+  try:
+    goals = (get_human_goals if human_goals else get_synthetic_goals)(products, prices, rng)
+  except (KeyError, TypeError, AttributeError) as err:
+    what = (
+      f"lacks the field {err.args[0]!r}" if isinstance(err, KeyError) else f"is malformed ({err})"
+    )
+    kind = "human instruction" if human_goals else "product"
+    raise WebShopDataError(
+      f"WebShop data{f' in {source!r}' if source else ''}: a {kind} record {what} (products "
+      f"need {list(GOAL_FIELDS)} for their goals; human instructions 'instruction', "
+      f"'instruction_attributes', 'instruction_options'). {_DATA_FIX}"
+    ) from err
   if not goals:
     raise ValueError(
       f"no goals in {source or 'the given records'}: no product has an instruction with attributes"

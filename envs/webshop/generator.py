@@ -32,6 +32,7 @@ import re
 import string
 from typing import Any
 
+from envs.errors import add_verbosity_argument, exit_on_env_error
 from envs.webshop.data import DEFAULT_DATA_SEED, Catalogue, build_catalogue, data_file_names
 from envs.webshop.fuzz import token_set_ratio
 from envs.webshop.normalize import normalize_color
@@ -801,11 +802,13 @@ def write_files(out_dir: str, num_products: int = DEFAULT_NUM_PRODUCTS, seed: in
   return paths
 
 
+@exit_on_env_error
 def main(argv: list[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--out", required=True, help="folder to write the JSON files into")
   parser.add_argument("--num-products", type=int, default=DEFAULT_NUM_PRODUCTS)
   parser.add_argument("--seed", type=int, default=0)
+  add_verbosity_argument(parser)
   args = parser.parse_args(argv)
   for path in write_files(args.out, args.num_products, args.seed):
     print(path)

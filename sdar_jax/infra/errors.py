@@ -2,9 +2,10 @@
 
 A `UserError`'s message names what is wrong (the file or the config key), the bad value and the
 fix. The commands (`python -m sdar_jax.train`, `.evaluate`, `.aot`, `.compare`, the tools) run
-their `main` through `exit_on_user_error`: such an error prints one line block on stderr and
-exits with status 2; its traceback is shown only with `--verbosity=1` or more. Any other exception
-is a bug and keeps its traceback.
+their `main` through `exit_on_user_error`: such an error prints one message on stderr (headed by
+the class's `heading`, e.g. "Invalid config: ...") and exits with status 2; its traceback is shown
+only with `--verbosity=1` or more (absl's flag; the argparse commands take the same flag). Any
+other exception is a bug and keeps its traceback.
 
 The environments (envs/, which imports nothing of sdar_jax) have their own base,
 `envs.errors.EnvInputError`; a command passes it in `extra_types`.
@@ -32,6 +33,46 @@ _USER_ERRNOS = {
 class UserError(Exception):
   """A bad input the user can fix. The message names the file or key, the value and the fix."""
 
+  heading = "error"  # what the printed message starts with
+
+
+class MissingExtraError(UserError, ImportError):
+  """A feature the run asks for needs an optional extra of the project that is not installed."""
+
+  heading = "Missing package"
+
+
+def install_extra_hint(extra: str) -> str:
+  """How to install the project's optional extra `extra` (its pinned packages, pyproject.toml)."""
+  return f'pip install -e ".[{extra}]" (from the project\'s folder)'
+
+
+def argv_verbosity(argv: Sequence[str] | None = None) -> int:
+  """The value of `--verbosity=N` / `-v N` in `argv` (default sys.argv), 0 when absent."""
+  args = list(sys.argv if argv is None else argv)
+  level = 0
+  for i, arg in enumerate(args):
+    value = None
+    for name in ("--verbosity", "-verbosity", "-v"):
+      if arg.startswith(name + "="):
+        value = arg.split("=", 1)[1]
+      elif arg == name and i + 1 < len(args):
+        value = args[i + 1]
+    if value is not None:
+      try:
+        level = int(value)
+      except ValueError:
+        pass
+  return level
+
+
+def add_verbosity_argument(parser: Any) -> None:
+  """Gives an argparse command the `--verbosity` flag the absl commands have (1: the traceback of
+  a user error too)."""
+  parser.add_argument(
+    "--verbosity", type=int, default=0, help="1 or more: also print a user error's traceback"
+  )
+
 
 def user_error_message(err: BaseException) -> str | None:
   """The one-block message for `err` when it is the user's to fix (a `UserError`, or an
@@ -39,18 +80,22 @@ def user_error_message(err: BaseException) -> str | None:
   if isinstance(err, OSError) and not isinstance(err, UserError) and err.errno in _USER_ERRNOS:
     where = f" ({err.filename})" if err.filename else ""
     return f"error: {err.strerror or err}{where}: {_USER_ERRNOS[err.errno]}."
-  return f"error: {err}"
+  return f"{getattr(err, 'heading', 'error')}: {err}"
 
 
 def exit_on_user_error(
-  main: Callable[..., Any],
+  main: Callable[..., Any] | None = None,
   *,
   extra_types: Sequence[type[BaseException]] = (),
   verbosity: Callable[[], int] | None = None,
 ) -> Callable[..., Any]:
   """`main` wrapped: a user error (a `UserError`, one of `extra_types`, or an `OSError` of the
   kinds above, raised anywhere below) prints its message to stderr and exits with status 2. With
-  `verbosity() >= 1` (absl's `--verbosity`, by default) the traceback is printed first."""
+  `verbosity() >= 1` (by default absl's `--verbosity` once parsed, else `--verbosity` in
+  sys.argv) the traceback is printed first. Also a decorator: `@exit_on_user_error` or
+  `@exit_on_user_error(extra_types=(...))`."""
+  if main is None:
+    return functools.partial(exit_on_user_error, extra_types=extra_types, verbosity=verbosity)
   types = (UserError, OSError, *extra_types)
 
   def current_verbosity() -> int:
@@ -59,9 +104,11 @@ def exit_on_user_error(
     try:
       from absl import flags
 
-      return int(flags.FLAGS.verbosity) if flags.FLAGS.is_parsed() else 0
-    except Exception:  # noqa: BLE001 - absl missing or not set up: no traceback
-      return 0
+      if flags.FLAGS.is_parsed():
+        return int(flags.FLAGS.verbosity)
+    except Exception:  # noqa: BLE001 - absl missing or not set up: read the command line
+      pass
+    return argv_verbosity()
 
   @functools.wraps(main)
   def wrapped(*args: Any, **kwargs: Any) -> Any:

@@ -32,10 +32,13 @@ from typing import IO
 import jax
 from etils import epath
 
+from sdar_jax.infra.errors import MissingExtraError, UserError, install_extra_hint
+
 __all__ = [
   "LocalMirror",
   "append_text",
   "check_remote_workdir",
+  "check_writable_folder",
   "copy_file",
   "exists",
   "getmtime",
@@ -69,6 +72,8 @@ EXTRA_MODULES: dict[str, tuple[tuple[str, str], ...]] = {
   "gs": (("google.cloud.storage", "google-cloud-storage"),),
 }
 _FSSPEC_PACKAGES = {"gs": "gcsfs"}
+# The project's optional extra (pyproject.toml) that installs a scheme's packages, pinned.
+SCHEME_EXTRAS = {"gs": "gcs"}
 # The file of an uploaded directory written last: its presence marks the upload complete.
 COMPLETION_MARKER = "config.json"
 
@@ -118,12 +123,13 @@ def _epath(path: str | os.PathLike) -> epath.Path:
 
 def check_remote_workdir(path: str | os.PathLike, what: str = "workdir") -> None:
   """Refuses a remote path a run cannot write to, before anything is written: a scheme other
-  than gs://, or a missing package (gcsfs, google-cloud-storage). A local path passes."""
+  than gs:// (`UnsupportedPathError`), or a missing package (gcsfs, google-cloud-storage:
+  `MissingExtraError`, naming the project's extra that installs them). A local path passes."""
   name = scheme(path)
   if name is None:
     return
   if name not in SUPPORTED_SCHEMES:
-    raise ValueError(
+    raise UnsupportedPathError(
       f"{what}={os.fspath(path)!r}: remote {name}:// paths are not supported (orbax writes "
       f"checkpoint arrays through TensorStore with a remote driver for "
       f"{', '.join(s + '://' for s in SUPPORTED_SCHEMES)} only). Fix: use a gs:// path, a local "
@@ -135,15 +141,62 @@ def check_remote_workdir(path: str | os.PathLike, what: str = "workdir") -> None
     fsspec.get_filesystem_class(name)
   except (ImportError, ValueError) as e:
     package = _FSSPEC_PACKAGES.get(name, f"the fsspec filesystem for {name}://")
-    raise ImportError(
-      f"{what}={os.fspath(path)!r} needs {package} ({e}). Fix: pip install {package}."
+    raise MissingExtraError(
+      f"{what}={os.fspath(path)!r} needs {package}, which is not installed ({e}). "
+      f"Fix: {_extra_fix(name)}."
     ) from None
   for module, package in EXTRA_MODULES.get(name, ()):
     if not _module_exists(module):
-      raise ImportError(
+      raise MissingExtraError(
         f"{what}={os.fspath(path)!r} needs {package} (orbax uses it for {name}:// checkpoint "
-        f"directories). Fix: pip install {package}."
+        f"directories), which is not installed. Fix: {_extra_fix(name)}."
       )
+
+
+def _extra_fix(name: str) -> str:
+  extra = SCHEME_EXTRAS[name]
+  return f"{install_extra_hint(extra)}, the {extra} extra: its pinned packages for {name}:// paths"
+
+
+class UnsupportedPathError(UserError, ValueError):
+  """A remote path whose scheme a run cannot write to."""
+
+  heading = "Unsupported path"
+
+
+class UnwritableFolderError(UserError, PermissionError):
+  """A local folder a command must write into (a workdir, checkpoint.dir) that it cannot."""
+
+  heading = "Cannot write"
+
+
+def check_writable_folder(path: str | os.PathLike, what: str = "workdir") -> None:
+  """Refuses, before anything is written or compiled, a folder a command could not write into: a
+  remote one whose packages are missing (`check_remote_workdir`), or a local one that is a file,
+  lies under a file, or whose nearest existing folder (itself, else the parent it would be made
+  in) takes no new file (read-only mount, missing rights). Nothing is left behind: the probe is an
+  unnamed temporary file."""
+  if is_remote(path):
+    check_remote_workdir(path, what)
+    return
+  folder = resolve(path)
+  probe = folder
+  while not os.path.exists(probe):
+    probe = os.path.dirname(probe)
+  if not os.path.isdir(probe):
+    raise UnwritableFolderError(
+      f"{what}={os.fspath(path)!r}: {probe} is a file, not a folder. Fix: point {what} at a "
+      "folder (a new one, or one that exists), not at a file or a path under one."
+    )
+  try:
+    with tempfile.TemporaryFile(dir=probe):
+      pass
+  except OSError as e:
+    made = "" if probe == folder else f" (it would be made in {probe})"
+    raise UnwritableFolderError(
+      f"{what}={os.fspath(path)!r}{made}: cannot write there ({e.strerror or e}). Fix: pass a "
+      "folder on a writable disk that you may write to, or fix the folder's rights."
+    ) from e
 
 
 def _module_exists(module: str) -> bool:

@@ -19,8 +19,22 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from sdar_jax.infra.errors import UserError
+
 FAMILIES = ("qwen2", "qwen3")
 DTYPES = ("float32", "bfloat16", "float16")
+_CONFIG_FIX = (
+  "Fix: copy the model's config.json again from its source (e.g. the Hugging Face repository), "
+  "or point model.path at a complete model folder"
+)
+
+
+class ModelConfigFileError(UserError, ValueError):
+  """A model's config.json that cannot be read: not JSON, or lacking a field the model needs."""
+
+  heading = "Bad model config"
+
+
 # How a whole sequence attends to itself (models/attention.py `attention_implementation`): "auto"
 # picks by backend; "xla" builds the T x T scores; "chunked" is an online softmax over key blocks;
 # "cudnn" is cuDNN's fused kernel (GPU, bf16/fp16); "splash" is Pallas splash attention (TPU).
@@ -197,7 +211,10 @@ class ModelConfig:
   # ----------------------------------------------------------------------------- HF config.json
   @classmethod
   def from_hf_config(cls, hf: dict[str, Any] | str | os.PathLike, **overrides) -> "ModelConfig":
-    """Reads a Hugging Face config.json (dict, file, or model directory) of Qwen2/2.5/3."""
+    """Reads a Hugging Face config.json (dict, file, or model directory) of Qwen2/2.5/3. A file
+    that is not a JSON object, or lacks a field or holds a bad value, is a `ModelConfigFileError`
+    naming the file; an unsupported option a NotImplementedError naming it."""
+    source = "the config.json dict"
     if not isinstance(hf, dict):
       path = os.fspath(hf)
       if os.path.isdir(path):
@@ -206,8 +223,37 @@ class ModelConfig:
         raise FileNotFoundError(
           f"No config.json at {path!r}: point at a Hugging Face model directory."
         )
-      with open(path) as f:
-        hf = json.load(f)
+      source = path
+      try:
+        with open(path, encoding="utf-8") as f:
+          hf = json.load(f)
+      except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        where = f"{e.msg}: line {e.lineno}, column {e.colno}" if hasattr(e, "lineno") else str(e)
+        raise ModelConfigFileError(
+          f"model config {path!r} is not valid JSON ({where}; the file has "
+          f"{os.path.getsize(path)} bytes). {_CONFIG_FIX}"
+        ) from None
+      if not isinstance(hf, dict):
+        raise ModelConfigFileError(
+          f"model config {path!r} holds a JSON {type(hf).__name__}, not an object. {_CONFIG_FIX}"
+        )
+    try:
+      return cls._from_hf_dict(hf, overrides)
+    except KeyError as e:
+      raise ModelConfigFileError(
+        f"model config {source!r} lacks the field {e.args[0]!r}. {_CONFIG_FIX}"
+      ) from None
+    except NotImplementedError as e:
+      raise NotImplementedError(f"model config {source!r}: {e}") from None
+    except TypeError as e:  # a field of the wrong type (a list where a number belongs)
+      raise ModelConfigFileError(f"model config {source!r}: {e}. {_CONFIG_FIX}") from None
+    except ValueError as e:  # an unsupported model, or a field that is no number
+      text = str(e).rstrip(".")
+      fix = "" if "support" in text or "Fix" in text else f" {_CONFIG_FIX}"
+      raise ModelConfigFileError(f"model config {source!r}: {text}.{fix}") from None
+
+  @classmethod
+  def _from_hf_dict(cls, hf: dict[str, Any], overrides: dict[str, Any]) -> "ModelConfig":
     family = _family_of(hf)
     if hf.get("hidden_act", "silu") != "silu":
       raise ValueError(

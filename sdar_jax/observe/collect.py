@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from sdar_jax.infra import paths
+from sdar_jax.infra.errors import UserError
 from sdar_jax.observe.compare import paired_arms
 from sdar_jax.observe.metrics import read_history
 
@@ -369,7 +370,7 @@ def plot_sweep(runs: Sequence[RunRecord], out_path: str) -> str | None:
   return out_path
 
 
-class ReportShrinkError(FileExistsError):
+class ReportShrinkError(UserError, FileExistsError):
   """A report would be replaced by one built from fewer finished runs than it holds."""
 
 

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from sdar_jax.infra import paths
+from sdar_jax.infra.errors import UserError
 from sdar_jax.observe import stats
 from sdar_jax.observe.metrics import read_history
 from sdar_jax.observe.transcripts import (
@@ -53,8 +54,10 @@ AVERAGING = {
 }
 
 
-class CompareError(ValueError):
+class CompareError(UserError, ValueError):
   """A run folder that cannot be compared; the message names the fix."""
+
+  heading = "Cannot compare"
 
 
 def _read_json(path: str) -> dict[str, Any]:

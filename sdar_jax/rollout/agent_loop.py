@@ -42,6 +42,7 @@ from envs.base import EnvAdapter, EpisodeView
 from sdar_jax.core.sampling import GenerationResult, Sampler, SamplingParams
 from sdar_jax.infra import multihost
 from sdar_jax.infra.console import show_progress_bars
+from sdar_jax.infra.errors import UserError
 from sdar_jax.rollout.trajectory import Episode, RolloutTimings, Turn
 from sdar_jax.text.chat_templates import ChatTemplate
 from sdar_jax.text.tokenizer import Tokenizer
@@ -75,8 +76,10 @@ def split_halves(group_ids: Sequence[int]) -> list[list[int]]:
   return [list(range(cut)), list(range(cut, n))]
 
 
-class PromptTooLongError(ValueError):
-  pass
+class PromptTooLongError(UserError, ValueError):
+  """A prompt longer than rollout.max_prompt_len with rollout.prompt_truncation='error'."""
+
+  heading = "Prompt too long"
 
 
 class AgentLoop:
@@ -187,6 +190,25 @@ class AgentLoop:
       f"{self.max_prompt_len}. Raise --config.rollout.max_prompt_len, shorten env.history, or set "
       f"--config.rollout.prompt_truncation=left to keep the last tokens."
     )
+
+  def check_first_prompt(self, task: int, where: str) -> str | None:
+    """Resets env 0 of the pool on `task` and builds its first turn's prompts, the shortest a
+    rollout of it sends: with rollout.prompt_truncation='error' a prompt over
+    rollout.max_prompt_len is a `PromptTooLongError` now, before anything is compiled, rather
+    than at the first rollout or evaluation. Returns the env's error when the reset failed (the
+    rollout reports such failures; the caller decides), else None. Nothing is counted: no
+    truncated prompt, no draw of the retriever's shared random state."""
+    result = self.pool.reset([int(task)], [0])[0]
+    views: list[EpisodeView | None] = [None]
+    self._record_env_result(
+      Episode(env_index=0, task_id=int(task), group_id=0), views, 0, result, True
+    )
+    if views[0] is None:
+      return str(result.info.get("env_error", "env failed"))
+    truncated = self.truncated_prompts
+    self._build_prompts(views[0], sample_id=f"start-check:{task}", where=where)
+    self.truncated_prompts = truncated
+    return None
 
   def build_prompts(
     self, view: EpisodeView, sample_id: Any, where: str

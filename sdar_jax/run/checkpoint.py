@@ -30,10 +30,13 @@ checkpoints without creating, cleaning or deleting anything in its directory.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import json
 import logging
 import os
+import sys
 import time
 from typing import Any, Mapping
 
@@ -48,6 +51,7 @@ import sdar_jax
 from sdar_jax.core import sharding as sharding_lib
 from sdar_jax.core.train_state import TrainState, init_train_state, train_state_shardings
 from sdar_jax.infra import paths
+from sdar_jax.infra.errors import UserError
 from sdar_jax.models import ModelConfig, param_shapes, save_pretrained
 from sdar_jax.models.hf_io import NonFiniteWeightsError, first_non_finite
 
@@ -81,6 +85,114 @@ class _DropReadOnlyNotice(logging.Filter):
 
 
 _READ_ONLY_NOTICE = _DropReadOnlyNotice()
+
+# How TensorStore words the OS errors a write can meet (in a ValueError: "... No space left on
+# device [os_error_code='28']"), by errno.
+_WRITE_ERRNOS = {
+  errno.ENOSPC: ("No space left on device", "os_error_code='28'"),
+  errno.EDQUOT: ("Disk quota exceeded", "os_error_code='122'"),
+  errno.EACCES: ("Permission denied", "os_error_code='13'"),
+  errno.EROFS: ("Read-only file system", "os_error_code='30'"),
+}
+_WRITE_FIX = {
+  errno.ENOSPC: "free space on that disk, or point --workdir (or checkpoint.dir) at a disk with room",
+  errno.EDQUOT: "free space within your quota, or point --workdir (or checkpoint.dir) elsewhere",
+  errno.EACCES: "fix the folder's rights, or point --workdir (or checkpoint.dir) elsewhere",
+  errno.EROFS: "point --workdir (or checkpoint.dir) at a writable disk",
+}
+
+
+class CheckpointWriteError(UserError, OSError):
+  """A checkpoint that could not be written: a full disk, an exhausted quota, missing rights."""
+
+  heading = "Checkpoint not written"
+
+  def __str__(self) -> str:
+    return str(self.strerror)
+
+
+def write_errno(err: BaseException) -> int | None:
+  """The errno of a failed checkpoint write when it is the user's to fix (an `OSError` with it,
+  or TensorStore's ValueError naming it, anywhere in the exception's chain); else None."""
+  seen = set()
+  while err is not None and id(err) not in seen:
+    seen.add(id(err))
+    if isinstance(err, OSError) and err.errno in _WRITE_ERRNOS:
+      return err.errno
+    text = str(err)
+    for code, marks in _WRITE_ERRNOS.items():
+      if any(mark in text for mark in marks):
+        return code
+    err = err.__cause__ or err.__context__
+  return None
+
+
+class _QuietWriteFailures(logging.Filter):
+  """A checkpoint write that fails for a user's reason (a full disk) is logged by each of
+  orbax's writer threads, with its traceback (hundreds of lines), before the save raises it in
+  the run's thread: the `CheckpointWriteError` says it once, so those records are dropped."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    try:
+      message = record.getMessage()
+    except Exception:  # noqa: BLE001 - a malformed record: keep it
+      return True
+    return not any(mark in message for marks in _WRITE_ERRNOS.values() for mark in marks)
+
+
+_QUIET = _QuietWriteFailures()
+
+
+# What TensorStore's leftover writes print after one of them failed (see below).
+_NOISE_TEXTS = (
+  "Event loop is closed",
+  "sys.meta_path is None, Python is likely shutting down",
+)
+
+
+@contextlib.contextmanager
+def _quiet_failed_write_noise() -> Any:
+  """While a save runs: when one of its writes fails (a full disk), TensorStore's other pending
+  writes report into the writer's closed event loop, each printing a traceback ("Event loop is
+  closed", and at interpreter exit "sys.meta_path is None"). Hooks that drop exactly those
+  reports; left in place when the save failed (the run stops), removed after a good save."""
+  previous_unraisable, previous_except = sys.unraisablehook, sys.excepthook
+
+  def unraisable(info):
+    if str(info.exc_value) not in _NOISE_TEXTS:
+      previous_unraisable(info)
+
+  def excepthook(kind, value, tb):
+    if not (issubclass(kind, (RuntimeError, ImportError)) and str(value) in _NOISE_TEXTS):
+      previous_except(kind, value, tb)
+
+  sys.unraisablehook, sys.excepthook = unraisable, excepthook
+  yield
+  if sys.unraisablehook is unraisable and sys.excepthook is excepthook:
+    sys.unraisablehook, sys.excepthook = previous_unraisable, previous_except
+
+
+def _write_failure(
+  err: BaseException, directory: str, step: int | None
+) -> CheckpointWriteError | None:
+  code = write_errno(err)
+  if code is None:
+    return None
+  free = ""
+  if not paths.is_remote(directory):
+    probe = directory
+    while probe and not os.path.exists(probe):
+      probe = os.path.dirname(probe)
+    with contextlib.suppress(OSError):
+      stats = os.statvfs(probe)
+      free = f"; {stats.f_bavail * stats.f_frsize / 2**20:.1f} MiB free there"
+  reason = _WRITE_ERRNOS[code][0]
+  return CheckpointWriteError(
+    code,
+    f"{'the pending checkpoint' if step is None else f'checkpoint {step}'} could not be written to {directory} ({reason}{free}). The run stopped; "
+    f"the checkpoints written before it are intact and the run resumes from the latest. Fix: "
+    f"{_WRITE_FIX[code]}, then run the same command again.",
+  )
 
 
 def model_config_mismatches(
@@ -170,6 +282,7 @@ class CheckpointManager:
     # A URL (gs://...) stays a URL: orbax reaches it through epath and TensorStore.
     self.directory = paths.resolve(directory)
     self.read_only = read_only
+    logging.getLogger("absl").addFilter(_QUIET)  # idempotent
     if read_only:
       logging.getLogger("absl").addFilter(_READ_ONLY_NOTICE)  # idempotent
       options = ocp.CheckpointManagerOptions(
@@ -221,7 +334,14 @@ class CheckpointManager:
       meta=ocp.args.JsonSave(meta),
       extra=ocp.args.JsonSave(_json_safe(dict(extra or {}), "extra")),
     )
-    return bool(self._manager.save(step, args=args, force=force))
+    try:
+      with _quiet_failed_write_noise():
+        return bool(self._manager.save(step, args=args, force=force))
+    except Exception as err:
+      failure = _write_failure(err, self.directory, step)
+      if failure is None:
+        raise
+      raise failure from err
 
   # ------------------------------------------------------------------------------------ query
   def all_steps(self) -> list[int]:
@@ -388,7 +508,14 @@ class CheckpointManager:
   # ------------------------------------------------------------------------------------ lifecycle
   def wait_until_finished(self) -> None:
     """Blocks until a pending asynchronous save is committed."""
-    self._manager.wait_until_finished()
+    try:
+      with _quiet_failed_write_noise():
+        self._manager.wait_until_finished()
+    except Exception as err:
+      failure = _write_failure(err, self.directory, None)
+      if failure is None:
+        raise
+      raise failure from err
 
   def close(self) -> None:
     self._manager.close()

@@ -12,13 +12,16 @@ import time
 from typing import Any
 
 from sdar_jax.infra import paths
+from sdar_jax.infra.errors import UserError
 from sdar_jax.run.checkpoint import CheckpointManager
 
 EVAL_RECORD = "evaluation.json"  # written by an evaluation into its output directory
 
 
-class EvaluationError(ValueError):
+class EvaluationError(UserError, ValueError):
   """The workdir / step / output combination cannot be evaluated; the message says the fix."""
+
+  heading = "Cannot evaluate"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,6 +22,7 @@ from envs.skills.retrieval import check_teacher_blocks
 from sdar_jax.core import sharding
 from sdar_jax.core.sampling import Sampler, SamplingParams
 from sdar_jax.infra import multihost
+from sdar_jax.infra.errors import UserError
 from sdar_jax.models import ModelConfig, init_params, load_pretrained
 from sdar_jax.observe import wandb_log
 from sdar_jax.rollout import AgentLoop, validation_tasks
@@ -30,8 +31,16 @@ from sdar_jax.text.chat_templates import ChatTemplate, resolve_chat_template
 from sdar_jax.text.tokenizer import Tokenizer
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
   """A run config that cannot work; the message lists every problem found."""
+
+  heading = "Invalid config"
+
+
+class UnknownConfigKeyError(ConfigError):
+  """A `--config.<path>` override naming a key the config does not have."""
+
+  heading = "Unknown config key(s)"
 
 
 def model_config_from(config: Any) -> ModelConfig:

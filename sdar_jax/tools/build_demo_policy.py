@@ -37,6 +37,9 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from envs.errors import EnvInputError
+from sdar_jax.infra.errors import add_verbosity_argument, exit_on_user_error
+
 DEFAULT_OUT_DIR = "runs/demo_policy"
 BUILD_LOG = "build_log.json"
 # The build's differences from configs/default.py (the demo itself plays look-at-in-light only, up to
@@ -216,6 +219,7 @@ def _parse_set(values: Sequence[str]) -> dict:
   return overrides
 
 
+@exit_on_user_error(extra_types=(EnvInputError,))
 def main(argv: Sequence[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--out", default=DEFAULT_OUT_DIR, help="policy folder to (re)write")
@@ -224,6 +228,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   parser.add_argument("--init", default=None, help="continue from this policy folder")
   parser.add_argument("--seed", type=int, default=0, help="train.seed of the first stage")
   parser.add_argument("--set", action="append", default=[], help="KEY=VALUE config override")
+  add_verbosity_argument(parser)
   args = parser.parse_args(argv)
   metrics = build(
     args.out,
