@@ -82,7 +82,7 @@ def main(argv: Sequence[str]) -> None:
 
     multihost.initialize()
   config = FLAGS.config
-  validate(config)  # a ConfigError: one message, exit status 2
+  model_config = validate(config)  # a ConfigError: one message, exit status 2
   print(config)
   if FLAGS.workdir is None:
     if FLAGS.dry_run:
@@ -96,6 +96,9 @@ def main(argv: Sequence[str]) -> None:
   paths.check_writable_folder(plan.output, "--output" if FLAGS.output else "--workdir")
   log.info("%s", plan.describe())
   if FLAGS.dry_run:
+    from sdar_jax.run.setup import dry_run_prompt_check
+
+    dry_run_prompt_check(config, model_config, eval_only=True)  # truncation='error': too long?
     print(f"dry run: {plan.describe()}; nothing evaluated.")
     return
   if config.train.get("xla_cache_dir"):

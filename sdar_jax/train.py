@@ -252,7 +252,11 @@ def main(argv: Sequence[str]) -> None:
   print(config)
   mesh = make_mesh(dict(config.mesh))
   if flags.FLAGS.dry_run:
+    from sdar_jax.run.setup import dry_run_prompt_check
+
     print(_summary(config, model_config, mesh))
+    if dry_run_prompt_check(config, model_config):  # with rollout.prompt_truncation='error'
+      print("first prompts fit rollout.max_prompt_len.")
     print("dry run: config valid, nothing trained.")
     return
   if config.train.get("xla_cache_dir"):

@@ -99,8 +99,13 @@ def test_two_arms_are_paired_on_seeds_and_games(tmp_path):
 def test_cli_refuses_a_missing_folder_naming_the_fix(tmp_path, capsys):
   from sdar_jax.compare import main
 
-  assert main([str(tmp_path / "nowhere")]) == 2
-  assert "Fix: pass existing run folders" in capsys.readouterr().err
+  with pytest.raises(SystemExit) as exit_info:  # a user error: one message, status 2
+    main([str(tmp_path / "nowhere")])
+  assert exit_info.value.code == 2
+  assert "Cannot compare: " in (err := capsys.readouterr().err) and "Traceback" not in err
+  assert "Fix: pass existing run folders" in err
   os.makedirs(tmp_path / "empty")
-  assert main([str(tmp_path / "empty")]) == 2
+  with pytest.raises(SystemExit) as exit_info:
+    main([str(tmp_path / "empty")])
+  assert exit_info.value.code == 2
   assert "no config.json and metrics.jsonl" in capsys.readouterr().err

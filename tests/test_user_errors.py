@@ -368,3 +368,15 @@ def test_train_command_invalid_config_exits_2():
   assert out.returncode == 2, out.stderr[-3000:]
   assert "Invalid config: " in out.stderr and "train.micro_batch_size=3" in out.stderr
   assert "Traceback" not in out.stderr
+
+
+def test_train_dry_run_finds_a_first_prompt_over_max_prompt_len():
+  """rollout.prompt_truncation='error' (WebShop's config): --dry_run builds the env pools without a
+  sampler and checks the first prompts, so the run is refused before anything is compiled."""
+  out = _train(
+    "--config=configs/webshop.py:local=True", "--config.rollout.max_prompt_len=64", "--dry_run"
+  )
+  assert out.returncode == 2, out.stderr[-3000:]
+  last = out.stderr.strip().splitlines()[-1]
+  assert last.startswith("Prompt too long: at start: train task 0, first turn: the prompt has ")
+  assert "more than rollout.max_prompt_len=64" in last and "Traceback" not in out.stderr

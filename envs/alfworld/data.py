@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from envs import datasets
@@ -31,6 +32,7 @@ __all__ = [
   "dataset_dir",
   "game_files",
   "offline_dir",
+  "offline_games_ready",
   "read_walkthroughs",
   "split",
   "walkthrough_records",
@@ -56,6 +58,39 @@ def task_types(env_cfg: Any) -> tuple[str, ...]:
   return tuple(t for t in TASK_TYPES if t in chosen)  # canonical order: one cache folder per set
 
 
+def _cache_root_and_suffix(env_cfg: Any) -> tuple[str, str]:
+  """The game cache's root folder and the folder-name suffix of the rooms and task types."""
+  off, types = env_cfg.offline, task_types(env_cfg)
+  root = os.environ.get(
+    "SDAR_DATA_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "sdar_jax")
+  )
+  rooms = off.get("rooms", "full")
+  suffix = ("" if rooms == "full" else f"_{rooms}") + (
+    "" if types == TASK_TYPES else "_" + "-".join(SHORT_NAMES[t] for t in types)
+  )
+  return root, suffix
+
+
+def offline_games_ready(env_cfg: Any, split_names: Sequence[str]) -> bool:
+  """Whether the offline games of `split_names` (held-out panels included) are generated
+  already, so that `offline_dir` would only read them."""
+  off = env_cfg.offline
+  root, suffix = _cache_root_and_suffix(env_cfg)
+  for split_name in split_names:
+    if split_name in HELDOUT_SPLITS:
+      num, seed = int(off.get("num_heldout", 0) or 0), int(off.get("heldout_seed", 1))
+      out = os.path.join(root, f"alfworld_heldout_n{num}_s{seed}{suffix}")
+      markers = [f"COMPLETE_{HELDOUT_SPLITS[split_name]}"]
+    else:
+      out = os.path.join(
+        root, f"alfworld_offline_n{off.num_train}_e{off.num_eval}_s{off.seed}{suffix}"
+      )
+      markers = [f"COMPLETE_{split_name}", "COMPLETE"]  # COMPLETE: all three, older versions
+    if not any(os.path.exists(os.path.join(out, m)) for m in markers):
+      return False
+  return True
+
+
 def offline_dir(env_cfg: Any, split_name: str | None = None) -> str:
   """The folder of generated ALFWorld games for the ``env.offline`` settings and
   ``env.task_types``, under ``$SDAR_DATA_CACHE`` (default ~/.cache/sdar_jax). Each split is
@@ -64,13 +99,8 @@ def offline_dir(env_cfg: Any, split_name: str | None = None) -> str:
   A held-out panel (HELDOUT_SPLITS) has a folder of its own."""
   off = env_cfg.offline
   types = task_types(env_cfg)
-  root = os.environ.get(
-    "SDAR_DATA_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "sdar_jax")
-  )
   rooms = off.get("rooms", "full")
-  suffix = ("" if rooms == "full" else f"_{rooms}") + (
-    "" if types == TASK_TYPES else "_" + "-".join(SHORT_NAMES[t] for t in types)
-  )
+  root, suffix = _cache_root_and_suffix(env_cfg)
   if split_name in HELDOUT_SPLITS:
     return _heldout_dir(off, split_name, types, root, suffix)
   out = os.path.join(root, f"alfworld_offline_n{off.num_train}_e{off.num_eval}_s{off.seed}{suffix}")

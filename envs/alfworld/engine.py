@@ -50,7 +50,7 @@ def read_game_file(path: str) -> dict[str, Any]:
       data = json.load(f)
   except json.JSONDecodeError as err:
     raise GameFileError(
-      f"ALFWorld game file {path!r} is not valid JSON ({err.msg} at line {err.lineno}, column "
+      f"ALFWorld game file {path!r} is not valid JSON ({err.msg}: line {err.lineno}, column "
       f"{err.colno}; the file has {os.path.getsize(path)} bytes). {_FIX}"
     ) from err
   except UnicodeDecodeError as err:

@@ -409,3 +409,56 @@ def build_agent_loops(
     loops.close()
     raise
   return loops
+
+
+def check_first_prompts(loops: AgentLoops, config) -> None:
+  """The first turn's prompt of the first training task and of each validation split's first task
+  (in every eval mode: with skills the prompt is longer) against rollout.max_prompt_len, before
+  anything is compiled (`AgentLoop.check_first_prompt`): with rollout.prompt_truncation='error' a
+  first prompt that does not fit is a `PromptTooLongError` at start, not at the first rollout or
+  evaluation. Later turns add history, so a run that passes can still meet a longer prompt."""
+  checks = []
+  if loops.loop is not None and loops.train_games:
+    checks.append((loops.loop, 0, config.env.get("split", "train")))
+  for validation in loops.validations:
+    for _, loop in validation.loops:
+      checks.append((loop, validation.tasks[0], validation.split))
+  for loop, task, split in checks:
+    loop.check_first_prompt(task, where=f"at start: {split} task {task}, first turn")
+
+
+def dry_run_prompt_check(config, model_config: ModelConfig, eval_only: bool = False) -> int:
+  """`check_first_prompts` for `--dry_run` when rollout.prompt_truncation='error': the run's env
+  pools and agent loops built without a sampler (nothing is compiled, no weights are read), the
+  first prompts checked, the pools closed. Returns how many loops were checked (0 with
+  truncation='left', where a long prompt is cut, not refused)."""
+  if config.rollout.prompt_truncation != "error":
+    return 0
+  env = config.env
+  if env.name == "alfworld" and not env.get("data_dir"):
+    from envs.alfworld.data import offline_games_ready
+
+    wanted = [env.get("split", "train"), *validation_splits(config.eval)]
+    if not offline_games_ready(env, wanted):  # generating them takes minutes: not in a dry run
+      print(
+        "first prompts not checked: the offline ALFWorld games are not generated yet (the run "
+        "generates them and checks its first prompts at start, before compiling)."
+      )
+      return 0
+  from sdar_jax.algos import AlgoConfig
+
+  with_teacher = not eval_only and AlgoConfig.from_config(config.algo).scores_teacher
+  loops = build_agent_loops(
+    config,
+    envs.env_family(config.env.name),
+    None,
+    build_tokenizer(config.model),
+    build_chat_template(config.model, model_config.family),
+    with_teacher=with_teacher,
+    eval_only=eval_only,
+  )
+  try:
+    check_first_prompts(loops, config)
+  finally:
+    loops.close()
+  return int(loops.loop is not None) + sum(len(v.loops) for v in loops.validations)

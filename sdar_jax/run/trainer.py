@@ -100,6 +100,7 @@ from sdar_jax.run.setup import (
   build_policy,
   build_retriever,
   build_tokenizer,
+  check_first_prompts,
   restore_policy,
 )
 from sdar_jax.run.warm_start import built_policy_metrics, warm_start_run
@@ -257,8 +258,8 @@ class Trainer:
     )
     self.pool, self.loop, self.train_games = loops.pool, loops.loop, loops.train_games
     self.validations = loops.validations  # per validation split: games, tasks, pool, loops
-    if config.rollout.prompt_truncation == "error":
-      self._check_first_prompts()
+    if config.rollout.prompt_truncation == "error":  # a first prompt too long: now, not later
+      check_first_prompts(loops, config)
     self.warm_start_metrics: dict[str, float] = {}
     self.ref_params = None
     self.state = None
@@ -787,21 +788,6 @@ class Trainer:
     return metrics
 
   # ---------------------------------------------------------------------------- run
-  def _check_first_prompts(self) -> None:
-    """With rollout.prompt_truncation='error': the first turn's prompt of the first training task
-    and of each validation split's first task against rollout.max_prompt_len, now, before
-    anything is compiled (`AgentLoop.check_first_prompt`); a first prompt that does not fit is a
-    `PromptTooLongError` at start instead of at the first rollout or evaluation. Later turns add
-    history, so a run that passes can still meet a longer prompt later."""
-    checks = []
-    if self.loop is not None and self.train_games:
-      checks.append((self.loop, 0, self.config.env.get("split", "train")))
-    for validation in self.validations:
-      for _, loop in validation.loops:  # each eval mode: with skills, the prompt is longer
-        checks.append((loop, validation.tasks[0], validation.split))
-    for loop, task, split in checks:
-      loop.check_first_prompt(task, where=f"at start: {split} task {task}, first turn")
-
   def run(self) -> dict[str, float]:
     """Trains up to train.total_steps iterations (resuming from the latest checkpoint) and returns
     the last metrics row; an eval-only Trainer evaluates once instead."""
