@@ -9,10 +9,14 @@ r"""Training entry point.
 The config is validated before anything is built or written (sdar_jax.run.config_validation): an
 unknown `--config.*` key, an impossible value, a model without weight files (or with truncated
 ones) or an option that is not implemented yet exits with a message naming it, and the workdir is
-left untouched; `logging.wandb=True` without the wandb package exits with the extra to install.
-`--dry_run` validates (the same checks, weight files included), prints the resolved
-config, builds the mesh and the model's abstract train state (no memory), and exits. Otherwise the
-host loop `sdar_jax.run.trainer.run(config, workdir)` runs.
+left untouched; so does a workdir (checkpoint.dir, logging.dir) that cannot be written, and
+`logging.wandb=True` without the wandb package (it names the extra to install). Such user errors
+(sdar_jax.infra.errors) print one message and exit with status 2, the traceback only with
+`--verbosity=1`. `--dry_run` validates (the same checks, weight files and output folders
+included), prints the resolved config, builds the mesh and the model's abstract train state (no
+memory), checks the first prompts against rollout.max_prompt_len when
+rollout.prompt_truncation='error', and exits. Otherwise the host loop
+`sdar_jax.run.trainer.run(config, workdir)` runs.
 """
 
 from __future__ import annotations
