@@ -107,7 +107,8 @@ def _check_overrides(argv: Sequence[str]) -> None:
   if problems:
     from sdar_jax.run.setup import UnknownConfigKeyError
 
-    raise UnknownConfigKeyError("\n  " + "\n  ".join(problems))
+    lines = "\n  ".join(problems)
+    raise UnknownConfigKeyError(lines if len(problems) == 1 else "\n  " + lines)
 
 
 def _define_flags() -> None:

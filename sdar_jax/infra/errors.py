@@ -80,7 +80,8 @@ def user_error_message(err: BaseException) -> str | None:
   if isinstance(err, OSError) and not isinstance(err, UserError) and err.errno in _USER_ERRNOS:
     where = f" ({err.filename})" if err.filename else ""
     return f"error: {err.strerror or err}{where}: {_USER_ERRNOS[err.errno]}."
-  return f"{getattr(err, 'heading', 'error')}: {err}"
+  text = str(err)
+  return f"{getattr(err, 'heading', 'error')}:{'' if text.startswith(chr(10)) else ' '}{text}"
 
 
 def exit_on_user_error(

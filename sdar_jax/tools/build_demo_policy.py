@@ -38,7 +38,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from envs.errors import EnvInputError
-from sdar_jax.infra.errors import add_verbosity_argument, exit_on_user_error
+from sdar_jax.infra.errors import UserError, add_verbosity_argument, exit_on_user_error
 
 DEFAULT_OUT_DIR = "runs/demo_policy"
 BUILD_LOG = "build_log.json"
@@ -211,7 +211,7 @@ def _parse_set(values: Sequence[str]) -> dict:
   for item in values:
     key, sep, value = item.partition("=")
     if not sep or not key:
-      raise SystemExit(f"--set {item!r}: expected KEY=VALUE, e.g. --set env.offline.num_train=64")
+      raise UserError(f"--set {item!r}: expected KEY=VALUE, e.g. --set env.offline.num_train=64")
     try:
       overrides[key] = ast.literal_eval(value)
     except (ValueError, SyntaxError):
