@@ -165,11 +165,11 @@ def _iter_corpus_lines(path: str) -> Iterator[tuple[int, int, dict[str, Any]]]:
       try:
         record = json.loads(line)
       except ValueError as e:
-        raise ValueError(
+        raise EnvInputError(
           f"{path}:{number} is not valid JSON ({e}); expected one passage per line"
         ) from e
       if not isinstance(record, dict) or not isinstance(record.get("contents"), str):
-        raise ValueError(
+        raise EnvInputError(
           f'{path}:{number} has no string "contents"; each line must be {{"id": ..., "contents": '
           '"\\"Title\\"\\ntext"}} (the wiki-18 format)'
         )
@@ -179,7 +179,7 @@ def _iter_corpus_lines(path: str) -> Iterator[tuple[int, int, dict[str, Any]]]:
 def read_corpus_jsonl(path: str) -> list[dict[str, str]]:
   """All passages of a JSONL corpus as {"id", "contents"} dicts (ids default to the line index)."""
   if path.endswith(".gz"):
-    raise ValueError(f"{path} is compressed; decompress it first (gunzip -k {path})")
+    raise EnvInputError(f"{path} is compressed; decompress it first (gunzip -k {path})")
   return [
     {"id": str(record.get("id", i)), "contents": record["contents"]}
     for i, (_, _, record) in enumerate(_iter_corpus_lines(path))
@@ -220,7 +220,7 @@ class BM25Retriever:
         f"corpus file {path} does not exist; pass the wiki-18 style .jsonl"
       )
     if path.endswith(".gz"):
-      raise ValueError(f"{path} is compressed; decompress it first (gunzip -k {path})")
+      raise EnvInputError(f"{path} is compressed; decompress it first (gunzip -k {path})")
     stat = os.stat(path)
     bm25s = import_bm25s()
     key_fields = {
@@ -256,7 +256,7 @@ class BM25Retriever:
       offsets.append(offset)
       texts.append(record["contents"])
     if not texts:
-      raise ValueError(f"corpus file {path} has no passages")
+      raise EnvInputError(f"corpus file {path} has no passages")
     bm25 = bm25s.BM25(k1=k1, b=b)
     bm25.index(_tokenize_corpus(bm25s, texts), show_progress=False)
     del texts
