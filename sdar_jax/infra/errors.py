@@ -24,8 +24,10 @@ EXIT_USER_ERROR = 2
 _USER_ERRNOS = {
   errno.ENOSPC: "the disk is full: free space on it or point --workdir elsewhere",
   errno.EDQUOT: "the disk quota is exhausted: free space or point --workdir elsewhere",
-  errno.EACCES: "permission denied: choose a folder you can write (--workdir) or fix its rights",
-  errno.EPERM: "operation not permitted: choose a folder you can write (--workdir)",
+  errno.EACCES: "permission denied: fix the rights of that file or folder, or use one you may "
+  "access (--workdir for the run's outputs)",
+  errno.EPERM: "operation not permitted: fix the rights of that file or folder, or use one you "
+  "may access (--workdir for the run's outputs)",
   errno.EROFS: "the file system is read-only: point --workdir at a writable folder",
 }
 
