@@ -191,7 +191,7 @@ def base(model: str = "qwen2.5-3b", algo_name: str = "sdar") -> mlc.ConfigDict:
       wandb_project="sdar-jax",
       wandb_entity=config_dict.placeholder(str),  # default: the W&B account's default entity
       wandb_name=config_dict.placeholder(str),  # default: the workdir's folder name
-      wandb_tags=(),
+      wandb_tags="",  # comma-separated: "sdar,beta5"
       wandb_mode=config_dict.placeholder(str),  # "online" | "offline" | "disabled"; default: W&B's
     )
   )

@@ -380,7 +380,7 @@ def test_wandb_offline_gets_every_row_and_the_config_and_resume_continues_it(
 
   wandb_dir = wandb_offline_env(monkeypatch, tmp_path)
   workdir = str(tmp_path / "run")
-  on = {"logging.wandb": True, "logging.wandb_tags": ("test",), "checkpoint.every": 1}
+  on = {"logging.wandb": True, "logging.wandb_tags": "test", "checkpoint.every": 1}
   on["train.max_failed_iterations"] = 10  # every env fails: rows without an update
   trainer.run(_broken(2, broken_data, **on), workdir)
   with open(os.path.join(workdir, "wandb_run_id")) as f:

@@ -37,12 +37,12 @@ def test_settings_checks_name_each_bad_key():
   from sdar_jax.observe.wandb_log import setting_problems
 
   assert setting_problems(_logging()) == []  # off: the names are not read
-  assert setting_problems(_logging(wandb=True, wandb_tags=("sdar", "a" * 64))) == []
+  assert setting_problems(_logging(wandb=True, wandb_tags="sdar," + "a" * 64)) == []
   bad = _logging(
     wandb=True,
     wandb_project="team/project",
     wandb_entity="",
-    wandb_tags=("ok", "", "b" * 65),
+    wandb_tags="ok,," + "b" * 65,
     wandb_mode="off",
   )
   problems = setting_problems(bad)
@@ -107,7 +107,7 @@ def test_offline_row_and_histogram_read_back(tmp_path, monkeypatch):
   wandb_dir = wandb_offline_env(monkeypatch, tmp_path)
   workdir = str(tmp_path / "run")
   os.makedirs(workdir)
-  settings = _logging(wandb=True, wandb_project="p", wandb_name="n", wandb_tags=("t1", "t2"))
+  settings = _logging(wandb=True, wandb_project="p", wandb_name="n", wandb_tags="t1, t2")
   run = WandbRun.start(settings, {"algo": {"beta": 5.0}, "tags": [1, 2]}, workdir)
   logger = MetricsLogger(workdir, wandb_run=run)
   row = logger.log(3, {"train/loss": np.float32(0.25), "val/success_rate": 0.5, "skip": "x"})

@@ -56,6 +56,11 @@ def require(logging_config: Any) -> None:
     import_wandb()
 
 
+def wandb_tags(raw: str) -> list[str]:
+  """`logging.wandb_tags` ("sdar,beta5") as W&B's list of tags."""
+  return [t.strip() for t in str(raw or "").split(",") if t.strip()]
+
+
 def setting_problems(logging_config: Any) -> list[str]:
   """The logging.wandb_* settings that cannot work, one "<key>=<value>: <problem>. Fix: <fix>"
   line each."""
@@ -74,14 +79,15 @@ def setting_problems(logging_config: Any) -> list[str]:
         f"logging.{key}={value!r}: must be a non-empty name without '/'. Fix: set "
         f"--config.logging.{key}=<name>" + ("" if key == "wandb_project" else ", or leave it unset")
       )
-  tags = c.get("wandb_tags", ())
-  if isinstance(tags, str) or not isinstance(tags, (tuple, list)):
+  raw = c.get("wandb_tags", "")
+  if not isinstance(raw, str):
     problems.append(
-      f"logging.wandb_tags={tags!r}: must be a tuple of strings. Fix: e.g. "
-      "--config.logging.wandb_tags=\"('sdar', 'alfworld')\""
+      f"logging.wandb_tags={raw!r}: must be comma-separated tags in one string (a tuple would "
+      "not survive the checkpoint's JSON). Fix: e.g. --config.logging.wandb_tags=sdar,alfworld"
     )
   else:
-    bad = [t for t in tags if not isinstance(t, str) or not t or len(t) > _MAX_TAG_LEN]
+    tags = raw.split(",") if raw.strip() else []
+    bad = [t for t in tags if not t.strip() or len(t.strip()) > _MAX_TAG_LEN]
     if bad:
       problems.append(
         f"logging.wandb_tags={tags!r}: {bad!r} not non-empty strings of at most {_MAX_TAG_LEN} "
@@ -135,7 +141,7 @@ class WandbRun:
         project=c.get("wandb_project") or "sdar-jax",
         entity=c.get("wandb_entity"),
         name=c.get("wandb_name") or os.path.basename(workdir.rstrip("/")),
-        tags=list(c.get("wandb_tags", ())),
+        tags=wandb_tags(c.get("wandb_tags", "")),
         mode=c.get("wandb_mode"),
         config=dict(run_config),
         id=run_id,
