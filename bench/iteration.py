@@ -12,7 +12,10 @@ started as `python -m sdar_jax.train` in its own process with the mode's overrid
   decodes; the update waits for the rollout and the rollout for the update);
 * halves: `rollout.overlap=halves` (one half of the episodes decodes while the other's envs step);
 * async: `train.max_staleness=1` (a rollout thread plays iteration k+1 while k updates);
-* async_halves: both.
+* async_halves: both;
+* dp2 / tp2: the serial loop on a 2-device CPU mesh (one device per core), the batch split (dp2)
+  or the model's heads, MLP columns and vocabulary (tp2). The same algorithm and samples as serial;
+  only float rounding differs.
 
 Reported per mode: the median of `perf/iteration_seconds` over the iterations after the first
 (the first compiles the sampler and the update), the mean env-wait and compile shares of those
@@ -39,11 +42,17 @@ from sdar_jax.observe.metrics import read_history
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+DEVICES = "cpu_devices"  # not a config key: how many CPU devices the mode's process gets
 MODES: dict[str, dict[str, object]] = {
   "serial": {"rollout.overlap": "off", "train.max_staleness": 0},
   "halves": {"rollout.overlap": "halves", "train.max_staleness": 0},
   "async": {"rollout.overlap": "off", "train.max_staleness": 1},
   "async_halves": {"rollout.overlap": "halves", "train.max_staleness": 1},
+  # The serial loop on two CPU devices (XLA_FLAGS --xla_force_host_platform_device_count=2), each
+  # device's programs on its own core: the batch split (dp2) or heads, MLP columns and vocabulary
+  # split (tp2, tensor parallel: each core streams half the weights).
+  "dp2": {"mesh.data": 2, "mesh.tensor": 1, DEVICES: 2},
+  "tp2": {"mesh.data": 1, "mesh.tensor": 2, DEVICES: 2},
 }
 
 
@@ -64,7 +73,7 @@ def mode_command(config: str, workdir: str, iterations: int, overrides: dict) ->
     "sdar_jax.train",
     f"--config={config}",
     f"--workdir={workdir}",
-    *(f"--config.{key}={value}" for key, value in flags.items()),
+    *(f"--config.{key}={value}" for key, value in flags.items() if key != DEVICES),
   ]
 
 
@@ -112,9 +121,13 @@ def main() -> int:
       load = os.getloadavg()[0]
       print(f"{mode}: {args.iterations} iterations, load average {load:.2f} ...", flush=True)
       start = time.perf_counter()
+      devices = int(MODES[mode].get(DEVICES, 1))
+      mode_env = dict(env)
+      if devices > 1:
+        mode_env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
       with open(os.path.join(workdir, "train.log"), "w") as log:
         code = subprocess.run(
-          cmd, check=False, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+          cmd, check=False, cwd=ROOT, env=mode_env, stdout=log, stderr=subprocess.STDOUT
         ).returncode
       wall = time.perf_counter() - start
       if code != 0:
