@@ -195,8 +195,6 @@ def base(model: str = "qwen2.5-3b", algo_name: str = "sdar") -> mlc.ConfigDict:
       wandb_mode=config_dict.placeholder(str),  # "online" | "offline" | "disabled"; default: W&B's
     )
   )
-  if get_preset(algo_name).retires:  # RetireOPD reads the frozen teacher's rate with its skills
-    config.eval.skills = "both"
   return config
 
 

@@ -62,6 +62,8 @@ def test_retire_opd_retires_across_a_resume(tmp_path):
   trainer.run(tiny_run_config(1, "retire_opd", **settings), workdir)
   rows = _rows(workdir)
   assert 0.0 <= rows[0]["retire/teacher_success"] <= 1.0  # the frozen teacher, with its skills
+  assert rows[0]["retire/teacher_success"] == rows[0]["val_with_skill/success_rate"]
+  assert "val_with_skill/success_rate" not in rows[1]  # the teacher's mode: at the start only
   assert rows[1]["retire/active"] == 1.0 and "retire/progress" not in rows[1]
   assert math.isfinite(rows[1]["sdar/loss"]) and rows[1]["retire/lam"] == 0.01
 

@@ -295,16 +295,10 @@ def test_retire_opd_refuses_a_run_that_cannot_measure_the_teacher():
   from sdar_jax.run.setup import retirement_problems
 
   config = alfworld.get_config("model=tiny,algo=retire_opd,local=True")
-  assert config.eval.skills == "both" and retirement_problems(config) == []
-  bad = common.override(
-    config,
-    {"eval.skills": "without", "train.eval_before_train": False, "train.eval_every": 0},
-  )
+  # the teacher's with-skills evaluation is played at the start whatever eval.skills says
+  assert config.eval.skills == "without" and retirement_problems(config) == []
+  bad = common.override(config, {"train.eval_before_train": False, "train.eval_every": 0})
   problems = retirement_problems(bad)
-  assert [p.split("=")[0] for p in problems] == [
-    "eval.skills",
-    "train.eval_before_train",
-    "train.eval_every",
-  ]
+  assert [p.split("=")[0] for p in problems] == ["train.eval_before_train", "train.eval_every"]
   assert all("algo.retire_window=5" in p and "Fix: set --config." in p for p in problems)
   assert retirement_problems(alfworld.get_config("model=tiny,algo=sdar,local=True")) == []

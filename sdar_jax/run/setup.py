@@ -142,23 +142,23 @@ def setting_problems(config) -> list[str]:
   return problems
 
 
+def _retires(config) -> bool:
+  window = config.algo.get("retire_window", 0)
+  return isinstance(window, int) and not isinstance(window, bool) and window >= 1
+
+
 def retirement_problems(config) -> list[str]:
   """What RetireOPD's rule (algo.retire_window >= 1) needs from the run: the frozen teacher's
-  success rate with its skills at the start (eval.skills='both': its val_with_skill mode, and
-  train.eval_before_train) and the student's at later validations (train.eval_every >= 1,
+  success rate with its skills at the start (train.eval_before_train: the evaluation before
+  training also plays the val_with_skill mode, whatever eval.skills says; later ones play only
+  eval.skills' modes) and the student's at later validations (train.eval_every >= 1,
   eval.num_tasks != 0)."""
   window = config.algo.get("retire_window", 0)
-  if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+  if not _retires(config):
     return []
   why = f"algo.retire_window={window} (RetireOPD) compares validation success rates"
   problems = []
   for key, value, ok, fix in (
-    (
-      "eval.skills",
-      config.eval.skills,
-      config.eval.skills == "both",
-      "set --config.eval.skills=both (the teacher's rate is the start's val_with_skill rate)",
-    ),
     (
       "train.eval_before_train",
       config.train.eval_before_train,
@@ -277,7 +277,6 @@ def build_retriever(config):
 
 
 @dataclasses.dataclass
-@dataclasses.dataclass
 class Validation:
   """One validation split of a run: its games, the tasks drawn from them, its env pool (as many
   envs as one batch of this process's share: eval.batch_size) and one agent loop per eval mode,
@@ -288,6 +287,8 @@ class Validation:
   tasks: list[int]  # ids into games, in play order
   pool: envs.EnvPool
   loops: list[tuple[str, AgentLoop]]
+  # prefixes of the modes played only by the evaluation before training (RetireOPD's teacher)
+  start_only: set[str] = dataclasses.field(default_factory=set)
 
 
 def validation_prefix(split: str, main_split: str) -> str:
@@ -398,12 +399,17 @@ def build_agent_loops(
       base = validation_prefix(name, config.eval.split)
       validation = Validation(name, games, tasks, pool, [])
       loops.validations.append(validation)
+      modes = list(EVAL_MODES[config.eval.skills])
+      if _retires(config) and ("val_with_skill", True) not in modes:
+        # RetireOPD needs the frozen teacher's rate with its skills once, at the start
+        modes.append(("val_with_skill", True))
+        validation.start_only.add("val_with_skill".replace("val", base, 1))
       validation.loops = [
         (
           prefix.replace("val", base, 1),
           AgentLoop(pool, sampling=val_sampling, skills_in_student=skills, **common),
         )
-        for prefix, skills in EVAL_MODES[config.eval.skills]
+        for prefix, skills in modes
       ]
   except BaseException:
     loops.close()

@@ -405,19 +405,23 @@ class Trainer:
     iteration = self.loop_state.iteration if iteration is None else iteration
     return jax.random.fold_in(jax.random.fold_in(self.rng, iteration), 0)
 
-  def evaluate(self) -> dict[str, float]:
+  def evaluate(self, start: bool = False) -> dict[str, float]:
     """Validation episodes (group size 1, one per task of each validation split, eval.repeats
     times) per eval mode. Their sampling keys depend on `eval.seed`, the split, the mode, the
     repeat and the batch only, not on the iteration or `train.seed`: every evaluation of a run
     draws the same random numbers (per episode and turn), so an unchanged policy plays the same
     episodes and a before/after difference is not blurred by fresh sampling noise. Every rate is
-    over all of a mode's episodes (batches, repeats and processes together)."""
+    over all of a mode's episodes (batches, repeats and processes together). A mode a
+    validation marks start-only (RetireOPD's teacher with its skills) is played only when
+    `start` (the evaluation before training)."""
     params = self.eval_params if self.state is None else self.state.params
     out_dir = self.eval_output_dir()
     repeats = int(self.config.eval.get("repeats", 1))
     metrics = {}
     for v, validation in enumerate(self.validations):
       for mode, (prefix, loop) in enumerate(validation.loops):
+        if prefix in validation.start_only and not start:
+          continue
         first = v == 0 and mode == 0
         if first:  # the token view's episode needs its teacher prompts (observe.diagnostics)
           loop = diagnostics.with_teacher_prompts(loop, self._view_retriever(loop))
@@ -798,7 +802,7 @@ class Trainer:
     resumed = self.maybe_restore()
     last: dict[str, float] = {}
     if self.validations and cfg.train.eval_before_train and not resumed:
-      evaluation = self.evaluate()
+      evaluation = self.evaluate(start=True)
       if self.retirement is not None:
         evaluation.update(self._retirement_validation(evaluation, start=True))
       last = self.logger.log(self.loop_state.iteration, {**self.warm_start_metrics, **evaluation})
@@ -853,7 +857,7 @@ class Trainer:
   def _retirement_validation(self, evaluation: dict[str, float], start: bool = False) -> dict:
     """RetireOPD after a validation: the student's success rate recorded; at the start (the
     initial policy, before any update) also the frozen teacher's, which is the same weights with
-    its skills (the val_with_skill mode, eval.skills='both'); after a training iteration, the
+    its skills (the val_with_skill mode, played at the start only); after a training iteration, the
     rule checked and the distillation retired when it holds. Returns retire/* metrics."""
     retirement = self.retirement
     retirement.record_success(evaluation.get("val/success_rate", 0.0))
