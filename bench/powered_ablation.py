@@ -472,45 +472,17 @@ def export(out: str, runs: dict[str, dict[int, str]], dest: str) -> int:
 
 
 def plot_curves(runs: dict[str, dict[int, str]], path: str) -> str | None:
-  """valid_seen success against the iteration: per arm the mean over seeds, a min-max band."""
-  import matplotlib
+  """valid_seen success against the iteration: per arm the mean over seeds, a min-max band
+  (bench/ablation.py's figure)."""
+  if os.path.dirname(os.path.abspath(__file__)) not in sys.path:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+  import ablation
 
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  fig, ax = plt.subplots(figsize=(6.4, 4.0))
-  drawn = 0
-  for k, (arm, seeds) in enumerate(runs.items()):
-    by_step: dict[int, list[float]] = {}
-    for run in seeds.values():
-      for step, value in collect.read_run(run).curve():
-        by_step.setdefault(step, []).append(value)
-    if not by_step:
-      continue
-    steps = sorted(by_step)
-    mean = [np.mean(by_step[s]) for s in steps]
-    ax.plot(steps, mean, marker="o", ms=4, color=f"C{k}", label=f"{arm} (n={len(seeds)})")
-    ax.fill_between(
-      steps,
-      [min(by_step[s]) for s in steps],
-      [max(by_step[s]) for s in steps],
-      color=f"C{k}",
-      alpha=0.2,
-      lw=0,
-    )
-    drawn += 1
-  if not drawn:
-    plt.close(fig)
-    return None
-  ax.set_xlabel("iteration")
-  ax.set_ylabel("valid_seen success rate (64 games)")
-  ax.set_title("mean over seeds, band from min to max", fontsize=10)
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=8)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return path
+  arms = [
+    ablation.ArmResult(arm, [collect.read_run(r) for r in seeds.values()], sorted(seeds))
+    for arm, seeds in runs.items()
+  ]
+  return ablation.plot_curves(arms, path)
 
 
 def _f(x: object, digits: int = 3) -> str:

@@ -237,6 +237,15 @@ def small_run_overrides() -> dict:
   }
 
 
+# tiny_run_config overrides for one trained iteration: no evaluation, a checkpoint and a row.
+ONE_ITERATION = {
+  "train.eval_before_train": False,
+  "train.eval_every": 0,
+  "checkpoint.every": 1,
+  "logging.every": 1,
+}
+
+
 def tiny_run_config(total_steps: int, algo: str = "sdar", **overrides):
   """A whole ALFWorld run config for the real host loop, as small as it goes
   (`small_run_overrides`) on one generated game per task type and split. `overrides`: dotted

@@ -12,16 +12,9 @@ import os
 import numpy as np
 import pytest
 
-from tests.helpers import tiny_run_config
+from tests.helpers import ONE_ITERATION, tiny_run_config
 
 pytestmark = pytest.mark.slow
-
-ONE_ITERATION = {
-  "train.eval_before_train": False,
-  "train.eval_every": 0,
-  "checkpoint.every": 1,
-  "logging.every": 1,
-}
 
 
 def _train_one_iteration(algo: str, workdir: str, **overrides) -> dict:

@@ -11,16 +11,9 @@ import os
 
 import pytest
 
-from tests.helpers import tiny_run_config
+from tests.helpers import ONE_ITERATION, tiny_run_config
 
 pytestmark = pytest.mark.slow
-
-ONE_ITERATION = {
-  "train.eval_before_train": False,
-  "train.eval_every": 0,
-  "checkpoint.every": 1,
-  "logging.every": 1,
-}
 
 
 def _rows(workdir: str) -> dict[int, dict]:
