@@ -258,11 +258,11 @@ def run(
   played = 0
   start = time.time()
   while max_steps is None or played < max_steps:
-    todo = [s for s in plan(out, python) if not step_done(s) and s.label not in failed]
+    steps = plan(out, python)
+    todo = [s for s in steps if not step_done(s) and s.label not in failed]
     if not todo:
       break
-    step = todo[0]
-    total = len(plan(out, python))
+    step, total = todo[0], len(steps)
     echo(
       f"[{total - len(todo) + 1}/{total}+] {step.label}: starting, elapsed "
       f"{_clock(time.time() - start)}; output in {step.results}"

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import errno
 import functools
+import json
+import os
 import sys
 from typing import Any, Callable
 
@@ -72,3 +74,19 @@ def exit_on_env_error(main: Callable[..., Any]) -> Callable[..., Any]:
 
 class EnvFileNotFoundError(EnvInputError, FileNotFoundError):
   """A data, game, corpus or skills file (or folder) the settings name that is not there."""
+
+
+def read_json_file(path: str, what: str, error: type[EnvInputError], fix: str) -> Any:
+  """The JSON content of `path`; a file that is not UTF-8 JSON raises `error`, whose message
+  names `what` ("ALFWorld game file"), the path, where parsing stopped, the file's size and `fix`
+  (a truncated download or an interrupted write is the usual cause)."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      return json.load(f)
+  except json.JSONDecodeError as err:
+    raise error(
+      f"{what} {path!r} is not valid JSON ({err.msg}: line {err.lineno}, column {err.colno}; "
+      f"the file has {os.path.getsize(path)} bytes). {fix}"
+    ) from None
+  except UnicodeDecodeError as err:
+    raise error(f"{what} {path!r} is not UTF-8 text ({err}). {fix}") from None

@@ -16,7 +16,7 @@ import os
 import threading
 from typing import Any, Sequence
 
-from envs.errors import EnvInputError
+from envs.errors import EnvInputError, read_json_file
 
 __all__ = [
   "GameFileError",
@@ -45,16 +45,7 @@ class GameFileError(EnvInputError):
 def read_game_file(path: str) -> dict[str, Any]:
   """The JSON content of a `.tw-pddl` game file; a file that is not a JSON object holding the
   domain, grammar and problem is a `GameFileError` naming it."""
-  try:
-    with open(path, encoding="utf-8") as f:
-      data = json.load(f)
-  except json.JSONDecodeError as err:
-    raise GameFileError(
-      f"ALFWorld game file {path!r} is not valid JSON ({err.msg}: line {err.lineno}, column "
-      f"{err.colno}; the file has {os.path.getsize(path)} bytes). {_FIX}"
-    ) from err
-  except UnicodeDecodeError as err:
-    raise GameFileError(f"ALFWorld game file {path!r} is not UTF-8 text ({err}). {_FIX}") from err
+  data = read_json_file(path, "ALFWorld game file", GameFileError, _FIX)
   if not isinstance(data, dict):
     raise GameFileError(
       f"ALFWorld game file {path!r} holds a JSON {type(data).__name__}, not an object. {_FIX}"

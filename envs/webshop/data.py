@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-import json
 import os
 import random
 import re
@@ -34,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from envs.errors import EnvInputError
+from envs.errors import EnvInputError, read_json_file
 
 __all__ = [
   "WebShopDataError",
@@ -151,17 +150,9 @@ def find_data_files(data_dir: str, use_small: bool = True, human_goals: bool = F
 
 def _read_json(path: str, expected: type, what: str) -> Any:
   """The JSON content of data file `path`, which must be a `expected` (list or dict) of `what`."""
-  try:
-    with open(path, encoding="utf-8") as f:
-      value = json.load(f)
-  except json.JSONDecodeError as err:
-    raise WebShopDataError(
-      f"WebShop data file {path!r} is not valid JSON ({err.msg}: line {err.lineno}, column "
-      f"{err.colno}; the file has {os.path.getsize(path)} bytes): truncated or corrupted. "
-      f"{_DATA_FIX}"
-    ) from None
-  except UnicodeDecodeError as err:
-    raise WebShopDataError(f"WebShop data file {path!r} is not UTF-8 text ({err}). {_DATA_FIX}")
+  value = read_json_file(
+    path, "WebShop data file", WebShopDataError, f"The file is truncated or corrupted. {_DATA_FIX}"
+  )
   if not isinstance(value, expected):
     raise WebShopDataError(
       f"WebShop data file {path!r} holds a JSON {type(value).__name__}; the loader expects a "
