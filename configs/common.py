@@ -224,7 +224,7 @@ def _env(
       max_turns=max_turns,
       group_size=group_size,  # GRPO group: episodes per task
       tasks_per_step=tasks_per_step,  # distinct tasks per training step
-      num_workers=8,  # env processes
+      num_workers=8,  # env processes; 0 plays the envs in the trainer's process (no isolation)
       seed=0,
       skills=_skills(),
       # a template file for the per-turn prompt (envs/prompt_template.py), e.g. the authors' text;

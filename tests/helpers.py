@@ -225,7 +225,7 @@ def small_run_overrides() -> dict:
     "env.tasks_per_step": 1,
     "env.group_size": 2,
     "env.max_turns": 2,
-    "env.num_workers": 1,
+    "env.num_workers": 0,
     "eval.num_tasks": 2,
     "rollout.max_new_tokens": 16,
     "train.mini_batch_size": 4,

@@ -73,7 +73,7 @@ def run_config(steps: int, skills_dir: str, eval_every: int = 2):
     "env.history": 1,
     "env.tasks_per_step": 4,
     "env.group_size": 2,
-    "env.num_workers": 1,
+    "env.num_workers": 0,
     "env.skills.dir": skills_dir,
     "eval.skills": "without",
     # 7: unequal shares (4 and 3 games), so a rate averaged per process would differ from the

@@ -129,7 +129,7 @@ def learning_config(seed: int, algo: str = "grpo"):
     "env.history": 0,
     "env.tasks_per_step": len(WORDS),  # every word in every iteration (drawn without replacement)
     "env.group_size": GROUP_SIZE,
-    "env.num_workers": 1,
+    "env.num_workers": 0,
     "eval.skills": "without",
     "eval.num_tasks": VALIDATION_EPISODES,
     "rollout.max_new_tokens": 16,
