@@ -39,6 +39,42 @@ yields to anything else on the machine); resumable at any point, per arm, rate a
 finished run or evaluation is skipped, an interrupted training resumes from its checkpoint).
 Stop it before a test run (`kill <pid>`: the running step stops with it). Its state is the run
 folders under --out (default runs/powered) and <out>/chosen_rates.json.
+
+The second stage (`--stage 2` to run, status, plan and report; the default, 1, is the above). It
+runs after the first has finished, on the same --out, so it finds the first stage's runs there
+(`run --stage 2` refuses to start while the first has steps left, unless --before-stage-1-ends):
+
+    nohup .venv/bin/python bench/powered_ablation.py run --stage 2 >> runs/powered/run2.log 2>&1 &
+    .venv/bin/python bench/powered_ablation.py report --stage 2   # docs/results/powered_stage2/
+
+Fixed before any of its runs (docs/results.md states the same):
+* Arms: `sdar` (the reference form: the gap gate on the sampled token, the teacher the current
+  policy given the skills), `grpo_opsd` (the same with β = 0: every gate exactly 0.5),
+  `sdar_vocab_ungated` (`sdar_vocab` with `algo.beta=0.0`: every vocabulary entry's gate
+  σ(β·Δ_v) is 0.5, so the term is half the forward KL from the frozen teacher, ungated, at the
+  preset's λ = 0.5), `sdar_topk`, `retire_opd` and `agent_opsd` (its preset already reads the
+  teacher from the rollout, algo.teacher_source="rollout"). The first stage's `grpo`,
+  `sdar_vocab` and `sdar_vocab_noskills` are reused at their chosen rates, never trained again.
+* Budget, learning rates, rule, search seeds and panels: the first stage's; then seeds 2-4 at the
+  chosen rate (5 seeds an arm, 0-4; the reused arms' seeds 0-4 too). Its chosen rates go to
+  <out>/chosen_rates_stage2.json (the first stage's file is left to the first stage).
+* Skill internalisation: each final policy of seeds 0-4 of every arm (the reused ones included)
+  and the warm-started policy are evaluated again on both panels with the skills in the
+  student's prompt (`eval.skills=with`, into <run>/heldout_skills; that mode keeps the metric
+  prefixes, so the files are outcomes_val.csv and outcomes_val_heldout_unseen.csv again). Every
+  arm gets the same skills: an arm's own env.skills overrides (the no-skills control's
+  strategy=none) are left out of this evaluation.
+* Measures: the first stage's per arm; the paired difference against `grpo` of every arm, and of
+  the gate on either form (`sdar` - `grpo_opsd`, `sdar_vocab` - `sdar_vocab_ungated`), on each
+  measure, Holm-corrected together; with minus without the skills per arm and panel, paired over
+  seeds and games, Holm-corrected as a family of its own; the training dynamics of `sdar`,
+  `grpo_opsd`, `sdar_vocab` and `sdar_vocab_ungated` (sdar/teacher_gap_mean,
+  sdar/positive_gap_share, sdar/gate_active_ratio per iteration: mean, min and max over seeds);
+  each `retire_opd` seed's retire/retired_at (or "not retired").
+* 130 steps: 36 search runs, 18 more training runs, 30 held-out and 30 with-skills evaluations of
+  its own runs, 15 with-skills evaluations of the reused runs, and the warm-started policy's.
+The report (`report --stage 2`, default --dest docs/results/powered_stage2) adds paired.csv,
+internalisation.csv, dynamics.csv / dynamics.png and retirement.csv to the first stage's files.
 """
 
 from __future__ import annotations
