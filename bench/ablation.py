@@ -279,12 +279,14 @@ def budget_differences(arms: Sequence[ArmResult]) -> list[str]:
   return out
 
 
-def curves(arm: ArmResult) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-  """(steps, mean, min, max) of the validation success over the arm's finished runs at every
-  evaluation step (each statistic over the runs that have that step)."""
+def curves(
+  arm: ArmResult, key: str = collect.SUCCESS_KEY
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+  """(steps, mean, min, max) of metric `key` (default: the validation success) over the arm's
+  finished runs at every step that logged it (each statistic over the runs that have that step)."""
   by_step: dict[int, list[float]] = {}
   for r in arm.finished_runs:
-    for step, value in r.curve():
+    for step, value in r.curve(key):
       by_step.setdefault(step, []).append(value)
   steps = np.asarray(sorted(by_step), np.float64)
   values = [by_step[int(s)] for s in steps]
@@ -296,6 +298,26 @@ def curves(arm: ArmResult) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarr
   )
 
 
+def draw_curves(ax, arms: Sequence[ArmResult], key: str = collect.SUCCESS_KEY) -> int:
+  """Draws metric `key` against the iteration on `ax`: per arm the mean over its finished runs and
+  a band from the lowest to the highest (colour k for the k-th arm given, so an arm keeps its
+  colour across panels); returns how many arms had the metric."""
+  drawn = 0
+  for k, arm in enumerate(arms):
+    if not any(r.curve(key) for r in arm.finished_runs):
+      continue
+    steps, mean, low, high = curves(arm, key)
+    label = f"{arm.label} (n={len(arm.finished_runs)})"
+    ax.plot(steps, mean, marker="o", ms=4, color=f"C{k}", label=label)
+    ax.fill_between(steps, low, high, color=f"C{k}", alpha=0.2, lw=0)
+    drawn += 1
+  ax.set_xlabel("iteration")
+  ax.grid(alpha=0.3)
+  if drawn:
+    ax.legend(fontsize=8)
+  return drawn
+
+
 def plot_curves(arms: Sequence[ArmResult], out_path: str) -> str | None:
   """Validation success against the iteration: per arm the mean over seeds, a min-max band."""
   import matplotlib
@@ -303,20 +325,13 @@ def plot_curves(arms: Sequence[ArmResult], out_path: str) -> str | None:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  drawn = [(a, curves(a)) for a in arms if any(r.curve() for r in a.finished_runs)]
+  drawn = [a for a in arms if any(r.curve() for r in a.finished_runs)]
   if not drawn:
     return None
   fig, ax = plt.subplots(figsize=(6.4, 4.0))
-  for k, (arm, (steps, mean, low, high)) in enumerate(drawn):
-    colour = f"C{k}"
-    label = f"{arm.label} (n={len(arm.finished_runs)})"
-    ax.plot(steps, mean, marker="o", ms=4, color=colour, label=label)
-    ax.fill_between(steps, low, high, color=colour, alpha=0.2, lw=0)
-  ax.set_xlabel("iteration")
+  draw_curves(ax, drawn)
   ax.set_ylabel("validation success rate")
   ax.set_title("validation success: mean over seeds, band from min to max", fontsize=10)
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=8)
   fig.tight_layout()
   os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
   fig.savefig(out_path, dpi=110)

@@ -39,6 +39,42 @@ yields to anything else on the machine); resumable at any point, per arm, rate a
 finished run or evaluation is skipped, an interrupted training resumes from its checkpoint).
 Stop it before a test run (`kill <pid>`: the running step stops with it). Its state is the run
 folders under --out (default runs/powered) and <out>/chosen_rates.json.
+
+The second stage (`--stage 2` to run, status, plan and report; the default, 1, is the above). It
+runs after the first has finished, on the same --out, so it finds the first stage's runs there
+(`run --stage 2` refuses to start while the first has steps left, unless --before-stage-1-ends):
+
+    nohup .venv/bin/python bench/powered_ablation.py run --stage 2 >> runs/powered/run2.log 2>&1 &
+    .venv/bin/python bench/powered_ablation.py report --stage 2   # docs/results/powered_stage2/
+
+Fixed before any of its runs (docs/results.md states the same):
+* Arms: `sdar` (the reference form: the gap gate on the sampled token, the teacher the current
+  policy given the skills), `grpo_opsd` (the same with β = 0: every gate exactly 0.5),
+  `sdar_vocab_ungated` (`sdar_vocab` with `algo.beta=0.0`: every vocabulary entry's gate
+  σ(β·Δ_v) is 0.5, so the term is half the forward KL from the frozen teacher, ungated, at the
+  preset's λ = 0.5), `sdar_topk`, `retire_opd` and `agent_opsd` (its preset already reads the
+  teacher from the rollout, algo.teacher_source="rollout"). The first stage's `grpo`,
+  `sdar_vocab` and `sdar_vocab_noskills` are reused at their chosen rates, never trained again.
+* Budget, learning rates, rule, search seeds and panels: the first stage's; then seeds 2-4 at the
+  chosen rate (5 seeds an arm, 0-4; the reused arms' seeds 0-4 too). Its chosen rates go to
+  <out>/chosen_rates_stage2.json (the first stage's file is left to the first stage).
+* Skill internalisation: each final policy of seeds 0-4 of every arm (the reused ones included)
+  and the warm-started policy are evaluated again on both panels with the skills in the
+  student's prompt (`eval.skills=with`, into <run>/heldout_skills; that mode keeps the metric
+  prefixes, so the files are outcomes_val.csv and outcomes_val_heldout_unseen.csv again). Every
+  arm gets the same skills: an arm's own env.skills overrides (the no-skills control's
+  strategy=none) are left out of this evaluation.
+* Measures: the first stage's per arm; the paired difference against `grpo` of every arm, and of
+  the gate on either form (`sdar` - `grpo_opsd`, `sdar_vocab` - `sdar_vocab_ungated`), on each
+  measure, Holm-corrected together; with minus without the skills per arm and panel, paired over
+  seeds and games, Holm-corrected as a family of its own; the training dynamics of `sdar`,
+  `grpo_opsd`, `sdar_vocab` and `sdar_vocab_ungated` (sdar/teacher_gap_mean,
+  sdar/positive_gap_share, sdar/gate_active_ratio per iteration: mean, min and max over seeds);
+  each `retire_opd` seed's retire/retired_at (or "not retired").
+* 130 steps: 36 search runs, 18 more training runs, 30 held-out and 30 with-skills evaluations of
+  its own runs, 15 with-skills evaluations of the reused runs, and the warm-started policy's.
+The report (`report --stage 2`, default --dest docs/results/powered_stage2) adds paired.csv,
+internalisation.csv, dynamics.csv / dynamics.png and retirement.csv to the first stage's files.
 """
 
 from __future__ import annotations
@@ -68,6 +104,18 @@ ARMS: dict[str, tuple[str, tuple[str, ...]]] = {
   "sdar_vocab": ("sdar_vocab", ()),
   "sdar_vocab_noskills": ("sdar_vocab", ("env.skills.strategy=none",)),
 }
+# The second stage's own arms (arm -> (algo preset, extra overrides)); it reuses the first's.
+STAGE2_ARMS: dict[str, tuple[str, tuple[str, ...]]] = {
+  "sdar": ("sdar", ()),
+  "grpo_opsd": ("grpo_opsd", ()),
+  # β = 0: every vocabulary entry's gap gate σ(β·Δ_v) is exactly 0.5, so the term is half the
+  # forward KL(teacher ‖ student) at each position, ungated (λ = 0.5 stays the preset's)
+  "sdar_vocab_ungated": ("sdar_vocab", ("algo.beta=0.0",)),
+  "sdar_topk": ("sdar_topk", ()),
+  "retire_opd": ("retire_opd", ()),
+  "agent_opsd": ("agent_opsd", ()),  # its preset keeps algo.teacher_source="rollout"
+}
+ALL_ARMS = {**ARMS, **STAGE2_ARMS}
 RATES = (2.5e-4, 5e-4, 1e-3)
 DEFAULT_RATE = 5e-4
 SEARCH_SEEDS = (0, 1)
@@ -80,6 +128,12 @@ HELDOUT = (
   "env.offline.heldout_seed=1",
 )
 HELDOUT_DIR = "heldout"  # <run>/heldout: the evaluation's results
+# The with-skills evaluation (stage 2): the same panels with the skills in the student's prompt,
+# into <run>/heldout_skills; the metric prefixes stay those of HELDOUT (eval.skills "with" has one
+# mode, "val"), so its files are outcomes_val.csv and outcomes_val_heldout_unseen.csv too.
+WITH_SKILLS = "eval.skills=with"
+SKILLS_DIR = "heldout_skills"
+RESULTS_DIRS = {"heldout": HELDOUT_DIR, "heldout_skills": SKILLS_DIR}
 NICE = ("nice", "-n", "19")
 
 
@@ -91,7 +145,7 @@ def rate_name(rate: float) -> str:
 class Step:
   """One process of the plan: a training run or a held-out evaluation."""
 
-  kind: str  # "train" | "heldout"
+  kind: str  # "train" | "heldout" | "heldout_skills"
   arm: str
   rate: float | None
   seed: int | None
@@ -107,7 +161,37 @@ class Step:
   @property
   def results(self) -> str:
     """Where the step's results go (its done marker lives there)."""
-    return self.workdir if self.kind == "train" else os.path.join(self.workdir, HELDOUT_DIR)
+    if self.kind == "train":
+      return self.workdir
+    return os.path.join(self.workdir, RESULTS_DIRS[self.kind])
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+  """What one stage plans and reports (STAGES: the first and the second)."""
+
+  number: int
+  title: str
+  arms: tuple[str, ...]  # trained by the stage: the rate search, then every seed
+  seeds: tuple[int, ...]  # at the chosen rate (the search seeds among them are reused)
+  comparisons: tuple[tuple[str, str], ...]  # A - B, paired; the report's Holm family
+  dest: str  # the report's default folder
+  rates_file: str | None = "chosen_rates.json"  # in --out; None: written by no one
+  reused: tuple[str, ...] = ()  # an earlier stage's arms: read at their chosen rate, never trained
+  skills: bool = False  # also evaluate every final policy with the skills at test time
+
+  @property
+  def flag(self) -> str:
+    return "" if self.number == 1 else f" --stage {self.number}"
+
+  @property
+  def total(self) -> int:
+    """Steps once every rate is chosen (each trained arm: the search, the other seeds, one or two
+    held-out evaluations a seed; each reused arm: its with-skills evaluations; the initial policy)."""
+    evaluations = 2 if self.skills else 1
+    trained = len(RATES) * len(SEARCH_SEEDS) + len(self.seeds) * (1 + evaluations)
+    reused = len(self.reused) * len(self.seeds) if self.skills else 0
+    return len(self.arms) * (trained - len(SEARCH_SEEDS)) + reused + 1
 
 
 def run_dir(out: str, arm: str, rate: float, seed: int) -> str:
@@ -115,12 +199,12 @@ def run_dir(out: str, arm: str, rate: float, seed: int) -> str:
 
 
 def _overrides(arm: str, rate: float, seed: int) -> list[str]:
-  _, extra = ARMS[arm]
+  _, extra = ALL_ARMS[arm]
   return [f"optim.lr={rate}", f"train.seed={seed}", *extra]
 
 
 def _command(module: str, arm: str, overrides: Sequence[str], python: str) -> tuple[str, ...]:
-  algo = ARMS[arm][0] if arm in ARMS else "grpo"
+  algo = ALL_ARMS[arm][0] if arm in ALL_ARMS else "grpo"
   return (
     *NICE,
     python,
@@ -137,26 +221,37 @@ def train_step(out: str, arm: str, rate: float, seed: int, python: str) -> Step:
   return Step("train", arm, rate, seed, workdir, (*cmd, f"--workdir={workdir}"))
 
 
-def heldout_step(out: str, arm: str, rate: float, seed: int, python: str) -> Step:
+def _heldout(skills: bool) -> tuple[str, tuple[str, ...]]:
+  """(step kind, the evaluation's overrides) without or with the skills at test time."""
+  return ("heldout_skills", (*HELDOUT, WITH_SKILLS)) if skills else ("heldout", HELDOUT)
+
+
+def heldout_step(
+  out: str, arm: str, rate: float, seed: int, python: str, skills: bool = False
+) -> Step:
+  """The final policy of a run on the held-out panels; `skills`: with the skills in the student's
+  prompt (every arm the same skills: an arm's own env.skills overrides, e.g. the no-skills
+  control's strategy=none, are left out, so its policy is tested with the skills too)."""
   workdir = run_dir(out, arm, rate, seed)
-  cmd = _command("sdar_jax.evaluate", arm, [*_overrides(arm, rate, seed), *HELDOUT], python)
-  results = os.path.join(workdir, HELDOUT_DIR)
-  return Step(
-    "heldout", arm, rate, seed, workdir, (*cmd, f"--workdir={workdir}", f"--output={results}")
-  )
+  kind, held = _heldout(skills)
+  own = [kv for kv in _overrides(arm, rate, seed) if not (skills and kv.startswith("env.skills."))]
+  cmd = _command("sdar_jax.evaluate", arm, [*own, *held], python)
+  results = os.path.join(workdir, RESULTS_DIRS[kind])
+  return Step(kind, arm, rate, seed, workdir, (*cmd, f"--workdir={workdir}", f"--output={results}"))
 
 
-def initial_step(out: str, python: str) -> Step:
+def initial_step(out: str, python: str, skills: bool = False) -> Step:
   """The warm-started policy (every arm's start) on the held-out panels."""
   workdir = os.path.join(out, "initial")
-  cmd = _command("sdar_jax.evaluate", "initial", HELDOUT, python)
+  kind, held = _heldout(skills)
+  cmd = _command("sdar_jax.evaluate", "initial", held, python)
   return Step(
-    "heldout",
+    kind,
     "initial",
     None,
     None,
     workdir,
-    (*cmd, f"--workdir={workdir}", f"--output={os.path.join(workdir, HELDOUT_DIR)}"),
+    (*cmd, f"--workdir={workdir}", f"--output={os.path.join(workdir, RESULTS_DIRS[kind])}"),
   )
 
 
@@ -185,9 +280,11 @@ def choose_rate(results: dict[float, list[tuple[float, float]]]) -> float:
   return max(sorted(results), key=key)
 
 
-def chosen_rates(out: str, arms: Sequence[str] = tuple(ARMS)) -> dict[str, float]:
+def chosen_rates(
+  out: str, arms: Sequence[str] = tuple(ARMS), record_file: str | None = "chosen_rates.json"
+) -> dict[str, float]:
   """Each arm whose search runs all finished -> its chosen rate (also written to
-  <out>/chosen_rates.json with the figures that chose it)."""
+  <out>/<record_file> with the figures that chose it; None writes nothing)."""
   chosen, record = {}, {}
   for arm in arms:
     results = {}
@@ -205,29 +302,53 @@ def chosen_rates(out: str, arms: Sequence[str] = tuple(ARMS)) -> dict[str, float
           for r, v in results.items()
         },
       }
-  if record:
+  if record and record_file:
     os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "chosen_rates.json"), "w") as f:
+    with open(os.path.join(out, record_file), "w") as f:
       json.dump(record, f, indent=1)
   return chosen
 
 
-def plan(out: str, python: str = sys.executable, arms: Sequence[str] = tuple(ARMS)) -> list[Step]:
+def plan(
+  out: str, python: str = sys.executable, arms: Sequence[str] | None = None, stage: int = 1
+) -> list[Step]:
   """Every step in order, as far as it is known now: the search (arm-major: every rate and search
   seed of an arm), the initial policy's held-out evaluation, then seed by seed every arm whose
   rate is chosen (so the arms stay paired as the seeds complete), each run followed by its
-  held-out evaluation. Call again after steps finish: a chosen rate adds its steps."""
+  held-out evaluation. Call again after steps finish: a chosen rate adds its steps.
+
+  Stage 2 also evaluates each of its runs with the skills at test time (after the held-out
+  evaluation), the initial policy with them (instead of without: stage 1 did that), and, seed by
+  seed before its own arms, every reused stage-1 arm's run at its chosen rate once that run's
+  training finished (stage 2 never trains or plans a stage-1 run)."""
+  return _plan(out, python, STAGES[stage], arms)
+
+
+def _plan(out: str, python: str, st: Stage, arms: Sequence[str] | None = None) -> list[Step]:
+  arms = tuple(st.arms if arms is None else arms)
   steps = [train_step(out, a, r, s, python) for a in arms for r in RATES for s in SEARCH_SEEDS]
-  steps.append(initial_step(out, python))
-  chosen = chosen_rates(out, arms)
-  for seed in SEEDS:
+  steps.append(initial_step(out, python, skills=st.skills))
+  chosen = chosen_rates(out, (*st.reused, *arms), st.rates_file)
+  for seed in st.seeds:
+    for arm in st.reused:
+      if arm in chosen and collect.run_state(run_dir(out, arm, chosen[arm], seed)) == "finished":
+        steps.append(heldout_step(out, arm, chosen[arm], seed, python, skills=True))
     for arm in arms:
       if arm in chosen:
         rate = chosen[arm]
         if seed not in SEARCH_SEEDS:
           steps.append(train_step(out, arm, rate, seed, python))
         steps.append(heldout_step(out, arm, rate, seed, python))
+        if st.skills:
+          steps.append(heldout_step(out, arm, rate, seed, python, skills=True))
   return steps
+
+
+def steps_left(out: str, stage: int) -> int:
+  """How many of the stage's steps are not done, those not planned yet included (its total less
+  the done ones); writes no chosen-rates file."""
+  st = dataclasses.replace(STAGES[stage], rates_file=None)
+  return st.total - sum(step_done(s) for s in _plan(out, sys.executable, st))
 
 
 def step_done(step: Step) -> bool:
@@ -247,6 +368,7 @@ def run(
   runner: Callable[..., object] | None = None,
   echo: Callable[[str], None] = lambda line: print(line, flush=True),
   max_steps: int | None = None,
+  stage: int = 1,
 ) -> int:
   """Plays the plan's steps not yet done, one after another, re-planning after each (a chosen
   rate adds steps); returns the number of failed steps. A step's output goes to its results
@@ -258,7 +380,7 @@ def run(
   played = 0
   start = time.time()
   while max_steps is None or played < max_steps:
-    steps = plan(out, python)
+    steps = plan(out, python, stage=stage)
     todo = [s for s in steps if not step_done(s) and s.label not in failed]
     if not todo:
       break
@@ -280,9 +402,10 @@ def run(
   return len(failed)
 
 
-def status(out: str, python: str = sys.executable) -> str:
+def status(out: str, python: str = sys.executable, stage: int = 1) -> str:
   """How far the plan got: steps done of those known, the wall time they cost, the chosen rates."""
-  steps = plan(out, python)
+  st = STAGES[stage]
+  steps = plan(out, python, stage=stage)
   done = [s for s in steps if step_done(s)]
   seconds = 0.0
   for s in done:
@@ -290,9 +413,8 @@ def status(out: str, python: str = sys.executable) -> str:
     seconds += wall or 0.0
   lines = [
     f"{len(done)}/{len(steps)} steps done (more are planned once every arm's rate is chosen: "
-    f"{len(ARMS) * (len(RATES) * len(SEARCH_SEEDS) + len(SEEDS) * 2 - len(SEARCH_SEEDS)) + 1} in all), "
-    f"{seconds / 3600:.2f} h of wall time",
-    f"chosen rates: {chosen_rates(out) or 'none yet'}",
+    f"{st.total} in all), {seconds / 3600:.2f} h of wall time",
+    f"chosen rates: {chosen_rates(out, (*st.reused, *st.arms), st.rates_file) or 'none yet'}",
   ]
   lines += [f"  next: {s.label}" for s in steps if not step_done(s)][:3]
   return "\n".join(lines)
@@ -306,19 +428,57 @@ COMPARISONS = (  # A - B; the first is the primary comparison
   ("sdar_vocab_noskills", "grpo"),
   ("sdar_vocab", "sdar_vocab_noskills"),
 )
+# Stage 2: every arm against GRPO, then the gate on either form (gated - ungated, β = 5 vs 0)
+STAGE2_COMPARISONS = (
+  *((arm, "grpo") for arm in ("sdar_vocab", "sdar_vocab_noskills", *STAGE2_ARMS)),
+  ("sdar", "grpo_opsd"),
+  ("sdar_vocab", "sdar_vocab_ungated"),
+)
 MEASURES = ("final heldout_seen", "final heldout_unseen", "valid_seen AUC")
 SUMMARY_COLUMNS = (
   "arm", "rate", "seeds", "heldout_seen", "heldout_seen_sd", "heldout_unseen",
   "heldout_unseen_sd", "valid_seen_final", "valid_seen_auc", "valid_seen_auc_sd", "wall_min",
 )  # fmt: skip
+PAIRED_COLUMNS = (
+  "comparison", "measure", "seeds", "games", "difference", "ci_low", "ci_high", "level", "p",
+  "holm_p",
+)  # fmt: skip
+INTERNALISATION_COLUMNS = (
+  "arm", "measure", "seeds", "games", "without", "with", "difference", "ci_low", "ci_high",
+  "level", "p", "holm_p",
+)  # fmt: skip
+# The training dynamics (stage 2): metrics.jsonl keys drawn against the iteration, for these arms
+DYNAMICS_ARMS = ("sdar", "grpo_opsd", "sdar_vocab", "sdar_vocab_ungated")
+DYNAMICS = (
+  ("sdar/teacher_gap_mean", "mean teacher-student gap (nats / token)"),
+  ("sdar/positive_gap_share", "share of tokens with gap > 0"),
+  ("sdar/gate_active_ratio", "share of tokens with g > 0.5"),
+)
+RETIRED_AT = "retire/retired_at"
+
+STAGES = {
+  1: Stage(1, "first stage", tuple(ARMS), SEEDS, COMPARISONS, "docs/results/powered"),
+  2: Stage(
+    2,
+    "second stage",
+    tuple(STAGE2_ARMS),
+    tuple(range(5)),
+    STAGE2_COMPARISONS,
+    "docs/results/powered_stage2",
+    rates_file="chosen_rates_stage2.json",
+    reused=tuple(ARMS),
+    skills=True,
+  ),
+}
 
 
-def finished_runs(out: str) -> dict[str, dict[int, str]]:
-  """arm -> {seed: run folder} of the runs at the arm's chosen rate whose training and held-out
-  evaluation both finished."""
+def finished_runs(out: str, stage: int = 1) -> dict[str, dict[int, str]]:
+  """arm -> {seed: run folder} of the stage's runs (its reused arms' first) at the arm's chosen
+  rate whose training and held-out evaluation both finished."""
+  st = STAGES[stage]
   found: dict[str, dict[int, str]] = {}
-  for arm, rate in chosen_rates(out).items():
-    for seed in SEEDS:
+  for arm, rate in chosen_rates(out, (*st.reused, *st.arms), st.rates_file).items():
+    for seed in st.seeds:
       run = run_dir(out, arm, rate, seed)
       held = heldout_step(out, arm, rate, seed, sys.executable)
       if collect.run_state(run) == "finished" and step_done(held):
@@ -337,12 +497,21 @@ def panel_outcomes(folder: str, prefix: str) -> dict[int, float]:
   return {task: float(np.mean(v)) for task, v in sums.items()}
 
 
-def outcome_grids(run: str) -> dict[str, tuple[list[int], np.ndarray] | None]:
-  """Per measure of MEASURES: (games, outcomes per game) of one run."""
-  out: dict[str, tuple[list[int], np.ndarray] | None] = {}
-  for (panel, prefix), measure in zip(PANELS, MEASURES):
-    games = panel_outcomes(os.path.join(run, HELDOUT_DIR), prefix)
+Grid = tuple[list[int], np.ndarray]  # (games, outcome per game)
+
+
+def panel_grids(folder: str) -> dict[str, Grid | None]:
+  """Per held-out measure (MEASURES[:2]): (games, outcomes per game) of one evaluation folder."""
+  out: dict[str, Grid | None] = {}
+  for (_, prefix), measure in zip(PANELS, MEASURES):
+    games = panel_outcomes(folder, prefix)
     out[measure] = (sorted(games), np.array([games[g] for g in sorted(games)])) if games else None
+  return out
+
+
+def outcome_grids(run: str) -> dict[str, Grid | None]:
+  """Per measure of MEASURES: (games, outcomes per game) of one run."""
+  out = panel_grids(os.path.join(run, HELDOUT_DIR))
   curves = compare.eval_outcomes(run)  # {step: {task: success}} on valid_seen
   steps = sorted(curves)
   games = sorted(set.intersection(*(set(curves[s]) for s in steps))) if len(steps) >= 2 else []
@@ -354,47 +523,30 @@ def outcome_grids(run: str) -> dict[str, tuple[list[int], np.ndarray] | None]:
   return out
 
 
-def paired_rows(
-  runs: dict[str, dict[int, str]], resamples: int = stats.RESAMPLES
-) -> list[dict[str, object]]:
-  """Every comparison x measure with both arms present: the paired difference on the common
-  seeds and games, its bootstrap p, the Holm-corrected level and the interval at that level."""
-  grids = {
-    arm: {seed: outcome_grids(run) for seed, run in seeds.items()} for arm, seeds in runs.items()
-  }
-  rows = []
-  for a, b in COMPARISONS:
-    if a not in grids or b not in grids:
-      continue
-    seeds = sorted(set(grids[a]) & set(grids[b]))
-    for measure in MEASURES:
-      have = [s for s in seeds if grids[a][s][measure] and grids[b][s][measure]]
-      if not have:
-        continue
-      games = sorted(
-        set.intersection(*(set(grids[arm][s][measure][0]) for arm in (a, b) for s in have))
-      )
+def paired_grids(
+  a: dict[int, dict[str, Grid | None]], b: dict[int, dict[str, Grid | None]], measure: str
+) -> tuple[int, int, np.ndarray, np.ndarray] | None:
+  """(seeds, games, A [seeds, games], B [seeds, games]) of a measure over the seeds both sides
+  have it for and the games all of them share; None when no seed has it on both sides."""
+  have = [s for s in sorted(set(a) & set(b)) if a[s][measure] and b[s][measure]]
+  if not have:
+    return None
+  games = sorted(set.intersection(*(set(side[s][measure][0]) for side in (a, b) for s in have)))
 
-      def grid(arm, have=have, games=games, measure=measure):
-        rows_ = []
-        for s in have:
-          ids, values = grids[arm][s][measure]
-          index = {g: i for i, g in enumerate(ids)}
-          rows_.append([values[index[g]] for g in games])
-        return np.asarray(rows_, np.float64)
+  def grid(side):
+    rows = []
+    for s in have:
+      ids, values = side[s][measure]
+      index = {g: i for i, g in enumerate(ids)}
+      rows.append([values[index[g]] for g in games])
+    return np.asarray(rows, np.float64)
 
-      d = grid(a) - grid(b)
-      rows.append(
-        {
-          "comparison": f"{a} - {b}",
-          "measure": measure,
-          "seeds": len(have),
-          "games": len(games),
-          "difference": float(d.mean()),
-          "p": stats.bootstrap_p(d, resamples),
-          "_d": d,
-        }
-      )
+  return len(have), len(games), grid(a), grid(b)
+
+
+def holm_intervals(rows: list[dict[str, object]], resamples: int) -> list[dict[str, object]]:
+  """Completes rows that hold their differences [seeds, games] under "_d" and their bootstrap p:
+  the Holm-adjusted p across the rows, the row's Holm level and the interval at that level."""
   adjusted, levels = stats.holm([r["p"] for r in rows])
   for row, p_adj, level in zip(rows, adjusted, levels):
     low, high = stats.bootstrap_interval(row.pop("_d"), resamples, level=level)
@@ -402,10 +554,109 @@ def paired_rows(
   return rows
 
 
-def summary_rows(out: str, runs: dict[str, dict[int, str]]) -> list[dict[str, object]]:
-  rates = chosen_rates(out)
+def paired_rows(
+  runs: dict[str, dict[int, str]],
+  resamples: int = stats.RESAMPLES,
+  comparisons: Sequence[tuple[str, str]] = COMPARISONS,
+) -> list[dict[str, object]]:
+  """Every comparison x measure with both arms present: the paired difference on the common
+  seeds and games, its bootstrap p, the Holm-corrected level and the interval at that level."""
+  grids = {
+    arm: {seed: outcome_grids(run) for seed, run in seeds.items()} for arm, seeds in runs.items()
+  }
   rows = []
-  for arm in ARMS:
+  for a, b in comparisons:
+    if a not in grids or b not in grids:
+      continue
+    for measure in MEASURES:
+      paired = paired_grids(grids[a], grids[b], measure)
+      if paired is None:
+        continue
+      seeds, games, grid_a, grid_b = paired
+      d = grid_a - grid_b
+      rows.append(
+        {
+          "comparison": f"{a} - {b}",
+          "measure": measure,
+          "seeds": seeds,
+          "games": games,
+          "difference": float(d.mean()),
+          "p": stats.bootstrap_p(d, resamples),
+          "_d": d,
+        }
+      )
+  return holm_intervals(rows, resamples)
+
+
+def with_skills(run: str) -> bool:
+  return os.path.isfile(os.path.join(run, SKILLS_DIR, "evaluation.json"))
+
+
+def internalisation_rows(
+  runs: dict[str, dict[int, str]], resamples: int = stats.RESAMPLES
+) -> list[dict[str, object]]:
+  """Per arm and held-out panel: success with the skills in the student's prompt at test time
+  minus without, paired over the seeds evaluated both ways and the games both evaluations share;
+  Holm-corrected across these rows alone (a family of its own)."""
+  rows = []
+  for arm, seeds in runs.items():
+    with_ = {
+      s: panel_grids(os.path.join(r, SKILLS_DIR)) for s, r in seeds.items() if with_skills(r)
+    }
+    without = {s: panel_grids(os.path.join(seeds[s], HELDOUT_DIR)) for s in with_}
+    for measure in MEASURES[:2]:
+      paired = paired_grids(with_, without, measure)
+      if paired is None:
+        continue
+      n_seeds, games, grid_with, grid_without = paired
+      d = grid_with - grid_without
+      rows.append(
+        {
+          "arm": arm,
+          "measure": measure,
+          "seeds": n_seeds,
+          "games": games,
+          "without": float(grid_without.mean()),
+          "with": float(grid_with.mean()),
+          "difference": float(d.mean()),
+          "p": stats.bootstrap_p(d, resamples),
+          "_d": d,
+        }
+      )
+  return holm_intervals(rows, resamples)
+
+
+def retirement_rows(runs: dict[str, dict[int, str]]) -> list[dict[str, object]]:
+  """Each retire_opd seed: the iteration its distillation retired at (None: not retired), the
+  frozen teacher's valid_seen success with its skills, and the last competence and progress."""
+  rows = []
+  for seed, run in sorted(runs.get("retire_opd", {}).items()):
+    metrics = collect.read_metrics(os.path.join(run, "metrics.jsonl"))
+
+    def last(key, metrics=metrics):
+      values = [r[key] for r in metrics if key in r]
+      return float(values[-1]) if values else None
+
+    retired = last(RETIRED_AT)
+    rows.append(
+      {
+        "seed": seed,
+        "retired_at": None if retired is None else int(retired),
+        "teacher_success": last("retire/teacher_success"),
+        "competence": last("retire/competence"),
+        "progress": last("retire/progress"),
+      }
+    )
+  return rows
+
+
+def summary_rows(
+  out: str, runs: dict[str, dict[int, str]], stage: int = 1
+) -> list[dict[str, object]]:
+  st = STAGES[stage]
+  rates = chosen_rates(out, (*st.reused, *st.arms), st.rates_file)
+  rows = []
+  for arm in (*st.reused, *st.arms):
     if arm not in runs:
       continue
     per_seed = [outcome_grids(run) for run in runs[arm].values()]
@@ -439,77 +690,140 @@ def summary_rows(out: str, runs: dict[str, dict[int, str]]) -> list[dict[str, ob
   return rows
 
 
-def export(out: str, runs: dict[str, dict[int, str]], dest: str) -> int:
+def export(out: str, runs: dict[str, dict[int, str]], dest: str, stage: int = 1) -> int:
   """Copies each run's config, metrics and per-game outcome CSVs (valid_seen at every
-  evaluation, both held-out panels) under dest/<arm>/seed<k>/; returns the number of files."""
+  evaluation, both held-out panels, and with the skills at test time in stage 2) under
+  dest/<arm>/seed<k>/; returns the number of files."""
   import shutil
 
+  st = STAGES[stage]
   copied = 0
-  initial = os.path.join(out, "initial", HELDOUT_DIR)
-  sources = [(initial, os.path.join(dest, "initial"))]
+  initial = os.path.join(out, "initial")
+  sources = [(os.path.join(initial, HELDOUT_DIR), os.path.join(dest, "initial"))]
+  if st.skills:
+    sources.append((os.path.join(initial, SKILLS_DIR), os.path.join(dest, "initial", SKILLS_DIR)))
   sources += [
     (run, os.path.join(dest, arm, f"seed{s}"))
     for arm, seeds in runs.items()
     for s, run in seeds.items()
   ]
+  patterns = ["config.json", "metrics.jsonl", "eval/step_*/outcomes_*.csv"]
+  patterns += [f"{d}/outcomes_*.csv" for d in (HELDOUT_DIR, SKILLS_DIR)[: 1 + st.skills]]
   for src, dst in sources:
-    for pattern in (
-      "config.json",
-      "metrics.jsonl",
-      "eval/step_*/outcomes_*.csv",
-      f"{HELDOUT_DIR}/outcomes_*.csv",
-      "outcomes_*.csv",
-    ):
+    for pattern in (*patterns, "outcomes_*.csv"):
       for path in glob.glob(os.path.join(src, pattern)):
         target = os.path.join(dst, os.path.relpath(path, src))
         os.makedirs(os.path.dirname(target), exist_ok=True)
         shutil.copyfile(path, target)
         copied += 1
-  chosen = os.path.join(out, "chosen_rates.json")
-  if os.path.isfile(chosen):
-    shutil.copyfile(chosen, os.path.join(dest, "chosen_rates.json"))
+  chosen = os.path.join(out, st.rates_file or "")
+  if st.rates_file and os.path.isfile(chosen):
+    shutil.copyfile(chosen, os.path.join(dest, st.rates_file))
   return copied
+
+
+def _ablation():
+  """bench/ablation.py, whose curves and figures these reuse."""
+  if os.path.dirname(os.path.abspath(__file__)) not in sys.path:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+  import ablation
+
+  return ablation
+
+
+def _ablation_arms(runs: dict[str, dict[int, str]]) -> list:
+  """The runs as bench/ablation.py's ArmResults."""
+  ablation = _ablation()
+  return [
+    ablation.ArmResult(arm, [collect.read_run(r) for r in seeds.values()], sorted(seeds))
+    for arm, seeds in runs.items()
+  ]
 
 
 def plot_curves(runs: dict[str, dict[int, str]], path: str) -> str | None:
   """valid_seen success against the iteration: per arm the mean over seeds, a min-max band
   (bench/ablation.py's figure)."""
-  if os.path.dirname(os.path.abspath(__file__)) not in sys.path:
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-  import ablation
+  return _ablation().plot_curves(_ablation_arms(runs), path)
 
-  arms = [
-    ablation.ArmResult(arm, [collect.read_run(r) for r in seeds.values()], sorted(seeds))
-    for arm, seeds in runs.items()
-  ]
-  return ablation.plot_curves(arms, path)
+
+def dynamics_rows(runs: dict[str, dict[int, str]]) -> list[dict[str, object]]:
+  """The training dynamics of DYNAMICS_ARMS: per metric of DYNAMICS, arm and iteration, the
+  mean, min and max over the arm's finished runs that logged it."""
+  arms = _ablation_arms({a: runs[a] for a in DYNAMICS_ARMS if a in runs})
+  rows = []
+  for key, _ in DYNAMICS:
+    for arm in arms:
+      steps, mean, low, high = _ablation().curves(arm, key)
+      rows += [
+        {"metric": key, "arm": arm.arm, "iteration": int(s), "mean": m, "min": lo, "max": hi}
+        for s, m, lo, hi in zip(steps, mean, low, high)
+      ]
+  return rows
+
+
+def plot_dynamics(runs: dict[str, dict[int, str]], path: str) -> str | None:
+  """One panel per metric of DYNAMICS that some run logged, against the iteration: per arm of
+  DYNAMICS_ARMS the mean over seeds with a min-max band (bench/ablation.py's drawing); None when
+  no run logged any of them."""
+  arms = _ablation_arms({a: runs[a] for a in DYNAMICS_ARMS if a in runs})
+  shown = [(k, t) for k, t in DYNAMICS if any(r.curve(k) for a in arms for r in a.finished_runs)]
+  if not shown:
+    return None
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, axes = plt.subplots(1, len(shown), figsize=(5.0 * len(shown), 3.8), squeeze=False)
+  for ax, (key, title) in zip(axes.flat, shown):
+    _ablation().draw_curves(ax, arms, key)
+    ax.set_title(title, fontsize=10)
+    ax.set_ylabel(key)
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
 
 
 def _f(x: object, digits: int = 3) -> str:
   return "-" if x is None or (isinstance(x, float) and not np.isfinite(x)) else f"{x:.{digits}f}"
 
 
-def report(out: str, dest: str, overwrite: bool = False, resamples: int = stats.RESAMPLES) -> str:
-  """Writes dest/report.md, summary.csv, curves.png and the runs' files; returns report.md."""
-  runs = finished_runs(out)
+def _write_csv(path: str, rows: Sequence[dict[str, object]], columns: Sequence[str]) -> None:
+  with open(path, "w") as f:
+    f.write(collect.csv_text(rows, columns))
+
+
+def report(
+  out: str,
+  dest: str,
+  overwrite: bool = False,
+  resamples: int = stats.RESAMPLES,
+  stage: int = 1,
+) -> str:
+  """Writes dest/report.md, summary.csv, curves.png and the runs' files; returns report.md.
+  Stage 2 also writes paired.csv, internalisation.csv, dynamics.csv / dynamics.png and
+  retirement.csv (report.md shows them)."""
+  st = STAGES[stage]
+  runs = finished_runs(out, stage)
   finished = sum(len(s) for s in runs.values())
   summary_csv = os.path.join(dest, "summary.csv")
   collect.refuse_shrinking_report(
     summary_csv, finished, lambda rows: sum(int(r["seeds"]) for r in rows), out, overwrite
   )
   os.makedirs(dest, exist_ok=True)
-  summary = summary_rows(out, runs)
-  with open(summary_csv, "w") as f:
-    f.write(collect.csv_text(summary, SUMMARY_COLUMNS))
+  summary = summary_rows(out, runs, stage)
+  _write_csv(summary_csv, summary, SUMMARY_COLUMNS)
   initial = {
     panel: panel_outcomes(os.path.join(out, "initial", HELDOUT_DIR), prefix)
     for panel, prefix in PANELS
   }
   lines = [
-    "# The powered ablation, first stage: report",
+    f"# The powered ablation, {st.title}: report",
     "",
-    f"Written by `python bench/powered_ablation.py report` from {finished} finished run(s) "
-    f"({', '.join(f'{a}: seeds {sorted(s)}' for a, s in runs.items()) or 'none'}).",
+    f"Written by `python bench/powered_ablation.py report{st.flag}` from {finished} finished "
+    f"run(s) ({', '.join(f'{a}: seeds {sorted(s)}' for a, s in runs.items()) or 'none'}).",
     "",
     "| arm | rate | seeds | held-out seen | held-out unseen | valid_seen final | valid_seen AUC | wall / run (min) |",
     "|---|---:|---:|---:|---:|---:|---:|---:|",
@@ -527,7 +841,7 @@ def report(out: str, dest: str, overwrite: bool = False, resamples: int = stats.
       if v
     )
     lines += ["", f"The warm-started policy (every arm's start): {shown}."]
-  pairs = paired_rows(runs, resamples)
+  pairs = paired_rows(runs, resamples, st.comparisons)
   if pairs:
     lines += [
       "",
@@ -546,45 +860,152 @@ def report(out: str, dest: str, overwrite: bool = False, resamples: int = stats.
   png = plot_curves(runs, os.path.join(dest, "curves.png"))
   if png:
     lines += ["", "![valid_seen curves](curves.png)"]
+  if st.skills:
+    _write_csv(os.path.join(dest, "paired.csv"), pairs, PAIRED_COLUMNS)
+    lines += _stage_two_sections(out, runs, dest, resamples)
+  held = f"{HELDOUT_DIR}/outcomes_val.csv, outcomes_val_heldout_unseen.csv"
   lines += [
     "",
     "Each run's command is in its run_status.json (`command`); `python bench/powered_ablation.py "
-    "plan` prints them all. Per-game outcomes: <arm>/seed<k>/eval/step_<N>/outcomes_val.csv "
-    "(valid_seen) and <arm>/seed<k>/heldout/outcomes_val.csv, outcomes_val_heldout_unseen.csv.",
+    f"plan{st.flag}` prints them all. Per-game outcomes: <arm>/seed<k>/eval/step_<N>/outcomes_val.csv "
+    f"(valid_seen) and <arm>/seed<k>/{held}"
+    + (f" (with the skills: the same names under {SKILLS_DIR}/)." if st.skills else "."),
   ]
-  export(out, runs, dest)
+  export(out, runs, dest, stage)
   path = os.path.join(dest, "report.md")
   with open(path, "w") as f:
     f.write("\n".join(lines) + "\n")
   return path
 
 
+def _stage_two_sections(
+  out: str, runs: dict[str, dict[int, str]], dest: str, resamples: int
+) -> list[str]:
+  """report.md's skill internalisation, training dynamics and retirement sections (and their
+  CSVs in dest)."""
+  lines: list[str] = []
+  inner = internalisation_rows(runs, resamples)
+  _write_csv(os.path.join(dest, "internalisation.csv"), inner, INTERNALISATION_COLUMNS)
+  if inner:
+    lines += [
+      "",
+      "Skill internalisation: each final policy on the held-out panels with the skills in the "
+      "student's prompt at test time minus without (every arm given the same skills), paired "
+      "over the seeds evaluated both ways and the panel's games; two-way bootstrap "
+      f"({resamples} resamples), intervals Holm-corrected across the {len(inner)} rows of this "
+      "table as a family of its own (apart from the comparisons above).",
+      "",
+      "| arm | panel | seeds x games | without skills | with skills | with - without | interval | level | p | Holm p |",
+      "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in inner:
+      lines.append(
+        f"| `{r['arm']}` | {r['measure'].removeprefix('final ')} | {r['seeds']} x {r['games']} "
+        f"| {r['without']:.3f} | {r['with']:.3f} | {r['difference']:+.3f} "
+        f"| [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] | {r['level']:.4f} | {r['p']:.3g} | {r['holm_p']:.3g} |"
+      )
+  initial = os.path.join(out, "initial")
+  both = [
+    (panel, panel_outcomes(os.path.join(initial, SKILLS_DIR), prefix), without)
+    for panel, prefix in PANELS
+    if (without := panel_outcomes(os.path.join(initial, HELDOUT_DIR), prefix))
+  ]
+  shown = [
+    f"{panel} {np.mean([w[g] for g in games]):.3f} with, "
+    f"{np.mean([wo[g] for g in games]):.3f} without ({len(games)} games)"
+    for panel, w, wo in both
+    if (games := sorted(set(w) & set(wo)))
+  ]
+  if shown:
+    lines += ["", f"The warm-started policy, with and without the skills: {'; '.join(shown)}."]
+  dynamics = dynamics_rows(runs)
+  _write_csv(
+    os.path.join(dest, "dynamics.csv"),
+    dynamics,
+    ("metric", "arm", "iteration", "mean", "min", "max"),
+  )
+  if plot_dynamics(runs, os.path.join(dest, "dynamics.png")):
+    lines += [
+      "",
+      "Training dynamics (each run's metrics.jsonl, per iteration; the mean over seeds, a band "
+      "from the lowest to the highest seed; figures in dynamics.csv): the mean teacher-student "
+      "gap Δ = log p_teacher - log p_student on the student's sampled tokens (each arm's own "
+      "teacher: the current policy given the skills for `sdar` and `grpo_opsd`, the frozen "
+      "warm-started policy given them for the vocabulary forms), the share of those "
+      "tokens with Δ > 0 (for any β > 0, those whose gap gate g = σ(βΔ) exceeds 0.5), and the "
+      "share with g > 0.5 (0 by construction at β = 0: `grpo_opsd` and `sdar_vocab_ungated`).",
+      "",
+      "![training dynamics](dynamics.png)",
+    ]
+  retired = retirement_rows(runs)
+  if retired:
+    _write_csv(
+      os.path.join(dest, "retirement.csv"),
+      retired,
+      ("seed", "retired_at", "teacher_success", "competence", "progress"),
+    )
+    lines += [
+      "",
+      "RetireOPD's retirement per seed (its metrics: retire/retired_at, the iteration after which "
+      "the distillation stopped; the frozen teacher's valid_seen success with its skills; the "
+      "last competence and progress logged):",
+      "",
+      "| seed | retired at | teacher success | competence | progress |",
+      "|---:|---|---:|---:|---:|",
+    ]
+    for r in retired:
+      at = "not retired" if r["retired_at"] is None else f"iteration {r['retired_at']}"
+      lines.append(
+        f"| {r['seed']} | {at} | {_f(r['teacher_success'])} | {_f(r['competence'])} "
+        f"| {_f(r['progress'])} |"
+      )
+  return lines
+
+
 def main(argv: Sequence[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("action", choices=("run", "status", "plan", "report"))
+  parser.add_argument("--stage", type=int, choices=sorted(STAGES), default=1, help="which stage")
   parser.add_argument("--out", default="runs/powered", help="the runs' parent folder")
   parser.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
-  parser.add_argument("--dest", default="docs/results/powered", help="where the report goes")
+  parser.add_argument(
+    "--dest", default=None, help="where the report goes (default: the stage's docs/results folder)"
+  )
   parser.add_argument(
     "--overwrite", action="store_true", help="replace a report that holds more finished seeds"
+  )
+  parser.add_argument(
+    "--before-stage-1-ends",
+    action="store_true",
+    help="run stage 2 although stage 1 has steps left (they then share the machine)",
   )
   args = parser.parse_args(argv)
   if args.action == "report":
     try:
-      print(report(args.out, args.dest, args.overwrite))
+      print(
+        report(args.out, args.dest or STAGES[args.stage].dest, args.overwrite, stage=args.stage)
+      )
     except collect.ReportShrinkError as e:
       print(f"report not written: {e}", file=sys.stderr)
       return 2
     return 0
   if args.action == "plan":
-    for step in plan(args.out):
+    for step in plan(args.out, stage=args.stage):
       print(("done  " if step_done(step) else "todo  ") + " ".join(step.command))
     return 0
   if args.action == "status":
-    print(status(args.out))
+    print(status(args.out, stage=args.stage))
     return 0
+  if args.stage > 1 and not args.before_stage_1_ends and (left := steps_left(args.out, 1)):
+    print(
+      f"stage {args.stage} not started: stage 1 has {left} of its {STAGES[1].total} steps left in "
+      f"{args.out}. Fix: wait until `status` says {STAGES[1].total}/{STAGES[1].total}, or pass "
+      "--before-stage-1-ends to share the machine with it.",
+      file=sys.stderr,
+    )
+    return 2
   signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # kill: the running step stops with it
-  return 1 if run(args.out, max_steps=args.max_steps) else 0
+  return 1 if run(args.out, max_steps=args.max_steps, stage=args.stage) else 0
 
 
 if __name__ == "__main__":

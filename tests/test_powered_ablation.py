@@ -4,6 +4,8 @@ CPU priority."""
 
 from __future__ import annotations
 
+import csv
+import json
 import os
 import sys
 
@@ -120,3 +122,142 @@ def test_the_report_pairs_seeds_and_games_and_corrects_across_comparisons(powere
   # a report from a folder without the runs refuses to replace this one
   with pytest.raises(powered.collect.ReportShrinkError, match="holds 4 finished"):
     powered.report(str(tmp_path / "empty"), dest)
+
+
+# ------------------------------------------------------------------------------- second stage
+def _search(powered, out, arm, chosen, seeds=(0, 1)):
+  """An arm's finished search whose rule picks `chosen` (final 0.5 there, 0.1 elsewhere)."""
+  for rate in powered.RATES:
+    for seed in seeds if rate == chosen else (0, 1):
+      final = 0.5 if rate == chosen else 0.1
+      fake_run(powered.run_dir(out, arm, rate, seed), arm, seed, [(0, 0.25), (16, final)], 16)
+
+
+def test_stage_two_plans_its_arms_and_reuses_stage_one(powered, tmp_path, monkeypatch):
+  from sdar_jax.algos import ALGO_PRESETS
+
+  out = str(tmp_path)
+  # every stage-2 arm runs an existing preset; AgentOPSD's reads the teacher from the rollout
+  assert {preset for preset, _ in powered.STAGE2_ARMS.values()} <= set(ALGO_PRESETS)
+  assert ALGO_PRESETS["agent_opsd"].teacher_source == "rollout"
+  steps = powered.plan(out, python="py", stage=2)
+  # the search: 6 arms x 3 rates x 2 seeds, arm-major, then the initial policy with skills
+  assert len(steps) == 37 and all(s.kind == "train" for s in steps[:36])
+  assert list(dict.fromkeys(s.arm for s in steps[:36])) == list(powered.STAGE2_ARMS)
+  ungated = [s for s in steps if s.arm == "sdar_vocab_ungated"]
+  assert all("--config=configs/default.py:algo=sdar_vocab" in s.command for s in ungated)
+  assert all("--config.algo.beta=0.0" in s.command for s in ungated)
+  assert "--config=configs/default.py:algo=agent_opsd" in steps[30].command
+  initial = steps[36]
+  assert (initial.kind, initial.arm) == ("heldout_skills", "initial")
+  assert "--config.eval.skills=with" in initial.command
+  assert f"--output={os.path.join(out, 'initial', 'heldout_skills')}" in initial.command
+  assert all(s.command[:3] == ("nice", "-n", "19") for s in steps)
+  # stage 1: grpo chose 5e-4 and trained seeds 0-3 there; sdar_vocab's search is unfinished
+  _search(powered, out, "grpo", 5e-4, seeds=(0, 1, 2, 3))
+  fake_run(powered.run_dir(out, "sdar_vocab", 5e-4, 0), "sdar_vocab", 0, [(0, 0.2), (16, 0.3)], 16)
+  _search(powered, out, "sdar", 1e-3)  # stage 2's sdar chose 1e-3
+  steps = powered.plan(out, python="py", stage=2)
+  added = [(s.kind, s.arm, s.seed) for s in steps[37:]]
+  assert added[:4] == [
+    ("heldout_skills", "grpo", 0),  # a reused run: evaluated with skills only
+    ("heldout", "sdar", 0),
+    ("heldout_skills", "sdar", 0),
+    ("heldout_skills", "grpo", 1),
+  ]
+  # grpo's seed 4 is not trained yet: not planned; sdar trains seeds 2-4 itself
+  assert ("heldout_skills", "grpo", 4) not in added and ("train", "sdar", 4) in added
+  assert len(added) == 4 + 5 * 2 + 3
+  # stage 2 never trains (nor plans the training of) a stage-1 arm
+  assert not [s for s in steps if s.kind == "train" and s.arm in powered.ARMS]
+  # its rates go to their own file; stage 1's is left to stage 1
+  assert not os.path.exists(os.path.join(out, "chosen_rates.json"))
+  record = json.load(open(os.path.join(out, "chosen_rates_stage2.json")))
+  assert {a: r["chosen"] for a, r in record.items()} == {"grpo": 5e-4, "sdar": 1e-3}
+  # the with-skills evaluation gives every arm the same skills: the control's strategy=none goes
+  held = powered.heldout_step(out, "sdar_vocab_noskills", 5e-4, 0, "py", skills=True)
+  assert "--config.env.skills.strategy=none" not in held.command
+  assert "--config.eval.skills=with" in held.command and held.results.endswith("heldout_skills")
+  assert "--config.env.skills.strategy=none" in (
+    powered.heldout_step(out, "sdar_vocab_noskills", 5e-4, 0, "py").command
+  )
+  assert "130 in all" in powered.status(out, python="py", stage=2)
+  # stage 2 waits for stage 1 (61 steps; 9 done: grpo's search and its seeds 2, 3, and one run
+  # of sdar_vocab's search)
+  assert powered.steps_left(out, 1) == 61 - 9
+  started = []
+  monkeypatch.setattr(powered, "run", lambda out, **kw: started.append(kw["stage"]) or 0)
+  assert powered.main(["run", "--stage", "2", "--out", out]) == 2 and not started
+  assert powered.main(["run", "--stage", "2", "--out", out, "--before-stage-1-ends"]) == 0
+  assert started == [2]
+
+
+def _metrics(run, rows):
+  """Appends training rows {step: {key: value}} to a fake run's metrics.jsonl."""
+  with open(os.path.join(run, "metrics.jsonl"), "a") as f:
+    for step, row in sorted(rows.items()):
+      f.write(json.dumps({"step": step, **row}) + "\n")
+
+
+def test_stage_two_report_internalisation_dynamics_and_retirement(powered, tmp_path):
+  """grpo (stage 1) and sdar, grpo_opsd, retire_opd (stage 2) at 5e-4, seeds 0 and 1, 4 held-out
+  games a panel; the with-minus-without difference worked by hand."""
+  out, dest = str(tmp_path / "runs"), str(tmp_path / "report")
+  without = {"grpo": [[1, 0, 0, 0], [1, 1, 0, 0]], "sdar": [[0, 0, 1, 1], [0, 1, 1, 0]]}
+  with_ = {"grpo": [[1, 1, 0, 0], [1, 1, 1, 1]], "sdar": [[0, 0, 1, 0], None]}
+  for arm in ("grpo", "sdar", "grpo_opsd", "retire_opd"):
+    _search(powered, out, arm, 5e-4)
+    for seed in (0, 1):
+      run = powered.run_dir(out, arm, 5e-4, seed)
+      for step, won in ((0, [0, 1, 0, 0]), (16, [1, 1, 0, 0])):
+        _outcomes(os.path.join(run, f"eval/step_{step}"), won, step=step)
+      held = os.path.join(run, "heldout")
+      _outcomes(held, without.get(arm, [[1, 0, 1, 0]] * 2)[seed])
+      _outcomes(held, [0, 0, 0, 1], prefix="val_heldout_unseen")
+      open(os.path.join(held, "evaluation.json"), "w").write("{}")
+      if with_.get(arm, [None, None])[seed]:
+        skills = os.path.join(run, "heldout_skills")
+        _outcomes(skills, with_[arm][seed])
+        _outcomes(skills, [0, 0, 0, 1], prefix="val_heldout_unseen")
+        open(os.path.join(skills, "evaluation.json"), "w").write("{}")
+      if arm in ("sdar", "grpo_opsd"):  # the gap: sdar -0.1 (seed 0) and -0.3 (seed 1)
+        gap = -0.1 - 0.2 * seed if arm == "sdar" else 0.05
+        rows = {s: {"sdar/teacher_gap_mean": gap, "sdar/positive_gap_share": 0.4} for s in (1, 2)}
+        _metrics(run, rows)
+      if arm == "retire_opd":
+        retired = {"retire/retired_at": 8.0} if seed == 0 else {}
+        _metrics(run, {8: {"retire/competence": 0.95, **retired}, 16: {"retire/competence": 1.0}})
+  path = powered.report(out, dest, resamples=500, stage=2)
+  text = open(path).read()
+  assert text.startswith("# The powered ablation, second stage: report")
+  # every arm against grpo and the gate on the reference form, Holm across all 12 rows
+  assert "| sdar - grpo_opsd | final heldout_seen | 2 x 4 |" in text
+  assert "| retire_opd - grpo | valid_seen AUC | 2 x 4 |" in text
+  assert "Holm-corrected across the 12 comparisons shown" in text
+  # internalisation: grpo gains (0+1+0+0 + 0+0+1+1) / 8 = +0.375 on heldout_seen (0.375 -> 0.75);
+  # sdar was evaluated with skills on seed 0 alone: [0,0,1,0] - [0,0,1,1] = -0.25
+  rows = {(r["arm"], r["measure"]): r for r in csv.DictReader(open(f"{dest}/internalisation.csv"))}
+  grpo = rows[("grpo", "final heldout_seen")]
+  assert (float(grpo["without"]), float(grpo["with"])) == pytest.approx((0.375, 0.75))
+  assert float(grpo["difference"]) == pytest.approx(0.375) and grpo["seeds"] == "2"
+  assert float(rows[("sdar", "final heldout_seen")]["difference"]) == pytest.approx(-0.25)
+  assert rows[("sdar", "final heldout_seen")]["seeds"] == "1"
+  assert float(rows[("grpo", "final heldout_unseen")]["difference"]) == 0.0
+  # a family of its own: Holm's levels for 4 rows, not for the 16 rows of both tables
+  levels = sorted(float(r["level"]) for r in rows.values())
+  assert levels == pytest.approx([0.95, 1 - 0.05 / 2, 1 - 0.05 / 3, 1 - 0.05 / 4])
+  assert "Holm-corrected across the 4 rows of this table as a family of its own" in text
+  assert "| `grpo` | heldout_seen | 2 x 4 | 0.375 | 0.750 | +0.375 |" in text
+  # the dynamics: sdar's gap mean -0.2 with the band [-0.3, -0.1]; grpo has no such metric
+  dyn = list(csv.DictReader(open(os.path.join(dest, "dynamics.csv"))))
+  sdar = [r for r in dyn if r["arm"] == "sdar" and r["metric"] == "sdar/teacher_gap_mean"]
+  assert [int(r["iteration"]) for r in sdar] == [1, 2]
+  assert [float(sdar[0][k]) for k in ("mean", "min", "max")] == pytest.approx([-0.2, -0.3, -0.1])
+  assert {r["arm"] for r in dyn} == {"sdar", "grpo_opsd"}
+  assert os.path.getsize(os.path.join(dest, "dynamics.png")) > 0
+  # the retirement table: seed 0 retired after iteration 8, seed 1 did not
+  assert "| 0 | iteration 8 | - | 1.000 | - |" in text and "| 1 | not retired |" in text
+  assert os.path.isfile(os.path.join(dest, "grpo/seed1/heldout_skills/outcomes_val.csv"))
+  # the stage's own folder refuses to shrink like the first stage's
+  with pytest.raises(powered.collect.ReportShrinkError, match="holds 8 finished"):
+    powered.report(str(tmp_path / "empty"), dest, stage=2)
