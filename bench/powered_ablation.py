@@ -71,8 +71,12 @@ Fixed before any of its runs (docs/results.md states the same):
   `grpo_opsd`, `sdar_vocab` and `sdar_vocab_ungated` (sdar/teacher_gap_mean,
   sdar/positive_gap_share, sdar/gate_active_ratio per iteration: mean, min and max over seeds);
   each `retire_opd` seed's retire/retired_at (or "not retired").
-* 130 steps: 36 search runs, 18 more training runs, 30 held-out and 30 with-skills evaluations of
-  its own runs, 15 with-skills evaluations of the reused runs, and the warm-started policy's.
+* Commit check: the reused runs were trained by an earlier commit, so once `grpo`'s rate is
+  known its seed-0 run is trained once more by this stage's commit (<out>/commit_check/); the
+  report says whether its valid_seen outcomes equal the reused run's, game by game.
+* 131 steps: 36 search runs, 18 more training runs, 30 held-out and 30 with-skills evaluations of
+  its own runs, 15 with-skills evaluations of the reused runs, the commit check, and the
+  warm-started policy's.
 The report (`report --stage 2`, default --dest docs/results/powered_stage2) adds paired.csv,
 internalisation.csv, dynamics.csv / dynamics.png and retirement.csv to the first stage's files.
 """
@@ -191,7 +195,8 @@ class Stage:
     evaluations = 2 if self.skills else 1
     trained = len(RATES) * len(SEARCH_SEEDS) + len(self.seeds) * (1 + evaluations)
     reused = len(self.reused) * len(self.seeds) if self.skills else 0
-    return len(self.arms) * (trained - len(SEARCH_SEEDS)) + reused + 1
+    check = 1 if "grpo" in self.reused else 0  # the commit check
+    return len(self.arms) * (trained - len(SEARCH_SEEDS)) + reused + check + 1
 
 
 def run_dir(out: str, arm: str, rate: float, seed: int) -> str:
@@ -219,6 +224,40 @@ def train_step(out: str, arm: str, rate: float, seed: int, python: str) -> Step:
   workdir = run_dir(out, arm, rate, seed)
   cmd = _command("sdar_jax.train", arm, _overrides(arm, rate, seed), python)
   return Step("train", arm, rate, seed, workdir, (*cmd, f"--workdir={workdir}"))
+
+
+COMMIT_CHECK = "commit_check"  # <out>/commit_check/grpo/<rate>/seed0: stage 1's grpo seed 0 again
+
+
+def commit_check_step(out: str, rate: float, python: str) -> Step:
+  """Stage 1's `grpo` run of seed 0 at its chosen rate, trained again by the commit that trains a
+  later stage: the reused runs come from an earlier commit, and this run shows whether the two
+  commits train alike (the report compares the two runs' valid_seen outcomes game by game)."""
+  workdir = run_dir(os.path.join(out, COMMIT_CHECK), "grpo", rate, 0)
+  cmd = _command("sdar_jax.train", "grpo", _overrides("grpo", rate, 0), python)
+  return Step("train", "grpo_commit_check", rate, 0, workdir, (*cmd, f"--workdir={workdir}"))
+
+
+def commit_check(out: str) -> dict[str, object] | None:
+  """The commit check's comparison once both runs finished: the valid_seen evaluations both
+  logged, the games compared and how many outcomes differ, each run's final success."""
+  rate = chosen_rates(out, ("grpo",), None).get("grpo")
+  if rate is None:
+    return None
+  first, again = run_dir(out, "grpo", rate, 0), commit_check_step(out, rate, "").workdir
+  if collect.run_state(first) != "finished" or collect.run_state(again) != "finished":
+    return None
+  a, b = compare.eval_outcomes(first), compare.eval_outcomes(again)
+  steps = sorted(set(a) & set(b))
+  pairs = [(a[s][g], b[s][g]) for s in steps for g in sorted(set(a[s]) & set(b[s]))]
+  return {
+    "rate": rate,
+    "evaluations": len(steps),
+    "outcomes": len(pairs),
+    "differ": sum(x != y for x, y in pairs),
+    "final_first": collect.read_run(first).final_success,
+    "final_again": collect.read_run(again).final_success,
+  }
 
 
 def _heldout(skills: bool) -> tuple[str, tuple[str, ...]]:
@@ -329,6 +368,8 @@ def _plan(out: str, python: str, st: Stage, arms: Sequence[str] | None = None) -
   steps = [train_step(out, a, r, s, python) for a in arms for r in RATES for s in SEARCH_SEEDS]
   steps.append(initial_step(out, python, skills=st.skills))
   chosen = chosen_rates(out, (*st.reused, *arms), st.rates_file)
+  if "grpo" in st.reused and "grpo" in chosen:
+    steps.append(commit_check_step(out, chosen["grpo"], python))
   for seed in st.seeds:
     for arm in st.reused:
       if arm in chosen and collect.run_state(run_dir(out, arm, chosen[arm], seed)) == "finished":
@@ -904,6 +945,16 @@ def _stage_two_sections(
         f"| {r['without']:.3f} | {r['with']:.3f} | {r['difference']:+.3f} "
         f"| [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] | {r['level']:.4f} | {r['p']:.3g} | {r['holm_p']:.3g} |"
       )
+  check = commit_check(out)
+  if check:
+    same = "identical" if not check["differ"] else f"different in {check['differ']}"
+    lines += [
+      "",
+      f"Commit check: `grpo` seed 0 at {check['rate']:g}, trained again by this stage's commit "
+      f"({COMMIT_CHECK}/): its valid_seen outcomes are {same} of {check['outcomes']} "
+      f"(games x the {check['evaluations']} evaluations both runs logged); final valid_seen "
+      f"success {_f(check['final_first'])} in the reused run, {_f(check['final_again'])} again.",
+    ]
   initial = os.path.join(out, "initial")
   both = [
     (panel, panel_outcomes(os.path.join(initial, SKILLS_DIR), prefix), without)

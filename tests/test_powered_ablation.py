@@ -159,6 +159,12 @@ def test_stage_two_plans_its_arms_and_reuses_stage_one(powered, tmp_path, monkey
   _search(powered, out, "sdar", 1e-3)  # stage 2's sdar chose 1e-3
   steps = powered.plan(out, python="py", stage=2)
   added = [(s.kind, s.arm, s.seed) for s in steps[37:]]
+  # first grpo's seed-0 run once more, by this commit, into commit_check/
+  assert added.pop(0) == ("train", "grpo_commit_check", 0)
+  check = steps[37]
+  assert check.workdir == os.path.join(out, "commit_check", "grpo", "lr5.0e-04", "seed0")
+  assert "--config=configs/default.py:algo=grpo" in check.command
+  assert "--config.optim.lr=0.0005" in check.command and "--config.train.seed=0" in check.command
   assert added[:4] == [
     ("heldout_skills", "grpo", 0),  # a reused run: evaluated with skills only
     ("heldout", "sdar", 0),
@@ -181,7 +187,7 @@ def test_stage_two_plans_its_arms_and_reuses_stage_one(powered, tmp_path, monkey
   assert "--config.env.skills.strategy=none" in (
     powered.heldout_step(out, "sdar_vocab_noskills", 5e-4, 0, "py").command
   )
-  assert "130 in all" in powered.status(out, python="py", stage=2)
+  assert "131 in all" in powered.status(out, python="py", stage=2)
   # stage 2 waits for stage 1 (61 steps; 9 done: grpo's search and its seeds 2, 3, and one run
   # of sdar_vocab's search)
   assert powered.steps_left(out, 1) == 61 - 9
@@ -261,3 +267,19 @@ def test_stage_two_report_internalisation_dynamics_and_retirement(powered, tmp_p
   # the stage's own folder refuses to shrink like the first stage's
   with pytest.raises(powered.collect.ReportShrinkError, match="holds 8 finished"):
     powered.report(str(tmp_path / "empty"), dest, stage=2)
+
+
+def test_the_commit_check_counts_the_valid_seen_outcomes_that_differ(powered, tmp_path):
+  out = str(tmp_path)
+  _search(powered, out, "grpo", 5e-4)
+  first = powered.run_dir(out, "grpo", 5e-4, 0)
+  again = powered.commit_check_step(out, 5e-4, "py").workdir
+  assert powered.commit_check(out) is None  # the check has not run
+  fake_run(again, "grpo", 0, [(0, 0.25), (16, 0.5)], 16, seconds=60.0)
+  for run, final in ((first, [1, 0, 1, 0]), (again, [1, 1, 1, 0])):
+    _outcomes(os.path.join(run, "eval/step_0"), [0, 1, 0, 0], step=0)
+    _outcomes(os.path.join(run, "eval/step_16"), final)
+  check = powered.commit_check(out)
+  # 2 evaluations x 4 games; one game's final outcome differs
+  assert (check["evaluations"], check["outcomes"], check["differ"]) == (2, 8, 1)
+  assert check["final_again"] == 0.5
