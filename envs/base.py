@@ -301,13 +301,19 @@ def env_start_check(section: Any) -> None:
 
 def env_section_problems(section: Any, configured: Sequence[str]) -> list[str]:
   """What the registry tells of a run config's ``env`` section, one "<key>=<value>: <problem>.
-  Fix: <fix>" line each: a name without a config (`configured`: the environments that have one),
-  a name without an `EnvFamily`, a data_dir that does not exist, and what the family's own
-  `EnvFamily.config_problems` finds."""
+  Fix: <fix>" line each: a name with neither a config (`configured`: the environments that have
+  one) nor a registered family, a configured name without an `EnvFamily`, a data_dir that does
+  not exist, and what the family's own `EnvFamily.config_problems` finds."""
   name, data_dir, problems = section.get("name"), section.get("data_dir"), []
-  runnable = families_among(configured)
-  if name not in configured:
-    problems.append(f"env.name={name!r}: unknown name. Fix: use one of {sorted(configured)}")
+  # A name without a config is still known when a family is registered under it (an environment
+  # added from Python: docs/extending.md); only names that can be module names are looked up.
+  extra = (name,) if isinstance(name, str) and name.isidentifier() else ()
+  runnable = families_among((*configured, *extra))
+  if name not in configured and name not in runnable:
+    problems.append(
+      f"env.name={name!r}: unknown name. Fix: use one of {sorted(configured)}, or register an "
+      "envs.EnvFamily under that name"
+    )
   elif name not in runnable:
     problems.append(
       f"env.name={name!r}: this environment is not implemented yet (its config keys exist, the "

@@ -103,7 +103,7 @@ def main(argv: Sequence[str]) -> None:
     return
   if config.train.get("xla_cache_dir"):
     train.use_xla_cache(config.train.xla_cache_dir)
-  row = run_evaluation(config, plan.output, plan.params_from)
+  row = run_evaluation(config, plan.output, plan.params_from, validated=True)
   shown = "  ".join(f"{k}={v:.4g}" for k, v in row.items() if k.endswith("success_rate"))
   print(f"evaluation done: {shown}; results in {plan.output}")
 

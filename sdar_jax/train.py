@@ -268,7 +268,7 @@ def main(argv: Sequence[str]) -> None:
     use_xla_cache(config.train.xla_cache_dir)
   from sdar_jax.run import trainer  # the workdir is created only now, after validation passed
 
-  trainer.run(config, workdir)
+  trainer.run(config, workdir, validated=True)
 
 
 @exit_on_user_error(extra_types=(EnvInputError,))

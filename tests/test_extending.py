@@ -210,10 +210,12 @@ def test_a_registered_environment_is_trained_for_one_iteration(tmp_path, dummy_f
   import json
 
   from sdar_jax.run import trainer
+  from sdar_jax.run.config_validation import validate
 
   family, asked = dummy_family
   overrides = {"env.name": "dummy", "eval.skills": "without", "rollout.max_new_tokens": 8}
   config = tiny_run_config(1, algo="grpo", **overrides)
+  validate(config)  # no configs/ entry: the registered family makes the name known
   run = trainer.Trainer(config, str(tmp_path))
   try:
     assert run.env_family is family
@@ -227,3 +229,13 @@ def test_a_registered_environment_is_trained_for_one_iteration(tmp_path, dummy_f
   trained = [r for r in rows if "episode/say_word_success_rate" in r]
   assert trained, rows
   assert np.isfinite(trained[-1]["episode/length_mean"]) and trained[-1]["episode/length_mean"] >= 1
+
+
+def test_an_env_name_needs_a_config_or_a_registered_family(dummy_family):
+  from envs.base import env_section_problems
+
+  assert env_section_problems({"name": "dummy"}, ("alfworld",)) == []  # registered, no config
+  for name in ("nope", "web.shop"):  # no family; not even a module name (nothing imported)
+    [line] = env_section_problems({"name": name}, ("alfworld",))
+    assert line.startswith(f"env.name={name!r}: unknown name. Fix: use one of ['alfworld']")
+    assert "register an envs.EnvFamily" in line

@@ -380,3 +380,18 @@ def test_train_dry_run_finds_a_first_prompt_over_max_prompt_len():
   last = out.stderr.strip().splitlines()[-1]
   assert last.startswith("Prompt too long: at start: train task 0, first turn: the prompt has ")
   assert "more than rollout.max_prompt_len=64" in last and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("entry", ["run", "run_evaluation"])
+def test_the_library_entries_check_the_config_before_building_anything(tmp_path, entry):
+  """trainer.run / run_evaluation, called from Python, refuse a config the commands would refuse
+  (here 2 episodes a step and micro-batches of 2 on a mesh that splits the batch 8 ways) with
+  the same one-message ConfigError, before anything is compiled or written."""
+  from sdar_jax.run import trainer
+  from sdar_jax.run.setup import ConfigError
+  from tests.helpers import tiny_run_config
+
+  config = tiny_run_config(1, **{"mesh.data": 8, "mesh.tensor": 1})
+  with pytest.raises(ConfigError, match=r"train\.micro_batch_size=2: not divisible by the mesh"):
+    getattr(trainer, entry)(config, str(tmp_path / "run"))
+  assert not (tmp_path / "run").exists()

@@ -93,6 +93,7 @@ from sdar_jax.rollout.turn_advantages import apply_turn_advantages
 from sdar_jax.rollout.worker import RolloutWorker, StoppablePool
 from sdar_jax.run import setup as run_setup
 from sdar_jax.run.checkpoint import CheckpointManager, abstract_train_state, export_hf
+from sdar_jax.run.config_validation import validate
 from sdar_jax.run.evaluation import evaluated_source, now, start_eval_record, write_eval_record
 from sdar_jax.run.setup import (
   build_agent_loops,
@@ -935,8 +936,12 @@ def _jsonable(value):
   )
 
 
-def run(config, workdir: str) -> dict[str, float]:
-  """Trains with `config` in `workdir` (resuming from its checkpoints); returns the last metrics."""
+def run(config, workdir: str, validated: bool = False) -> dict[str, float]:
+  """Trains with `config` in `workdir` (resuming from its checkpoints); returns the last metrics.
+  The config is checked first (`config_validation.validate`: one `ConfigError` listing every
+  problem, before anything is built) unless the caller did (`validated=True`)."""
+  if not validated:
+    validate(config)
   trainer = Trainer(config, workdir)
   finished = False
   try:
@@ -948,11 +953,13 @@ def run(config, workdir: str) -> dict[str, float]:
 
 
 def run_evaluation(
-  config, out_dir: str, params_from: tuple[str, int] | None = None
+  config, out_dir: str, params_from: tuple[str, int] | None = None, validated: bool = False
 ) -> dict[str, float]:
   """Evaluates checkpoint `params_from` = (checkpoint directory, step) (None: the config's weights)
   into `out_dir` with an eval-only Trainer and returns the metrics row
-  (`Trainer._evaluate_once`)."""
+  (`Trainer._evaluate_once`); the config is checked first as in `run`."""
+  if not validated:
+    validate(config)
   trainer = Trainer(config, out_dir, eval_only=True, params_from=params_from)
   try:
     return trainer.run()
