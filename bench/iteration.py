@@ -13,6 +13,7 @@ started as `python -m sdar_jax.train` in its own process with the mode's overrid
 * halves: `rollout.overlap=halves` (one half of the episodes decodes while the other's envs step);
 * async: `train.max_staleness=1` (a rollout thread plays iteration k+1 while k updates);
 * async_halves: both;
+* inproc: the serial loop with the environments in the trainer's process (`env.num_workers=0`);
 * dp2 / tp2: the serial loop on a 2-device CPU mesh (one device per core), the batch split (dp2)
   or the model's heads, MLP columns and vocabulary (tp2). The same algorithm and samples as serial;
   only float rounding differs.
@@ -51,6 +52,8 @@ MODES: dict[str, dict[str, object]] = {
   # The serial loop on two CPU devices (XLA_FLAGS --xla_force_host_platform_device_count=2), each
   # device's programs on its own core: the batch split (dp2) or heads, MLP columns and vocabulary
   # split (tp2, tensor parallel: each core streams half the weights).
+  # The serial loop with the envs in the trainer's process (no worker processes, no pickling).
+  "inproc": {"rollout.overlap": "off", "train.max_staleness": 0, "env.num_workers": 0},
   "dp2": {"mesh.data": 2, "mesh.tensor": 1, DEVICES: 2},
   "tp2": {"mesh.data": 1, "mesh.tensor": 2, DEVICES: 2},
 }
