@@ -20,7 +20,7 @@ def test_build_writes_a_loadable_policy_with_its_metrics(tmp_path, monkeypatch):
     "env.offline.num_train": 1,
     "env.offline.num_eval": 1,
     "warm_start.expert_holdout": 0.5,
-    "eval.num_tasks": 2,
+    "eval.num_tasks": 1,
     "env.max_turns": 4,
   }
   metrics = build_demo_policy.build(out, steps=1, overrides=small, stages=2, seed=5)
