@@ -212,8 +212,9 @@ SMALL_MODEL = {k: v for k, v in local_overrides("alfworld").items() if k.startsw
 
 def small_run_overrides() -> dict:
   """Dotted config keys that shrink any env's `local=True` config to the smallest run the host
-  loop plays: one GRPO group of 2 two-turn episodes per iteration, 2 validation episodes, no warm
-  start, synchronous checkpoints, no HF export, no TensorBoard."""
+  loop plays: one GRPO group of 2 two-turn episodes per iteration, 2 validation episodes, the envs
+  in the trainer's process (no worker process to start), no warm start, synchronous checkpoints,
+  no HF export, no TensorBoard."""
   from sdar_jax.text.tokenizer import packaged_tokenizer_dir
 
   return {
