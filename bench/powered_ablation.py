@@ -229,11 +229,15 @@ def train_step(out: str, arm: str, rate: float, seed: int, python: str) -> Step:
 COMMIT_CHECK = "commit_check"  # <out>/commit_check/grpo/<rate>/seed0: stage 1's grpo seed 0 again
 
 
+def commit_check_dir(out: str, rate: float) -> str:
+  return run_dir(os.path.join(out, COMMIT_CHECK), "grpo", rate, 0)
+
+
 def commit_check_step(out: str, rate: float, python: str) -> Step:
   """Stage 1's `grpo` run of seed 0 at its chosen rate, trained again by the commit that trains a
   later stage: the reused runs come from an earlier commit, and this run shows whether the two
   commits train alike (the report compares the two runs' valid_seen outcomes game by game)."""
-  workdir = run_dir(os.path.join(out, COMMIT_CHECK), "grpo", rate, 0)
+  workdir = commit_check_dir(out, rate)
   cmd = _command("sdar_jax.train", "grpo", _overrides("grpo", rate, 0), python)
   return Step("train", "grpo_commit_check", rate, 0, workdir, (*cmd, f"--workdir={workdir}"))
 
@@ -244,7 +248,7 @@ def commit_check(out: str) -> dict[str, object] | None:
   rate = chosen_rates(out, ("grpo",), None).get("grpo")
   if rate is None:
     return None
-  first, again = run_dir(out, "grpo", rate, 0), commit_check_step(out, rate, "").workdir
+  first, again = run_dir(out, "grpo", rate, 0), commit_check_dir(out, rate)
   if collect.run_state(first) != "finished" or collect.run_state(again) != "finished":
     return None
   a, b = compare.eval_outcomes(first), compare.eval_outcomes(again)
@@ -392,10 +396,15 @@ def steps_left(out: str, stage: int) -> int:
   return st.total - sum(step_done(s) for s in _plan(out, sys.executable, st))
 
 
+def evaluated(folder: str) -> bool:
+  """Whether an evaluation finished into `folder` (its evaluation.json, written last)."""
+  return os.path.isfile(os.path.join(folder, "evaluation.json"))
+
+
 def step_done(step: Step) -> bool:
   if step.kind == "train":
     return collect.run_state(step.workdir) == "finished"
-  return os.path.isfile(os.path.join(step.results, "evaluation.json"))
+  return evaluated(step.results)
 
 
 def _clock(seconds: float) -> str:
@@ -629,10 +638,6 @@ def paired_rows(
   return holm_intervals(rows, resamples)
 
 
-def with_skills(run: str) -> bool:
-  return os.path.isfile(os.path.join(run, SKILLS_DIR, "evaluation.json"))
-
-
 def internalisation_rows(
   runs: dict[str, dict[int, str]], resamples: int = stats.RESAMPLES
 ) -> list[dict[str, object]]:
@@ -642,7 +647,9 @@ def internalisation_rows(
   rows = []
   for arm, seeds in runs.items():
     with_ = {
-      s: panel_grids(os.path.join(r, SKILLS_DIR)) for s, r in seeds.items() if with_skills(r)
+      s: panel_grids(os.path.join(r, SKILLS_DIR))
+      for s, r in seeds.items()
+      if evaluated(os.path.join(r, SKILLS_DIR))
     }
     without = {s: panel_grids(os.path.join(seeds[s], HELDOUT_DIR)) for s in with_}
     for measure in MEASURES[:2]:
