@@ -14,7 +14,10 @@ Failure handling, per env:
   A worker's own start (a spawned interpreter importing this package) does not count toward
   `timeout_s`: the clock of its first request starts when it reports ready, and the start has its
   own limit, `startup_timeout_s`.
-The pool and the training run go on.
+The pool and the training run go on. Neither limit counts time this process spent stopped
+(SIGSTOP, Ctrl-Z, a paused container or VM): the deadlines run on an `AwakeClock`, so a run
+suspended in the middle of a step and continued later finds its envs where it left them instead
+of every busy worker declared hung.
 
 Non-blocking steps: `step_async(actions, indices)` sends the actions and returns an `EnvRequest`
 at once; `wait(request)` returns its results. Several requests on disjoint envs may be out at
@@ -38,13 +41,14 @@ from __future__ import annotations
 import multiprocessing as mp
 import multiprocessing.connection as mp_connection
 import os
+import threading
 import time
 import traceback
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from envs.base import StepResult, TextEnv, failed_result, make
 
-__all__ = ["EnvPool", "EnvRequest"]
+__all__ = ["AwakeClock", "EnvPool", "EnvRequest"]
 
 _KEEP_INFO_KEYS = (
   "task_type",
@@ -58,6 +62,65 @@ def _describe(exc: BaseException) -> str:
   tb = traceback.extract_tb(exc.__traceback__)
   where = f" at {tb[-1].filename}:{tb[-1].lineno}" if tb else ""
   return f"{type(exc).__name__}: {exc}{where}"
+
+
+class AwakeClock:
+  """Monotonic seconds that leave out the time this process was stopped.
+
+  `time.monotonic()` keeps running while a process is stopped (SIGSTOP, Ctrl-Z, a frozen
+  container), so a deadline set before the stop has passed when the process continues, though
+  nothing it waited for had a chance to run. Here a daemon thread wakes every `tick` seconds; a
+  wake-up later than `tick + grace` means the process did not run meanwhile, and the excess is
+  left out of `now()`. Between wake-ups `now()` never runs more than `tick + grace` past the
+  last one, so a caller that continues before the thread does already reads the stopped clock.
+  Time the whole process lost for another reason (a GIL held for longer than `grace`, a machine
+  so loaded that the thread waits that long for a core) is left out the same way: it only makes
+  a deadline later. `now()` never goes backwards.
+  """
+
+  def __init__(self, tick: float = 0.5, grace: float = 2.0):
+    if not (tick > 0 and grace >= 0):
+      raise ValueError(f"AwakeClock needs tick > 0 and grace >= 0, got tick={tick}, grace={grace}")
+    self.tick = float(tick)
+    self.grace = float(grace)
+    self._lock = threading.Lock()
+    self._last = time.monotonic()  # the thread's last wake-up
+    self._skipped = 0.0  # seconds left out so far
+    threading.Thread(target=self._run, name="sdar-awake-clock", daemon=True).start()
+
+  @property
+  def skipped(self) -> float:
+    """Seconds left out so far: `time.monotonic()` minus `now()`."""
+    with self._lock:
+      t = time.monotonic()
+      return t - (min(t, self._last + self.tick + self.grace) - self._skipped)
+
+  def _run(self) -> None:
+    while True:
+      time.sleep(self.tick)
+      now = time.monotonic()
+      with self._lock:
+        late = now - self._last - self.tick
+        if late > self.grace:
+          self._skipped += late - self.grace
+        self._last = now
+
+  def now(self) -> float:
+    with self._lock:
+      return min(time.monotonic(), self._last + self.tick + self.grace) - self._skipped
+
+
+_DEFAULT_CLOCK: AwakeClock | None = None
+_DEFAULT_CLOCK_LOCK = threading.Lock()
+
+
+def default_clock() -> Callable[[], float]:
+  """The process's shared `AwakeClock().now` (one thread for all pools), started on first use."""
+  global _DEFAULT_CLOCK
+  with _DEFAULT_CLOCK_LOCK:
+    if _DEFAULT_CLOCK is None:
+      _DEFAULT_CLOCK = AwakeClock()
+    return _DEFAULT_CLOCK.now
 
 
 class _EnvSlot:
@@ -189,6 +252,8 @@ class EnvPool:
     start_method: multiprocessing start method for the workers.
     startup_timeout_s: the longest a worker process may take to start (interpreter, imports)
       before it is killed and started again; its first request's `timeout_s` starts after that.
+    clock: the seconds both limits are measured in (default: the shared `AwakeClock`, which
+      leaves out time this process was stopped); `time.monotonic` counts every second.
   """
 
   def __init__(
@@ -200,6 +265,7 @@ class EnvPool:
     timeout_s: float = 120.0,
     start_method: str = "spawn",
     startup_timeout_s: float = 300.0,
+    clock: Callable[[], float] | None = None,
   ):
     if num_envs < 1:
       raise ValueError(f"num_envs must be >= 1, got {num_envs}")
@@ -233,6 +299,7 @@ class EnvPool:
     # and when the worker is declared hung if no result arrives.
     self._out: list[dict[int, EnvRequest]] = [{} for _ in range(num_workers)]
     self._deadline: list[float] = [0.0] * num_workers
+    self._clock = clock or (default_clock() if num_workers else time.monotonic)
     if num_workers == 0:
       self._local = [_EnvSlot(env_name, k) for k in kwargs_list]
       self._workers: list[_Worker] = []
@@ -345,7 +412,7 @@ class EnvPool:
         request.results[i] = self._failed(i, self._lost[i])
         continue
       per_worker.setdefault(i % self.num_workers, []).append((i // self.num_workers, arg))
-    now = time.monotonic()
+    now = self._clock()
     for w, payload in per_worker.items():
       if not self._out[w]:  # an idle worker starts on it now; a busy one after its earlier work
         self._deadline[w] = now + self._time_allowed(w)
@@ -367,7 +434,9 @@ class EnvPool:
     if not busy:
       raise RuntimeError("EnvPool.wait on a request with no results to come; this is a bug.")
     conn_to_worker = {self._workers[w].conn: w for w in busy}
-    timeout = max(0.0, min(self._deadline[w] for w in busy) - time.monotonic())
+    # (in clock seconds: a stop during the wait ends it before the deadline by the clock, and
+    # the next round waits for the rest)
+    timeout = max(0.0, min(self._deadline[w] for w in busy) - self._clock())
     for conn in mp_connection.wait(list(conn_to_worker), timeout=timeout):
       w = conn_to_worker[conn]
       try:
@@ -376,8 +445,8 @@ class EnvPool:
         self._restart(w, f"worker process died (exit code {self._workers[w].process.exitcode})")
         continue
       # The worker started, or moved on to its next env: that one gets the whole timeout.
-      self._deadline[w] = time.monotonic() + self.timeout_s
-    now = time.monotonic()
+      self._deadline[w] = self._clock() + self.timeout_s
+    now = self._clock()
     for w in busy:
       # (a worker whose pipe became readable meanwhile answered: the next round reads it)
       if self._out[w] and self._deadline[w] <= now and not self._workers[w].conn.poll():

@@ -1,10 +1,16 @@
 """The env registry and EnvPool: batched reset/step, and survival of envs that raise, hang or crash."""
 
+import os
+import signal
+import subprocess
+import time
+
 import pytest
 
 import envs
 from envs.base import StepResult
 from envs.dummy import WORDS, DummyEnv
+from envs.pool import AwakeClock
 
 
 def test_make_builds_registered_env_and_imports_modules_on_demand():
@@ -107,6 +113,42 @@ def test_a_workers_start_does_not_count_toward_the_timeout():
     assert result.failed and "did not start within 0.001s" in result.info["env_error"]
   with pytest.raises(ValueError, match="startup_timeout_s must be > 0 seconds, got 0"):
     envs.EnvPool("dummy", 1, num_workers=0, startup_timeout_s=0)
+
+
+def _stop_for(seconds: float, pids: list[int]) -> None:
+  """Stops `pids` and then this process for about `seconds`, as Ctrl-Z or `kill -STOP` would: a
+  shell continues them, and keeps sending SIGCONT for a while so a slow start of it cannot leave
+  this process stopped."""
+  resume = 'sleep "$0"; i=0; while [ $i -lt 150 ]; do kill -CONT "$@"; sleep 0.2; i=$((i+1)); done'
+  helper = subprocess.Popen(["sh", "-c", resume, str(seconds), *map(str, pids), str(os.getpid())])
+  try:
+    for pid in pids:
+      os.kill(pid, signal.SIGSTOP)
+    os.kill(os.getpid(), signal.SIGSTOP)  # returns once the shell has continued this process
+  finally:
+    helper.kill()
+    helper.wait()
+
+
+def test_time_the_process_spends_stopped_does_not_count_toward_the_timeout():
+  """The trainer and its worker stopped for 2.5 s at the start of a step of 0.5 s of CPU work
+  whose limit is 1.5 s: by the monotonic clock the limit has passed when they continue, with the
+  work still to do, and the worker would be killed, its episode lost; by the pool's AwakeClock the
+  step finishes and the episode goes on."""
+  clock = AwakeClock(tick=0.05, grace=0.2)
+  kwargs = [{"busy_s": 0.5}]
+  with envs.EnvPool(
+    "dummy", 1, env_kwargs=kwargs, num_workers=1, timeout_s=1.5, clock=clock.now
+  ) as pool:
+    pool.reset(tasks=[0])
+    before, awake_before = time.monotonic(), clock.now()
+    request = pool.step_async([WORDS[0]])
+    _stop_for(2.5, [pool._workers[0].process.pid])
+    (result,) = pool.wait(request)
+    assert time.monotonic() - before >= 2.5  # the stop happened
+    assert not result.failed and result.info["won"] and pool.restarts == 0
+    assert clock.skipped >= 2.5 - 0.2 - 0.3  # the clock left the stop out (less its grace)
+    assert 0.5 <= clock.now() - awake_before < 1.5  # and counted the work
 
 
 def test_pool_restarts_a_worker_that_dies():
