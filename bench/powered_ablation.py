@@ -452,6 +452,34 @@ def run(
   return len(failed)
 
 
+def lost_episodes(steps: Sequence[Step]) -> list[tuple[str, int, str, int]]:
+  """(step label, iteration, metric, episodes) for every metrics row of the steps' folders that
+  counts episodes lost to env failures (a `*/env_failures` above 0: an env that raised, hung
+  past its limit, or whose worker died). An evaluation with such a row scored fewer games than
+  its panel holds, and a training iteration learned from fewer episodes."""
+  lost = []
+  for step in steps:
+    path = os.path.join(step.results, "metrics.jsonl")
+    if not os.path.isfile(path):
+      continue
+    with open(path) as f:
+      for line in f:
+        row = json.loads(line)
+        for key, value in sorted(row.items()):
+          if key.endswith("/env_failures") and value:
+            lost.append((step.label, int(row.get("step", -1)), key, int(value)))
+  return lost
+
+
+def _lost_lines(lost: Sequence[tuple[str, int, str, int]]) -> list[str]:
+  if not lost:
+    return ["no episode was lost to an env failure"]
+  return [
+    f"episodes lost to env failures: {label}, iteration {it}: {key}={n}"
+    for label, it, key, n in lost
+  ]
+
+
 def status(out: str, python: str = sys.executable, stage: int = 1) -> str:
   """How far the plan got: steps done of those known, the wall time they cost, the chosen rates."""
   st = STAGES[stage]
@@ -467,6 +495,7 @@ def status(out: str, python: str = sys.executable, stage: int = 1) -> str:
     f"chosen rates: {chosen_rates(out, (*st.reused, *st.arms), st.rates_file) or 'none yet'}",
   ]
   lines += [f"  next: {s.label}" for s in steps if not step_done(s)][:3]
+  lines += _lost_lines(lost_episodes(done))
   return "\n".join(lines)
 
 
@@ -911,6 +940,16 @@ def report(
   if st.skills:
     _write_csv(os.path.join(dest, "paired.csv"), pairs, PAIRED_COLUMNS)
     lines += _stage_two_sections(out, runs, dest, resamples)
+  lost = lost_episodes([s for s in plan(out, sys.executable, stage=stage) if step_done(s)])
+  lines += ["", "Lost episodes (every finished step of the stage, the rate search's included): "]
+  lines += [f"- {line}" for line in _lost_lines(lost)]
+  if lost:
+    lines += [
+      "",
+      "An evaluation that lost episodes scored only the games that finished; the paired rows "
+      "above keep the games every compared run scored, so such a run narrows its comparisons' "
+      "games.",
+    ]
   held = f"{HELDOUT_DIR}/outcomes_val.csv, outcomes_val_heldout_unseen.csv"
   lines += [
     "",

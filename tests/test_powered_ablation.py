@@ -99,8 +99,16 @@ def test_the_report_pairs_seeds_and_games_and_corrects_across_comparisons(powere
         _outcomes(held, [0, 0, 0, 1], prefix="val_heldout_unseen")
         with open(os.path.join(held, "evaluation.json"), "w") as f:
           f.write("{}")
+  # a search run whose evaluation at iteration 8 lost 3 episodes to env failures
+  with open(os.path.join(powered.run_dir(out, "grpo", 1e-3, 0), "metrics.jsonl"), "a") as f:
+    f.write(json.dumps({"step": 8, "val/success_rate": 0.2, "val/env_failures": 3.0}) + "\n")
   path = powered.report(out, dest, resamples=500)
   text = open(path).read()
+  lost = (
+    "episodes lost to env failures: train grpo lr1.0e-03 seed 0, iteration 8: val/env_failures=3"
+  )
+  assert f"- {lost}" in text
+  assert lost in powered.status(out)
   rows = {
     r["arm"]: r for r in __import__("csv").DictReader(open(os.path.join(dest, "summary.csv")))
   }
