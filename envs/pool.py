@@ -86,6 +86,7 @@ class AwakeClock:
     self._lock = threading.Lock()
     self._last = time.monotonic()  # the thread's last wake-up
     self._skipped = 0.0  # seconds left out so far
+    self.pid = os.getpid()  # the process whose thread keeps it
     threading.Thread(target=self._run, name="sdar-awake-clock", daemon=True).start()
 
   @property
@@ -115,10 +116,11 @@ _DEFAULT_CLOCK_LOCK = threading.Lock()
 
 
 def default_clock() -> Callable[[], float]:
-  """The process's shared `AwakeClock().now` (one thread for all pools), started on first use."""
+  """The process's shared `AwakeClock().now` (one thread for all pools), started on first use,
+  and again in a forked child (which inherits the clock but not its thread)."""
   global _DEFAULT_CLOCK
   with _DEFAULT_CLOCK_LOCK:
-    if _DEFAULT_CLOCK is None:
+    if _DEFAULT_CLOCK is None or _DEFAULT_CLOCK.pid != os.getpid():
       _DEFAULT_CLOCK = AwakeClock()
     return _DEFAULT_CLOCK.now
 

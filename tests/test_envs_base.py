@@ -151,6 +151,21 @@ def test_time_the_process_spends_stopped_does_not_count_toward_the_timeout():
     assert 0.5 <= clock.now() - awake_before < 1.5  # and counted the work
 
 
+def test_a_forked_child_gets_a_clock_of_its_own():
+  """A forked process inherits the shared clock but not the thread that keeps it (its `now()`
+  would stop 2.5 s on and no limit would ever pass there): the child starts its own."""
+  from envs import pool as pool_module
+
+  parent = pool_module.default_clock().__self__
+  pid = os.fork()
+  if pid == 0:  # the child: exit 0 when it got a fresh clock
+    mine = pool_module.default_clock().__self__
+    os._exit(0 if mine is not parent and mine.pid == os.getpid() else 1)
+  _, status = os.waitpid(pid, 0)
+  assert os.waitstatus_to_exitcode(status) == 0
+  assert pool_module.default_clock().__self__ is parent  # the parent keeps its own
+
+
 def test_pool_restarts_a_worker_that_dies():
   kwargs = [{}, {"exit_on_step": 1}]
   with envs.EnvPool("dummy", 2, env_kwargs=kwargs, num_workers=2, timeout_s=30) as pool:
