@@ -131,24 +131,24 @@ def _stop_for(seconds: float, pids: list[int]) -> None:
 
 
 def test_time_the_process_spends_stopped_does_not_count_toward_the_timeout():
-  """The trainer and its worker stopped for 2.5 s at the start of a step of 0.5 s of CPU work
-  whose limit is 1.5 s: by the monotonic clock the limit has passed when they continue, with the
+  """The trainer and its worker stopped for 3 s at the start of a step of 0.3 s of CPU work
+  whose limit is 2 s: by the monotonic clock the limit has passed when they continue, with the
   work still to do, and the worker would be killed, its episode lost; by the pool's AwakeClock the
   step finishes and the episode goes on."""
   clock = AwakeClock(tick=0.05, grace=0.2)
-  kwargs = [{"busy_s": 0.5}]
+  kwargs = [{"busy_s": 0.3}]
   with envs.EnvPool(
-    "dummy", 1, env_kwargs=kwargs, num_workers=1, timeout_s=1.5, clock=clock.now
+    "dummy", 1, env_kwargs=kwargs, num_workers=1, timeout_s=2.0, clock=clock.now
   ) as pool:
     pool.reset(tasks=[0])
     before, awake_before = time.monotonic(), clock.now()
     request = pool.step_async([WORDS[0]])
-    _stop_for(2.5, [pool._workers[0].process.pid])
+    _stop_for(3.0, [pool._workers[0].process.pid])
     (result,) = pool.wait(request)
-    assert time.monotonic() - before >= 2.5  # the stop happened
+    assert time.monotonic() - before >= 3.0  # the stop happened
     assert not result.failed and result.info["won"] and pool.restarts == 0
-    assert clock.skipped >= 2.5 - 0.2 - 0.3  # the clock left the stop out (less its grace)
-    assert 0.5 <= clock.now() - awake_before < 1.5  # and counted the work
+    assert clock.skipped >= 3.0 - 0.2 - 0.3  # the clock left the stop out (less its grace)
+    assert 0.3 <= clock.now() - awake_before < 2.0  # and counted the work
 
 
 def test_a_forked_child_gets_a_clock_of_its_own():
