@@ -100,6 +100,7 @@ if _REPO not in sys.path:
 import numpy as np  # noqa: E402
 
 from sdar_jax.observe import collect, compare, stats, transcripts  # noqa: E402
+from sdar_jax.run import evaluation  # noqa: E402
 
 CONFIG = "configs/default.py"
 # arm -> (algo preset, extra overrides)
@@ -397,8 +398,8 @@ def steps_left(out: str, stage: int) -> int:
 
 
 def evaluated(folder: str) -> bool:
-  """Whether an evaluation finished into `folder` (its evaluation.json, written last)."""
-  return os.path.isfile(os.path.join(folder, "evaluation.json"))
+  """Whether an evaluation finished into `folder` (a killed one's step is still to do)."""
+  return evaluation.eval_finished(folder)
 
 
 def step_done(step: Step) -> bool:

@@ -76,6 +76,33 @@ def _outcomes(folder, successes, prefix="val", step=16):
       f.write(f"a,0,{step},s,0,{task},g{task},t,{won},{10 * won}\n")
 
 
+def _evaluated(folder, finished=True):
+  """The evaluation.json a `sdar_jax.evaluate` run leaves: `started` when it begins, `finished`
+  added at its end."""
+  from sdar_jax.run.evaluation import write_eval_record
+
+  times = {"started": "2026-12-04 21:00:00 +0000"}
+  if finished:
+    times["finished"] = "2026-12-04 21:02:30 +0000"
+  write_eval_record(folder, {"checkpoint_dir": folder, "step": 16}, **times)
+
+
+def test_a_killed_evaluation_is_not_done(powered, tmp_path):
+  """An evaluation killed after its start left its evaluation.json without `finished`: its step
+  is still to do (and is played again), as is one whose record was cut off mid-write."""
+  out = str(tmp_path)
+  step = powered.heldout_step(out, "grpo", 5e-4, 0, "py")
+  os.makedirs(step.results)
+  assert not powered.step_done(step)
+  _evaluated(step.results, finished=False)
+  assert not powered.step_done(step)
+  with open(os.path.join(step.results, "evaluation.json"), "w") as f:
+    f.write('{"evaluated": {"ste')
+  assert not powered.step_done(step)
+  _evaluated(step.results)
+  assert powered.step_done(step)
+
+
 def test_the_report_pairs_seeds_and_games_and_corrects_across_comparisons(powered, tmp_path):
   """Two arms, seeds 0 and 1 at the chosen rate 5e-4, 4 held-out games a panel: the table's
   means and the paired differences worked by hand."""
@@ -97,8 +124,7 @@ def test_the_report_pairs_seeds_and_games_and_corrects_across_comparisons(powere
         seen = {"grpo": [[1, 0, 0, 0], [1, 1, 0, 0]], "sdar_vocab": [[1, 1, 0, 0], [1, 1, 1, 0]]}
         _outcomes(held, seen[arm][seed])
         _outcomes(held, [0, 0, 0, 1], prefix="val_heldout_unseen")
-        with open(os.path.join(held, "evaluation.json"), "w") as f:
-          f.write("{}")
+        _evaluated(held)
   # a search run whose evaluation at iteration 8 lost 3 episodes to env failures
   with open(os.path.join(powered.run_dir(out, "grpo", 1e-3, 0), "metrics.jsonl"), "a") as f:
     f.write(json.dumps({"step": 8, "val/success_rate": 0.2, "val/env_failures": 3.0}) + "\n")
@@ -228,12 +254,12 @@ def test_stage_two_report_internalisation_dynamics_and_retirement(powered, tmp_p
       held = os.path.join(run, "heldout")
       _outcomes(held, without.get(arm, [[1, 0, 1, 0]] * 2)[seed])
       _outcomes(held, [0, 0, 0, 1], prefix="val_heldout_unseen")
-      open(os.path.join(held, "evaluation.json"), "w").write("{}")
+      _evaluated(held)
       if with_.get(arm, [None, None])[seed]:
         skills = os.path.join(run, "heldout_skills")
         _outcomes(skills, with_[arm][seed])
         _outcomes(skills, [0, 0, 0, 1], prefix="val_heldout_unseen")
-        open(os.path.join(skills, "evaluation.json"), "w").write("{}")
+        _evaluated(skills)
       if arm in ("sdar", "grpo_opsd"):  # the gap: sdar -0.1 (seed 0) and -0.3 (seed 1)
         gap = -0.1 - 0.2 * seed if arm == "sdar" else 0.05
         rows = {s: {"sdar/teacher_gap_mean": gap, "sdar/positive_gap_share": 0.4} for s in (1, 2)}

@@ -121,6 +121,19 @@ def start_eval_record(out_dir: str, source: dict[str, Any]) -> None:
   write_eval_record(out_dir, source, started=now())
 
 
+def eval_finished(out_dir: str) -> bool:
+  """Whether an evaluation into `out_dir` finished: its evaluation.json, written when it starts,
+  holds the `finished` time only once it has written everything (a killed evaluation's, or one
+  cut off mid-write, does not)."""
+  path = paths.join(out_dir, EVAL_RECORD)
+  if not paths.exists(path):
+    return False
+  try:
+    return bool(json.loads(paths.read_text(path)).get("finished"))
+  except json.JSONDecodeError:
+    return False
+
+
 def write_eval_record(out_dir: str, source: dict[str, Any], **fields: Any) -> None:
   if paths.is_primary_process():
     record = json.dumps({"evaluated": source, **fields}, indent=2)
