@@ -4,8 +4,8 @@ Task t asks the agent to say the word ``words[t % len(words)]`` (``words`` defau
 saying it wins (reward 1). Admissible commands are all the words. With ``max_steps=1`` it is a
 one-turn contextual bandit: the observation names the winning action. Faults for tests: raise,
 sleep, or kill the whole process at a given step, or raise at reset; `slow_s` adds a fixed delay to
-every step (to look like a real engine), `busy_s` that much of the process's CPU time (work that,
-unlike a sleep, is still to do after the process was stopped and continued).
+every step (to look like a real engine); `paced_s` adds about as much in 10 ms sleeps, a delay
+that a stop of the process pauses (one long sleep's deadline passes while the process is stopped).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class DummyEnv:
     fail_on_reset: bool = False,
     hang_s: float = 3600.0,
     slow_s: float = 0.0,
-    busy_s: float = 0.0,
+    paced_s: float = 0.0,
     words: Sequence[str] = WORDS,
   ):
     if not words or any(not isinstance(w, str) or not w.strip() or w != w.strip() for w in words):
@@ -55,7 +55,7 @@ class DummyEnv:
     self.fail_on_reset = fail_on_reset
     self.hang_s = hang_s
     self.slow_s = slow_s
-    self.busy_s = busy_s
+    self.paced_s = paced_s
     self._task = 0
     self._steps = 0
 
@@ -90,10 +90,8 @@ class DummyEnv:
       os._exit(3)  # simulates an engine crash that takes its process down
     if self.slow_s:
       time.sleep(self.slow_s)
-    if self.busy_s:
-      until = time.process_time() + self.busy_s
-      while time.process_time() < until:
-        pass
+    for _ in range(round(self.paced_s / 0.01)):
+      time.sleep(0.01)
     won = action.strip() == self.words[self._task]
     done = won or self._steps >= self.max_steps
     obs = "You said the right word." if won else f"Nothing happens. Step {self._steps}."
