@@ -942,7 +942,7 @@ def report(
     _write_csv(os.path.join(dest, "paired.csv"), pairs, PAIRED_COLUMNS)
     lines += _stage_two_sections(out, runs, dest, resamples)
   lost = lost_episodes([s for s in plan(out, sys.executable, stage=stage) if step_done(s)])
-  lines += ["", "Lost episodes (every finished step of the stage, the rate search's included): "]
+  lines += ["", "Lost episodes (every finished step of the stage, the rate search's included):"]
   lines += [f"- {line}" for line in _lost_lines(lost)]
   if lost:
     lines += [
