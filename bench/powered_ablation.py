@@ -460,15 +460,10 @@ def lost_episodes(steps: Sequence[Step]) -> list[tuple[str, int, str, int]]:
   its panel holds, and a training iteration learned from fewer episodes."""
   lost = []
   for step in steps:
-    path = os.path.join(step.results, "metrics.jsonl")
-    if not os.path.isfile(path):
-      continue
-    with open(path) as f:
-      for line in f:
-        row = json.loads(line)
-        for key, value in sorted(row.items()):
-          if key.endswith("/env_failures") and value:
-            lost.append((step.label, int(row.get("step", -1)), key, int(value)))
+    for row in collect.read_metrics(os.path.join(step.results, "metrics.jsonl")):
+      for key, value in sorted(row.items()):
+        if key.endswith("/env_failures") and value:
+          lost.append((step.label, int(row["step"]), key, int(value)))
   return lost
 
 
