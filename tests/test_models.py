@@ -10,6 +10,7 @@ import pytest
 import torch
 import transformers
 
+from sdar_jax.core.train_step import response_logprobs
 from sdar_jax.models import (
   ModelConfig,
   forward,
@@ -142,6 +143,41 @@ def test_bf16_forward_within_documented_bound(hf_case):
   assert _real_positions_max_abs(low, ref, mask) < 0.05 * scale
   agree = np.mean(np.argmax(low[sel], -1) == np.argmax(ref[sel], -1))
   assert agree >= 0.9
+
+
+@pytest.mark.parametrize("layer_loop,remat", [("unroll", False), ("unroll", True), ("scan", False)])
+def test_response_logprob_gradients_match_transformers_float64(layer_loop, remat, tmp_path):
+  """The update's path (`response_logprobs`: the decoder keeps the last R + 1 positions, so when
+  unrolled its last layer runs the response positions alone) gives the gradients of a weighted
+  sum of response log-probs that float64 autograd of transformers' full forward gives."""
+  model = hf_fixtures.make_hf_model("qwen3", False, seed=3)
+  path = hf_fixtures.save_hf_model(model, tmp_path / "model")
+  config, params = load_pretrained(path, dtype="float32")
+  config = config.replace(layer_loop=layer_loop, remat=remat)
+  tokens, mask = hf_fixtures.ragged_batch(config.vocab_size, [12] * 3, seed=8)
+  R = 5
+  w = np.random.default_rng(9).normal(size=(3, R)).astype(np.float32)
+
+  def loss(p):
+    logp, _ = response_logprobs(config, p, tokens, mask, R)
+    return jnp.sum(w * logp)
+
+  ours = dict(hf_io.to_hf_tensors(config, jax.grad(loss)(params)))
+
+  model64 = model.double()
+  model64.zero_grad(set_to_none=True)
+  logits = model64(input_ids=torch.tensor(tokens, dtype=torch.long), use_cache=False).logits
+  logp = torch.log_softmax(logits[:, -R - 1 : -1], -1)
+  picked = torch.gather(logp, -1, torch.tensor(tokens[:, -R:], dtype=torch.long)[..., None])
+  (torch.tensor(w, dtype=torch.float64) * picked[..., 0]).sum().backward()
+  want = {name: p.grad.numpy() for name, p in model64.named_parameters() if p.grad is not None}
+  model.float()
+
+  assert sorted(ours) == sorted(want)
+  for name, ref in want.items():
+    # float32 rounding of sums over 3 rows x 12 tokens: a few hundred eps of the largest entry.
+    scale = float(np.max(np.abs(ref)))
+    assert np.max(np.abs(ours[name] - ref)) < 2e-4 * scale, name
 
 
 @pytest.mark.slow

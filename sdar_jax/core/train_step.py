@@ -105,19 +105,22 @@ def _token_logprob_and_entropy(
   return logp, (algos.entropy_from_logits(logits) if with_entropy else None)
 
 
-def _response_hidden(
+def response_hidden(
   config: ModelConfig, params: Params, tokens: Array, mask: Array, response_len: int
 ) -> tuple[Array, Array]:
   """The hidden states [B, R, D] that predict the last `response_len` tokens of `tokens`
-  [B, P+R], and those tokens [B, R]."""
+  [B, P+R], and those tokens [B, R]. The decoder keeps only the last R + 1 positions (the last
+  prompt position and the response's), so its last layer skips the rest of the prompt."""
   prompt_len = tokens.shape[1] - response_len
   if prompt_len < 1:
     raise ValueError(
       f"tokens of length {tokens.shape[1]} leave no prompt before a response of "
       f"{response_len} slots; the first response token needs a preceding position."
     )
-  hidden, _ = apply(config, params, tokens, positions_from_mask(mask), mask)
-  return hidden[:, prompt_len - 1 : prompt_len - 1 + response_len], tokens[:, prompt_len:]
+  hidden, _ = apply(
+    config, params, tokens, positions_from_mask(mask), mask, keep_last=response_len + 1
+  )
+  return hidden[:, :response_len], tokens[:, prompt_len:]
 
 
 def response_logprobs(
@@ -131,7 +134,7 @@ def response_logprobs(
 ) -> tuple[Array, Array | None]:
   """Log-probs [B, R] (and entropies [B, R]) of the last `response_len` tokens of `tokens`
   [B, P+R] (left-padded prompt, then the response), float32; lm_head on R positions only."""
-  hidden, targets = _response_hidden(config, params, tokens, mask, response_len)
+  hidden, targets = response_hidden(config, params, tokens, mask, response_len)
   head = functools.partial(_token_logprob_and_entropy, config, temperature, with_entropy)
   if config.remat:  # keep only the [B, R, D] hidden states, recompute the [B, R, V] logits
     head = jax.checkpoint(head)
@@ -204,7 +207,7 @@ def _student_scores(config, algo: AlgoConfig, params, batch: TurnBatch, teacher)
   if teacher is None:
     logp, entropy = _student_logp(config, algo, params, batch, with_entropy=True)
     return logp, entropy, None, None
-  hidden, targets = _response_hidden(
+  hidden, targets = response_hidden(
     config, params, batch.student_tokens, batch.student_mask, batch.response_len
   )
   head = functools.partial(_vocab_head, config, algo)
@@ -224,7 +227,7 @@ def _teacher_logp(config, algo: AlgoConfig, params, batch: TurnBatch) -> Array:
 
 def _teacher_hidden(config, params, batch: TurnBatch) -> Array:
   """The teacher branch's hidden states [B, R, D] at the response positions (form "vocab")."""
-  hidden, _ = _response_hidden(
+  hidden, _ = response_hidden(
     config, params, batch.teacher_tokens, batch.teacher_mask, batch.response_len
   )
   return hidden

@@ -297,7 +297,7 @@ def apply(
   tokens: jax.Array,
   positions: jax.Array,
   attention_mask: jax.Array,
-  last_only: bool = False,
+  keep_last: int | None = None,
 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
   """Runs the decoder on tokens [B, T] and returns (final-normed hidden [B, T, D], (k, v)).
 
@@ -307,10 +307,15 @@ def apply(
   `lax.scan` over the stacked weights or unrolled (`layer_loop_implementation`), rematerialised in
   the backward pass when `config.remat`.
 
-  `last_only`: only the last position's hidden state is returned ([B, 1, D]; the keys and values
-  still cover every position). Unrolled, the last layer then runs its attention and MLP for that
-  position alone (`_last_position_layer`): about a fifth of a 4-layer prefill's matmul work.
+  `keep_last` = n: only the last n positions' hidden states are returned ([B, n, D]; the keys and
+  values still cover every position): a sampler's prefill needs 1, the update the response
+  positions. Unrolled, with the "xla" attention, the last layer then runs its queries, attention
+  and MLP for those n positions alone (`_tail_layer`): for a 4-layer model a quarter of the layer
+  work at every other position, in the backward pass as well.
   """
+  T = tokens.shape[1]
+  if keep_last is not None and not 1 <= keep_last <= T:
+    raise ValueError(f"keep_last={keep_last} must be in [1, {T}] (the sequence length), or None.")
   dt = config.jnp_dtype
   x = jnp.take(params["embed"], tokens, axis=0).astype(dt)
   cos, sin = rope_tables(positions, config.head_dim, config.rope_theta)
@@ -321,41 +326,53 @@ def apply(
 
   if config.remat:
     body = jax.checkpoint(body, policy=jax.checkpoint_policies.nothing_saveable)
+  tail = keep_last is not None and keep_last < T
   if layer_loop_implementation(config) == "scan":
     x, kv = lax.scan(body, x, params["layers"])
-    if last_only:
-      x = x[:, -1:]
   else:
     per_layer = []
     layers = unstack_layers(config, params)
+    # The tail layer attends with "xla" (its [B, N, n, T] scores materialised), so it is taken
+    # only where the whole sequence would use "xla" too.
+    tail_layer = tail and attention.attention_implementation(config, T) == "xla"
     for i, layer_params in enumerate(layers):
-      if last_only and i == len(layers) - 1:
-        x, layer_kv = _last_position_layer(config, layer_params, x, cos, sin, attention_mask)
+      if tail_layer and i == len(layers) - 1:
+        last = functools.partial(_tail_layer, config, n=keep_last)
+        if config.remat:
+          last = jax.checkpoint(last, policy=jax.checkpoint_policies.nothing_saveable)
+        x, layer_kv = last(layer_params, x, cos, sin, attention_mask)
       else:
         x, layer_kv = body(x, layer_params)
       per_layer.append(layer_kv)
     kv = tuple(jnp.stack(a) for a in zip(*per_layer))
+  if tail and x.shape[1] != keep_last:
+    x = x[:, -keep_last:]
   return rms_norm(x, params["final_norm"], config.rms_norm_eps), kv
 
 
-def _last_position_layer(
+def _tail_layer(
   config: ModelConfig,
   p: Params,
   x: jax.Array,
   cos: jax.Array,
   sin: jax.Array,
   attention_mask: jax.Array,
+  n: int,
 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-  """`_layer` on x [B, T, D] when only the last position's output is needed (the last layer of a
-  prefill): keys and values for all T positions, the query, attention and MLP for position T - 1
-  only, which sees every real token. Returns ([B, 1, D], (k, v) in the cache layout)."""
-  _, k, v = qkv_projection(config, p, x)  # the query of all T positions is dropped by jit
-  q, _, _ = qkv_projection(config, p, x[:, -1:])
-  q = apply_rope(q, cos[:, -1:], sin[:, -1:])
+  """`_layer` on x [B, T, D] when only the last n positions' outputs are needed (the last layer
+  of a prefill, or of the update's forward over prompt + response): keys and values for all T
+  positions; queries, attention and MLP for positions T - n .. T - 1 only, each seeing the real
+  keys up to itself. Returns ([B, n, D], (k, v) in the cache layout)."""
+  T = x.shape[1]
+  _, k, v = qkv_projection(config, p, x)  # the queries of all T positions are dropped by jit
+  q, _, _ = qkv_projection(config, p, x[:, -n:])
+  q = apply_rope(q, cos[:, -n:], sin[:, -n:])
   k = apply_rope(k, cos, sin).transpose(0, 2, 3, 1)
   v = v.transpose(0, 2, 1, 3)
-  attn = attention.xla_attention(q, k, v, attention_mask.astype(jnp.bool_)[:, None, :])
-  return attention_out_and_mlp(config, p, x[:, -1:], attn), (k, v)
+  causal = jnp.tril(jnp.ones((T, T), jnp.bool_))[T - n :]
+  mask = causal[None] & attention_mask.astype(jnp.bool_)[:, None, :]
+  attn = attention.xla_attention(q, k, v, mask)
+  return attention_out_and_mlp(config, p, x[:, -n:], attn), (k, v)
 
 
 def prefill(
@@ -378,7 +395,12 @@ def prefill(
       "prompt length plus the tokens to decode."
     )
   hidden, (k, v) = apply(
-    config, params, tokens, positions_from_mask(attention_mask), attention_mask, last_only
+    config,
+    params,
+    tokens,
+    positions_from_mask(attention_mask),
+    attention_mask,
+    1 if last_only else None,
   )
   room = cache_size - T
   keys = tuple(jnp.pad(k[i], ((0, 0), (0, 0), (0, 0), (0, room))) for i in range(k.shape[0]))

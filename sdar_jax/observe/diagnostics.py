@@ -67,8 +67,9 @@ import numpy as np
 from sdar_jax import algos
 from sdar_jax.core.batch import TurnSample, batch_bucket
 from sdar_jax.core.histograms import HISTOGRAM_EDGES, METRIC_PREFIX
+from sdar_jax.core.train_step import response_hidden
 from sdar_jax.infra import multihost, paths
-from sdar_jax.models import apply, logits_from_hidden, positions_from_mask
+from sdar_jax.models import logits_from_hidden
 from sdar_jax.observe.metrics import read_history
 from sdar_jax.rollout.batching import pack_batch
 
@@ -409,14 +410,6 @@ def vocab_drive(
   }
 
 
-def _response_hidden(model_config, params, tokens, mask, response_len):
-  """The hidden states [B, R, D] that predict the last `response_len` tokens of `tokens`, as the
-  update takes them (`sdar_jax.core.train_step`)."""
-  prompt_len = tokens.shape[1] - response_len
-  hidden, _ = apply(model_config, params, tokens, positions_from_mask(mask), mask)
-  return hidden[:, prompt_len - 1 : prompt_len - 1 + response_len]
-
-
 def _view_head(model_config, options, params, teacher_params, hidden, teacher_hidden, targets):
   """Per response position [B, c]: the student's log-prob and entropy and, with a teacher, the
   teacher's log-prob, its top VIEW_TOP (ids and probabilities) and the forms' drive; from each
@@ -467,11 +460,12 @@ def _score_fn(model_config, options: tuple, with_teacher: bool):
 
   def run(params, teacher_params, batch_arrays, response_len):
     student_tokens, student_mask, teacher_tokens, teacher_mask = batch_arrays
-    targets = student_tokens[:, student_tokens.shape[1] - response_len :]
-    hidden = _response_hidden(model_config, params, student_tokens, student_mask, response_len)
+    hidden, targets = response_hidden(
+      model_config, params, student_tokens, student_mask, response_len
+    )
     teacher_hidden = None
     if with_teacher:
-      teacher_hidden = _response_hidden(
+      teacher_hidden, _ = response_hidden(
         model_config, teacher_params, teacher_tokens, teacher_mask, response_len
       )
     chunk = min(VIEW_CHUNK, response_len)
