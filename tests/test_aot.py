@@ -71,7 +71,9 @@ def test_forward_flops_hand_worked():
 
 def test_forward_flops_match_xla_count_of_a_one_layer_model():
   # With one layer the scanned body runs once, so XLA's cost analysis counts the whole forward;
-  # the formula leaves out the element-wise work (norms, RoPE, softmax), a few percent here.
+  # the formula leaves out the element-wise work (norms, RoPE, softmax), a few percent here. The
+  # layers scan as on TPU / GPU (the formula's target): unrolled, as on CPU by default, the last
+  # layer would skip the prompt positions' queries and MLP.
   config = ModelConfig(
     family="qwen2",
     vocab_size=512,
@@ -82,6 +84,7 @@ def test_forward_flops_match_xla_count_of_a_one_layer_model():
     num_kv_heads=2,
     head_dim=64,
     qkv_bias=True,
+    layer_loop="scan",
   )
   rows, prompt, response = 2, 48, 16
   tokens = jax.ShapeDtypeStruct((rows, prompt + response), jnp.int32)
