@@ -145,6 +145,7 @@ def test_bf16_forward_within_documented_bound(hf_case):
   assert agree >= 0.9
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layer_loop,remat", [("unroll", False), ("unroll", True), ("scan", False)])
 def test_response_logprob_gradients_match_transformers_float64(layer_loop, remat, tmp_path):
   """The update's path (`response_logprobs`: the decoder keeps the last R + 1 positions, so when
