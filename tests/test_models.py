@@ -149,28 +149,31 @@ def test_bf16_forward_within_documented_bound(hf_case):
 @pytest.mark.parametrize("layer_loop,remat", [("unroll", False), ("unroll", True), ("scan", False)])
 def test_response_logprob_gradients_match_transformers_float64(layer_loop, remat, tmp_path):
   """The update's path (`response_logprobs`: the decoder keeps the last R + 1 positions, so when
-  unrolled its last layer runs the response positions alone) gives the gradients of a weighted
-  sum of response log-probs that float64 autograd of transformers' full forward gives."""
+  unrolled its last layer runs the response positions alone) on a left-padded batch gives the
+  gradients of a weighted sum of response log-probs that float64 autograd of transformers gives,
+  each row run alone without padding (the sum over rows makes the batch's gradient the sum of
+  the rows'; transformers' eager backward through pad queries would be NaN)."""
   model = hf_fixtures.make_hf_model("qwen3", False, seed=3)
   path = hf_fixtures.save_hf_model(model, tmp_path / "model")
   config, params = load_pretrained(path, dtype="float32")
   config = config.replace(layer_loop=layer_loop, remat=remat)
-  tokens, mask = hf_fixtures.ragged_batch(config.vocab_size, [12] * 3, seed=8)
-  R = 5
-  w = np.random.default_rng(9).normal(size=(3, R)).astype(np.float32)
+  lengths, R = [12, 9, 6], 5
+  tokens, mask = hf_fixtures.ragged_batch(config.vocab_size, lengths, seed=8)
+  w = np.random.default_rng(9).normal(size=(len(lengths), R))
 
   def loss(p):
     logp, _ = response_logprobs(config, p, tokens, mask, R)
-    return jnp.sum(w * logp)
+    return jnp.sum(w.astype(np.float32) * logp)
 
   ours = dict(hf_io.to_hf_tensors(config, jax.grad(loss)(params)))
 
   model64 = model.double()
   model64.zero_grad(set_to_none=True)
-  logits = model64(input_ids=torch.tensor(tokens, dtype=torch.long), use_cache=False).logits
-  logp = torch.log_softmax(logits[:, -R - 1 : -1], -1)
-  picked = torch.gather(logp, -1, torch.tensor(tokens[:, -R:], dtype=torch.long)[..., None])
-  (torch.tensor(w, dtype=torch.float64) * picked[..., 0]).sum().backward()
+  for row, n in enumerate(lengths):  # .backward() adds each row's gradients into .grad
+    ids = torch.tensor(tokens[row : row + 1, -n:], dtype=torch.long)
+    logp = torch.log_softmax(model64(input_ids=ids, use_cache=False).logits[0, -R - 1 : -1], -1)
+    picked = torch.gather(logp, -1, ids[0, -R:, None])[:, 0]
+    (torch.tensor(w[row]) * picked).sum().backward()
   want = {name: p.grad.numpy() for name, p in model64.named_parameters() if p.grad is not None}
   model.float()
 

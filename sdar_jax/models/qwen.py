@@ -299,7 +299,8 @@ def apply(
   attention_mask: jax.Array,
   keep_last: int | None = None,
 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-  """Runs the decoder on tokens [B, T] and returns (final-normed hidden [B, T, D], (k, v)).
+  """Runs the decoder on tokens [B, T] and returns (final-normed hidden [B, T, D], or [B, n, D]
+  with `keep_last` = n, and (k, v)).
 
   `attention_mask` [B, T] marks real tokens (0 = padding); each token attends causally to the
   real tokens up to itself. k [L, B, K, H, T] and v [L, B, K, T, H] are every layer's keys and
@@ -309,9 +310,9 @@ def apply(
 
   `keep_last` = n: only the last n positions' hidden states are returned ([B, n, D]; the keys and
   values still cover every position): a sampler's prefill needs 1, the update the response
-  positions. Unrolled, with the "xla" attention, the last layer then runs its queries, attention
-  and MLP for those n positions alone (`_tail_layer`): for a 4-layer model a quarter of the layer
-  work at every other position, in the backward pass as well.
+  positions. Unrolled, with the "xla" attention (or n = 1 with any), the last layer then runs
+  its queries, attention and MLP for those n positions alone (`_tail_layer`): for a 4-layer model
+  a quarter of the layer work at every other position, in the backward pass as well.
   """
   T = tokens.shape[1]
   if keep_last is not None and not 1 <= keep_last <= T:
@@ -333,8 +334,9 @@ def apply(
     per_layer = []
     layers = unstack_layers(config, params)
     # The tail layer attends with "xla" (its [B, N, n, T] scores materialised), so it is taken
-    # only where the whole sequence would use "xla" too.
-    tail_layer = tail and attention.attention_implementation(config, T) == "xla"
+    # where the whole sequence would use "xla" too, or for one position (a prefill's), whose
+    # scores are small at any length.
+    tail_layer = tail and (keep_last == 1 or attention.attention_implementation(config, T) == "xla")
     for i, layer_params in enumerate(layers):
       if tail_layer and i == len(layers) - 1:
         last = functools.partial(_tail_layer, config, n=keep_last)
@@ -384,7 +386,7 @@ def prefill(
   last_only: bool = False,
 ) -> tuple[jax.Array, KVCache]:
   """Runs left-padded prompts tokens [B, T] (`attention_mask` [B, T], 1 = real token) and returns
-  their final-normed hidden states [B, T, D] and a KVCache of `cache_size` slots per row: the
+  their final-normed hidden states [B, T, D] ([B, 1, D] with `last_only`) and a KVCache of `cache_size` slots per row: the
   prompts' keys/values in slots 0..T-1, the rest free for `decode_step` (next slot: T).
   `last_only`: the hidden state of the last position only, [B, 1, D] (see `apply`; what a sampler
   needs, and cheaper)."""
