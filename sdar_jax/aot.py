@@ -190,7 +190,10 @@ def topology_devices(tpu_slice: Slice) -> list[Any]:
 # ---------------------------------------------------------------------------------------- FLOPs
 def forward_flops(config: ModelConfig, rows: int, length: int, head_positions: int) -> int:
   """Model FLOPs of one forward over rows x length tokens with `head_positions` positions per row
-  through the lm_head (see the module docstring for the formula)."""
+  through the lm_head (see the module docstring for the formula). Every layer is counted at every
+  position, as the scanned layers of TPU / GPU run them; unrolled (CPU), the update's last layer
+  skips the prompt positions (`sdar_jax.models.qwen.apply`'s `keep_last`), so there this counts
+  more than is run."""
   L, D, N, K, H, F, V = (
     config.num_layers,
     config.hidden_size,
