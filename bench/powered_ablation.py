@@ -91,7 +91,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO not in sys.path:
@@ -476,6 +476,22 @@ def _lost_lines(lost: Sequence[tuple[str, int, str, int]]) -> list[str]:
   ]
 
 
+def step_commits(steps: Sequence[Step]) -> dict[str, list[str]]:
+  """commit -> the labels of the steps whose attempts ran at it (`collect.code_commit`, kept in
+  each step's run_status.json; "not recorded" for attempts from before it was kept). A step
+  resumed by a later commit counts under both."""
+  found: dict[str, list[str]] = {}
+  for step in steps:
+    attempts = (collect.read_status(step.results) or {}).get("attempts", [])
+    for commit in sorted({a.get("commit") or "not recorded" for a in attempts}):
+      found.setdefault(commit, []).append(step.label)
+  return found
+
+
+def _commit_lines(found: Mapping[str, list[str]]) -> list[str]:
+  return [f"code at {commit}: {len(labels)} step(s)" for commit, labels in sorted(found.items())]
+
+
 def status(out: str, python: str = sys.executable, stage: int = 1) -> str:
   """How far the plan got: steps done of those known, the wall time they cost, the chosen rates."""
   st = STAGES[stage]
@@ -492,6 +508,7 @@ def status(out: str, python: str = sys.executable, stage: int = 1) -> str:
   ]
   lines += [f"  next: {s.label}" for s in steps if not step_done(s)][:3]
   lines += _lost_lines(lost_episodes(done))
+  lines += _commit_lines(step_commits(done))
   return "\n".join(lines)
 
 
@@ -936,7 +953,10 @@ def report(
   if st.skills:
     _write_csv(os.path.join(dest, "paired.csv"), pairs, PAIRED_COLUMNS)
     lines += _stage_two_sections(out, runs, dest, resamples)
-  lost = lost_episodes([s for s in plan(out, sys.executable, stage=stage) if step_done(s)])
+  done = [s for s in plan(out, sys.executable, stage=stage) if step_done(s)]
+  lines += ["", "The code that ran the stage's finished steps (the commit each attempt ran at):"]
+  lines += [f"- {line}" for line in _commit_lines(step_commits(done))]
+  lost = lost_episodes(done)
   lines += ["", "Lost episodes (every finished step of the stage, the rate search's included):"]
   lines += [f"- {line}" for line in _lost_lines(lost)]
   if lost:

@@ -9,6 +9,7 @@ import json
 import math
 import os
 import shutil
+import subprocess
 
 import pytest
 
@@ -245,6 +246,28 @@ def test_run_and_record_keeps_attempts(tmp_path):
   assert status["finished"] is True and [a["seconds"] for a in status["attempts"]] == [42.0, 42.0]
   assert collect.wall_seconds(run) == 84.0 and collect.run_state(run) == "finished"
   assert open(log).read() == "trained\ntrained\n" and calls[0] == (["train"], "/repo")
+
+
+def test_an_attempt_keeps_the_commit_of_the_code_that_ran_it(tmp_path):
+  """The attempt records `git rev-parse HEAD` of the folder the command runs in, marked when a
+  tracked file differs from it; nothing outside a git work tree."""
+  repo = tmp_path / "repo"
+  repo.mkdir()
+  (repo / "train.py").write_text("lr = 1e-3\n")
+  git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
+  for args in (["init", "-q"], ["add", "train.py"], ["commit", "-q", "-m", "first"]):
+    subprocess.run([*git, *args], check=True)
+  head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+  run = str(tmp_path / "run")
+  os.makedirs(run)
+  done = lambda *a, **k: 0  # noqa: E731
+  collect.run_and_record(["train"], run, cwd=str(repo), runner=done)
+  (repo / "train.py").write_text("lr = 5e-4\n")
+  (repo / "notes.txt").write_text("untracked: not a change of the code\n")
+  collect.run_and_record(["train"], run, cwd=str(repo), runner=done)
+  collect.run_and_record(["train"], run, cwd=str(tmp_path), runner=done)
+  commits = [a["commit"] for a in collect.read_status(run)["attempts"]]
+  assert commits == [head[:12], head[:12] + "+modified", None]
 
 
 def test_wall_time_of_a_killed_attempt(tmp_path):

@@ -103,6 +103,22 @@ def test_a_killed_evaluation_is_not_done(powered, tmp_path):
   assert powered.step_done(step)
 
 
+def test_steps_are_counted_under_the_commits_that_ran_them(powered, tmp_path):
+  out = str(tmp_path)
+  first, second, old = (powered.heldout_step(out, "grpo", 5e-4, s, "py") for s in (0, 1, 2))
+  for step, commits in ((first, ["aaa"]), (second, ["aaa", "bbb"]), (old, [None])):
+    os.makedirs(step.results)
+    attempts = [{"started": 0.0, "returncode": 0} | ({"commit": c} if c else {}) for c in commits]
+    with open(os.path.join(step.results, "run_status.json"), "w") as f:
+      json.dump({"attempts": attempts, "finished": True}, f)
+  found = powered.step_commits([first, second, old])
+  assert found == {"aaa": [first.label, second.label], "bbb": [second.label],
+                   "not recorded": [old.label]}  # fmt: skip
+  assert powered._commit_lines(found) == [
+    "code at aaa: 2 step(s)", "code at bbb: 1 step(s)", "code at not recorded: 1 step(s)"
+  ]  # fmt: skip
+
+
 def test_the_report_pairs_seeds_and_games_and_corrects_across_comparisons(powered, tmp_path):
   """Two arms, seeds 0 and 1 at the chosen rate 5e-4, 4 held-out games a panel: the table's
   means and the paired differences worked by hand."""

@@ -458,6 +458,25 @@ def run_state(run_dir: str) -> str:
   return "partial" if any(paths.exists(paths.join(run_dir, p)) for p in started) else "new"
 
 
+def code_commit(folder: str | None = None) -> str | None:
+  """The git commit checked out in `folder` (default: the working directory), short form, with
+  "+modified" when a tracked file differs from it; None outside a git work tree or without git."""
+
+  def git(*args: str) -> str | None:
+    try:
+      done = subprocess.run(
+        ["git", *args], cwd=folder, capture_output=True, text=True, check=False, timeout=30
+      )
+    except (OSError, subprocess.TimeoutExpired):
+      return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+  commit = git("rev-parse", "--short=12", "HEAD")
+  if not commit:
+    return None
+  return commit + ("+modified" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
 def run_and_record(
   cmd: Sequence[str],
   run_dir: str,
@@ -467,12 +486,13 @@ def run_and_record(
   clock: Callable[[], float] = time.time,
 ) -> int:
   """Runs `cmd` (a training run writing into `run_dir`) to its end and keeps its run record:
-  an attempt (start, end, seconds, return code) is added before it starts and completed after;
-  a return code of 0 marks the run finished. Output goes to `log_path` (appended) when given.
-  Returns the return code."""
+  an attempt (start, end, seconds, return code, and the commit of the code in `cwd` that ran it,
+  `code_commit`) is added before it starts and completed after; a return code of 0 marks the run
+  finished. Output goes to `log_path` (appended) when given. Returns the return code."""
   status = dict(read_status(run_dir) or {})
   attempts = list(status.get("attempts", []))
   attempt: dict[str, Any] = {"started": clock(), "ended": None, "seconds": None, "returncode": None}
+  attempt["commit"] = code_commit(cwd)
   attempts.append(attempt)
   status.update(attempts=attempts, finished=False, command=list(cmd))
   _write_status(run_dir, status)
