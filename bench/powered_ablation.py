@@ -4,6 +4,7 @@ the final policies measured on two held-out panels.
 
     nohup .venv/bin/python bench/powered_ablation.py run > runs/powered/run.log 2>&1 &
     .venv/bin/python bench/powered_ablation.py status      # how far it got, what it cost
+    .venv/bin/python bench/powered_ablation.py snapshot --snapshot=docs/results/powered_state
     .venv/bin/python bench/powered_ablation.py plan        # every command, in order, run nothing
     .venv/bin/python bench/powered_ablation.py report      # docs/results/powered/: tables, CSVs
 
@@ -39,6 +40,18 @@ yields to anything else on the machine); resumable at any point, per arm, rate a
 finished run or evaluation is skipped, an interrupted training resumes from its checkpoint).
 Stop it before a test run (`kill <pid>`: the running step stops with it). Its state is the run
 folders under --out (default runs/powered) and <out>/chosen_rates.json.
+
+A machine can be lost with everything on it that git does not hold. `run --snapshot=<folder>`
+copies the records of every finished step (no weights: SNAPSHOT_SKIPS) there after each step, a
+folder to commit; on a fresh machine `restore --snapshot=<folder>` puts them back into --out and
+`run` goes on. A restored run has no weights: before its held-out evaluation, `run` trains it again
+(training is deterministic on one machine and commit) and logs whether the valid_seen outcomes
+agree with the kept records.
+
+`run --adopt=<file>` takes rates an earlier search chose (arm -> chosen rate, the search's source
+and figures; bench/powered_stage1_rates.json holds the first stage's, from runs trained by
+1f3ba72 and lost with their machine): those arms skip the search and train all 8 seeds, the
+search seeds included, at that rate (49 steps for the stage instead of 61).
 
 The second stage (`--stage 2` to run, status, plan and report; the default, 1, is the above). It
 runs after the first has finished, on the same --out, so it finds the first stage's runs there
@@ -193,11 +206,17 @@ class Stage:
   def total(self) -> int:
     """Steps once every rate is chosen (each trained arm: the search, the other seeds, one or two
     held-out evaluations a seed; each reused arm: its with-skills evaluations; the initial policy)."""
+    return self.total_with(())
+
+  def total_with(self, adopted: Sequence[str]) -> int:
+    """`total` when the `adopted` arms skip the search (their rate adopted from an earlier one):
+    such an arm trains its search seeds at the adopted rate instead of every rate."""
     evaluations = 2 if self.skills else 1
     trained = len(RATES) * len(SEARCH_SEEDS) + len(self.seeds) * (1 + evaluations)
     reused = len(self.reused) * len(self.seeds) if self.skills else 0
     check = 1 if "grpo" in self.reused else 0  # the commit check
-    return len(self.arms) * (trained - len(SEARCH_SEEDS)) + reused + check + 1
+    skipped = (len(RATES) - 1) * len(SEARCH_SEEDS) * len(set(adopted) & set(self.arms))
+    return len(self.arms) * (trained - len(SEARCH_SEEDS)) + reused + check + 1 - skipped
 
 
 def run_dir(out: str, arm: str, rate: float, seed: int) -> str:
@@ -324,13 +343,79 @@ def choose_rate(results: dict[float, list[tuple[float, float]]]) -> float:
   return max(sorted(results), key=key)
 
 
+ADOPTED = "adopted_rates.json"  # <out>/adopted_rates.json: rates an earlier search chose
+
+
+def read_adopted(path: str) -> dict[str, dict[str, object]]:
+  """An adopted-rates file: {arm: {"chosen": rate, "source": where the search ran, "search":
+  {rate name: {"final": [...]}}}}. Raises ValueError naming what is wrong."""
+  with open(path) as f:
+    record = json.load(f)
+  if not isinstance(record, dict) or not record:
+    raise ValueError(f"{path}: expected a JSON object arm -> {{'chosen': rate, 'source': ...}}")
+  for arm, entry in record.items():
+    if arm not in ALL_ARMS:
+      raise ValueError(f"{path}: unknown arm {arm!r}; the arms are {sorted(ALL_ARMS)}")
+    if not isinstance(entry, dict) or entry.get("chosen") not in RATES or not entry.get("source"):
+      raise ValueError(
+        f"{path}: arm {arm!r} needs 'chosen' (one of {list(RATES)}) and 'source' (the commit and "
+        f"record of the search that chose it); it has {entry!r}"
+      )
+  return record
+
+
+def adopted_rates(out: str) -> dict[str, float]:
+  """arm -> rate for the arms whose rate was adopted from an earlier search (<out>/ADOPTED): their
+  search is not run again; their search seeds train at that rate like the other seeds."""
+  path = os.path.join(out, ADOPTED)
+  if not os.path.isfile(path):
+    return {}
+  return {arm: float(e["chosen"]) for arm, e in read_adopted(path).items()}
+
+
+def adopt(out: str, path: str) -> dict[str, float]:
+  """Copies an adopted-rates file into `out` (see `adopted_rates`); refuses to change one already
+  there, or to adopt a rate for an arm that has search runs in `out` (its own search decides)."""
+  record = read_adopted(path)
+  target = os.path.join(out, ADOPTED)
+  if os.path.isfile(target):
+    if read_adopted(target) != record:
+      raise ValueError(
+        f"{target} already adopts other rates than {path}; a stage's rates never change under "
+        "it. Fix: pass the same file, or use a new --out."
+      )
+    return adopted_rates(out)
+  for arm, entry in record.items():
+    searched = [
+      run_dir(out, arm, r, s)
+      for r in RATES
+      for s in SEARCH_SEEDS
+      if r != entry["chosen"] and collect.run_state(run_dir(out, arm, r, s)) != "new"
+    ]
+    if searched:
+      raise ValueError(
+        f"{out} already holds search runs of {arm!r} ({searched[0]} ...): its own search "
+        "decides its rate. Fix: adopt rates only into a fresh --out."
+      )
+  os.makedirs(out, exist_ok=True)
+  with open(target, "w") as f:
+    json.dump(record, f, indent=1)
+  return adopted_rates(out)
+
+
 def chosen_rates(
   out: str, arms: Sequence[str] = tuple(ARMS), record_file: str | None = "chosen_rates.json"
 ) -> dict[str, float]:
   """Each arm whose search runs all finished -> its chosen rate (also written to
-  <out>/<record_file> with the figures that chose it; None writes nothing)."""
+  <out>/<record_file> with the figures that chose it; None writes nothing). An arm whose rate was
+  adopted (<out>/ADOPTED) gets that rate, and its record says where it came from."""
   chosen, record = {}, {}
+  adopted = read_adopted(os.path.join(out, ADOPTED)) if adopted_rates(out) else {}
   for arm in arms:
+    if arm in adopted:
+      chosen[arm] = float(adopted[arm]["chosen"])
+      record[arm] = {"adopted": True, **adopted[arm]}
+      continue
     results = {}
     for rate in RATES:
       finals = [final_success(run_dir(out, arm, rate, s)) for s in SEARCH_SEEDS]
@@ -370,7 +455,14 @@ def plan(
 
 def _plan(out: str, python: str, st: Stage, arms: Sequence[str] | None = None) -> list[Step]:
   arms = tuple(st.arms if arms is None else arms)
-  steps = [train_step(out, a, r, s, python) for a in arms for r in RATES for s in SEARCH_SEEDS]
+  adopted = adopted_rates(out)
+  steps = [
+    train_step(out, a, r, s, python)
+    for a in arms
+    if a not in adopted
+    for r in RATES
+    for s in SEARCH_SEEDS
+  ]
   steps.append(initial_step(out, python, skills=st.skills))
   chosen = chosen_rates(out, (*st.reused, *arms), st.rates_file)
   if "grpo" in st.reused and "grpo" in chosen:
@@ -382,7 +474,7 @@ def _plan(out: str, python: str, st: Stage, arms: Sequence[str] | None = None) -
     for arm in arms:
       if arm in chosen:
         rate = chosen[arm]
-        if seed not in SEARCH_SEEDS:
+        if seed not in SEARCH_SEEDS or arm in adopted:
           steps.append(train_step(out, arm, rate, seed, python))
         steps.append(heldout_step(out, arm, rate, seed, python))
         if st.skills:
@@ -394,7 +486,8 @@ def steps_left(out: str, stage: int) -> int:
   """How many of the stage's steps are not done, those not planned yet included (its total less
   the done ones); writes no chosen-rates file."""
   st = dataclasses.replace(STAGES[stage], rates_file=None)
-  return st.total - sum(step_done(s) for s in _plan(out, sys.executable, st))
+  total = st.total_with(tuple(adopted_rates(out)))
+  return total - sum(step_done(s) for s in _plan(out, sys.executable, st))
 
 
 def evaluated(folder: str) -> bool:
@@ -406,6 +499,116 @@ def step_done(step: Step) -> bool:
   if step.kind == "train":
     return collect.run_state(step.workdir) == "finished"
   return evaluated(step.results)
+
+
+def has_final_checkpoint(run: str) -> bool:
+  """Whether a finished run still holds the checkpoint of its last step (an evaluation reads the
+  final policy from it; without one it would evaluate the warm-started weights instead)."""
+  from sdar_jax.run.checkpoint import CheckpointManager
+
+  folder = os.path.join(run, "checkpoints")
+  total = (
+    collect.read_run(run).total_steps if os.path.isfile(os.path.join(run, "config.json")) else None
+  )
+  if total is None or not os.path.isdir(folder):
+    return False
+  with CheckpointManager(folder, read_only=True) as ckpt:
+    return total in ckpt.all_steps()
+
+
+# What a snapshot leaves out: the weights (a cache: every run trains again to the same figures)
+SNAPSHOT_SKIPS = ("checkpoints", "warm_start_policy")
+SNAPSHOT_MAX_BYTES = 4 << 20  # a bigger file stays out of a snapshot (none of the records is)
+
+
+def _unfinished(folder: str) -> bool:
+  """A training run or a held-out evaluation that has not finished (in flight or killed)."""
+  if os.path.isfile(os.path.join(folder, evaluation.EVAL_RECORD)):
+    return not evaluated(folder)
+  if os.path.isfile(os.path.join(folder, collect.RUN_STATUS)) or collect.is_run_dir(folder):
+    return collect.run_state(folder) != "finished"
+  return False
+
+
+def snapshot(out: str, dest: str) -> tuple[int, list[str]]:
+  """Copies every record under `out` (run status, configs, metrics, logs, evaluations, per-game
+  outcomes, chosen rates) of the finished steps into `dest`, the weights left out (SNAPSHOT_SKIPS),
+  so a fresh machine restores the experiment's state from it (`restore`). Returns (files written, files left out
+  for size). A file already in `dest` with the same bytes is not written again."""
+  import filecmp
+  import shutil
+
+  written, big = 0, []
+  for folder, dirnames, files in os.walk(out):
+    if _unfinished(folder):
+      dirnames[:] = []  # a run or evaluation in flight (or killed): played again after a restore
+      continue
+    dirnames[:] = sorted(d for d in dirnames if d not in SNAPSHOT_SKIPS)
+    for name in sorted(files):
+      src = os.path.join(folder, name)
+      target = os.path.join(dest, os.path.relpath(src, out))
+      if os.path.getsize(src) > SNAPSHOT_MAX_BYTES:
+        big.append(src)
+        continue
+      if os.path.isfile(target) and filecmp.cmp(src, target, shallow=False):
+        continue
+      os.makedirs(os.path.dirname(target), exist_ok=True)
+      shutil.copyfile(src, target)
+      written += 1
+  return written, big
+
+
+def restore(snapshot_dir: str, out: str) -> int:
+  """Copies a snapshot's files into `out` where `out` lacks them (it never replaces a file);
+  returns how many. A restored finished run has no weights: before an evaluation of it, `run`
+  trains it again (see `retrain_lost`)."""
+  import shutil
+
+  copied = 0
+  for folder, dirnames, files in os.walk(snapshot_dir):
+    dirnames.sort()
+    for name in sorted(files):
+      src = os.path.join(folder, name)
+      target = os.path.join(out, os.path.relpath(src, snapshot_dir))
+      if not os.path.exists(target):
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.copyfile(src, target)
+        copied += 1
+  return copied
+
+
+def retrain_lost(step: Step, out: str, python: str) -> tuple[Step, str]:
+  """An evaluation whose finished run lost its weights (restored from a snapshot): the run's
+  folder moves aside to <run>.restored[-N] and the returned train step trains it again into its
+  own folder. Returns (that step, the folder aside); `after_retrain` then brings back the
+  evaluations that had finished and compares the two trainings."""
+  aside, n = f"{step.workdir}.restored", 1
+  while os.path.exists(aside):
+    n += 1
+    aside = f"{step.workdir}.restored-{n}"
+  os.rename(step.workdir, aside)
+  arm = "grpo" if step.arm == "grpo_commit_check" else step.arm
+  return train_step(out, arm, step.rate, step.seed, python), aside
+
+
+def after_retrain(run: str, aside: str) -> str:
+  """Moves the finished evaluations of the folder aside back into the retrained run and says
+  whether the two trainings' valid_seen outcomes agree game by game."""
+  import shutil
+
+  for name in RESULTS_DIRS.values():
+    src, dst = os.path.join(aside, name), os.path.join(run, name)
+    if evaluated(src) and not os.path.exists(dst):
+      shutil.copytree(src, dst)
+  a, b = compare.eval_outcomes(aside), compare.eval_outcomes(run)
+  pairs = [
+    (a[s][g], b[s][g]) for s in sorted(set(a) & set(b)) for g in sorted(set(a[s]) & set(b[s]))
+  ]
+  differ = sum(x != y for x, y in pairs)
+  return (
+    f"retrained {run}: {differ} of {len(pairs)} valid_seen outcomes differ from the records "
+    f"kept in {aside}"
+  )
 
 
 def _clock(seconds: float) -> str:
@@ -420,10 +623,13 @@ def run(
   echo: Callable[[str], None] = lambda line: print(line, flush=True),
   max_steps: int | None = None,
   stage: int = 1,
+  snapshot_to: str | None = None,
 ) -> int:
   """Plays the plan's steps not yet done, one after another, re-planning after each (a chosen
   rate adds steps); returns the number of failed steps. A step's output goes to its results
-  folder's log (train.log / heldout.log), its wall time and attempts to run_status.json."""
+  folder's log (train.log / heldout.log), its wall time and attempts to run_status.json. An
+  evaluation of a run that lost its weights trains that run again first (`retrain_lost`).
+  `snapshot_to`: after each step, `snapshot` the records there."""
   import subprocess
 
   runner = runner or subprocess.run
@@ -436,6 +642,10 @@ def run(
     if not todo:
       break
     step, total = todo[0], len(steps)
+    aside = None
+    if step.kind != "train" and step.arm != "initial" and not has_final_checkpoint(step.workdir):
+      step, aside = retrain_lost(step, out, python)
+      echo(f"{step.label}: its final weights are gone (records kept in {aside}); training again")
     echo(
       f"[{total - len(todo) + 1}/{total}+] {step.label}: starting, elapsed "
       f"{_clock(time.time() - start)}; output in {step.results}"
@@ -449,6 +659,14 @@ def run(
     if code:
       failed.add(step.label)
       echo(f"{step.label}: failed with exit code {code}; see {log}")
+    elif aside:
+      echo(after_retrain(step.workdir, aside))
+    if snapshot_to:
+      written, big = snapshot(out, snapshot_to)
+      echo(
+        f"snapshot: {written} file(s) written to {snapshot_to}"
+        + (f"; too big: {big}" if big else "")
+      )
   echo(f"stopped after {played} step(s) in {_clock(time.time() - start)}; {len(failed)} failed")
   return len(failed)
 
@@ -503,7 +721,7 @@ def status(out: str, python: str = sys.executable, stage: int = 1) -> str:
     seconds += wall or 0.0
   lines = [
     f"{len(done)}/{len(steps)} steps done (more are planned once every arm's rate is chosen: "
-    f"{st.total} in all), {seconds / 3600:.2f} h of wall time",
+    f"{st.total_with(tuple(adopted_rates(out)))} in all), {seconds / 3600:.2f} h of wall time",
     f"chosen rates: {chosen_rates(out, (*st.reused, *st.arms), st.rates_file) or 'none yet'}",
   ]
   lines += [f"  next: {s.label}" for s in steps if not step_done(s)][:3]
@@ -1077,7 +1295,7 @@ def _stage_two_sections(
 
 def main(argv: Sequence[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("action", choices=("run", "status", "plan", "report"))
+  parser.add_argument("action", choices=("run", "status", "plan", "report", "snapshot", "restore"))
   parser.add_argument("--stage", type=int, choices=sorted(STAGES), default=1, help="which stage")
   parser.add_argument("--out", default="runs/powered", help="the runs' parent folder")
   parser.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
@@ -1092,7 +1310,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     action="store_true",
     help="run stage 2 although stage 1 has steps left (they then share the machine)",
   )
+  parser.add_argument(
+    "--snapshot",
+    default=None,
+    help="the records' copy without weights (run: written after each step; snapshot: written "
+    "now; restore: read into --out)",
+  )
+  parser.add_argument(
+    "--adopt",
+    default=None,
+    help="run: a JSON file of rates an earlier search chose (arm -> chosen, source, search); "
+    "those arms skip the search and train every seed at that rate",
+  )
   args = parser.parse_args(argv)
+  if args.action in ("snapshot", "restore"):
+    if not args.snapshot:
+      print(f"{args.action}: pass --snapshot=<folder> (the records' copy)", file=sys.stderr)
+      return 2
+    if args.action == "snapshot":
+      written, big = snapshot(args.out, args.snapshot)
+      print(f"{written} file(s) written to {args.snapshot}; left out for size: {big or 'none'}")
+    else:
+      print(f"{restore(args.snapshot, args.out)} file(s) restored into {args.out}")
+    return 0
+  if args.adopt:
+    try:
+      print(f"adopted rates: {adopt(args.out, args.adopt)}")
+    except (OSError, ValueError) as e:
+      print(f"--adopt={args.adopt}: {e}", file=sys.stderr)
+      return 2
   if args.action == "report":
     try:
       print(
@@ -1110,15 +1356,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(status(args.out, stage=args.stage))
     return 0
   if args.stage > 1 and not args.before_stage_1_ends and (left := steps_left(args.out, 1)):
+    total = STAGES[1].total_with(tuple(adopted_rates(args.out)))
     print(
-      f"stage {args.stage} not started: stage 1 has {left} of its {STAGES[1].total} steps left in "
-      f"{args.out}. Fix: wait until `status` says {STAGES[1].total}/{STAGES[1].total}, or pass "
+      f"stage {args.stage} not started: stage 1 has {left} of its {total} steps left in "
+      f"{args.out}. Fix: wait until `status` says {total}/{total}, or pass "
       "--before-stage-1-ends to share the machine with it.",
       file=sys.stderr,
     )
     return 2
   signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # kill: the running step stops with it
-  return 1 if run(args.out, max_steps=args.max_steps, stage=args.stage) else 0
+  failed = run(args.out, max_steps=args.max_steps, stage=args.stage, snapshot_to=args.snapshot)
+  return 1 if failed else 0
 
 
 if __name__ == "__main__":

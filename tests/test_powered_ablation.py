@@ -333,3 +333,117 @@ def test_the_commit_check_counts_the_valid_seen_outcomes_that_differ(powered, tm
   # 2 evaluations x 4 games; one game's final outcome differs
   assert (check["evaluations"], check["outcomes"], check["differ"]) == (2, 8, 1)
   assert check["final_again"] == 0.5
+
+
+def _adopted_file(tmp_path, rates):
+  path = tmp_path / "adopted.json"
+  record = {
+    arm: {
+      "chosen": rate,
+      "source": "search at commit abc",
+      "search": {"lr5.0e-04": {"final": [0.3, 0.3]}},
+    }
+    for arm, rate in rates.items()
+  }
+  path.write_text(json.dumps(record))
+  return str(path)
+
+
+def test_adopted_rates_skip_the_search_and_train_every_seed(powered, tmp_path):
+  out = str(tmp_path / "out")
+  adopted = _adopted_file(
+    tmp_path, {"grpo": 5e-4, "sdar_vocab": 1e-3, "sdar_vocab_noskills": 2.5e-4}
+  )
+  assert powered.adopt(out, adopted) == {
+    "grpo": 5e-4,
+    "sdar_vocab": 1e-3,
+    "sdar_vocab_noskills": 2.5e-4,
+  }
+  steps = powered.plan(out, python="py")
+  # no search: the initial policy's evaluation, then per seed every arm's training and evaluation
+  assert steps[0].arm == "initial"
+  assert len(steps) == powered.STAGES[1].total_with(("grpo", "sdar_vocab", "sdar_vocab_noskills"))
+  assert len(steps) == 1 + 8 * 3 * 2 == 49
+  assert [(s.kind, s.arm, s.seed) for s in steps[1:5]] == [
+    ("train", "grpo", 0), ("heldout", "grpo", 0), ("train", "sdar_vocab", 0),
+    ("heldout", "sdar_vocab", 0),
+  ]  # fmt: skip
+  assert {s.rate for s in steps if s.arm == "sdar_vocab"} == {1e-3}
+  record = json.load(open(os.path.join(out, "chosen_rates.json")))
+  assert record["grpo"]["adopted"] and record["grpo"]["source"] == "search at commit abc"
+  assert powered.steps_left(out, 1) == 49
+  # the same file again is fine; other rates are refused, as is an arm with a search of its own
+  powered.adopt(out, adopted)
+  with pytest.raises(ValueError, match="already adopts other rates"):
+    powered.adopt(out, _adopted_file(tmp_path, {"grpo": 1e-3}))
+  fresh = str(tmp_path / "fresh")
+  fake_run(powered.run_dir(fresh, "grpo", 1e-3, 0), "grpo", 0, [(0, 0.1), (16, 0.2)], 16)
+  with pytest.raises(ValueError, match="search runs of 'grpo'"):
+    powered.adopt(fresh, _adopted_file(tmp_path, {"grpo": 5e-4}))
+  bad = tmp_path / "bad.json"
+  bad.write_text(json.dumps({"grpo": {"chosen": 3e-4, "source": "x"}}))
+  with pytest.raises(ValueError, match="'chosen'"):
+    powered.adopt(fresh, str(bad))
+
+
+def test_a_snapshot_restores_the_records_and_a_lost_run_trains_again(
+  powered, tmp_path, monkeypatch
+):
+  """A snapshot keeps the finished steps' records without weights; restored on a fresh machine,
+  the finished steps stay done, and an evaluation whose run lost its weights trains the run again
+  first, then gets back the evaluations that had finished."""
+  out, snap, fresh = (str(tmp_path / d) for d in ("out", "snap", "fresh"))
+  rates = {"grpo": 5e-4, "sdar_vocab": 1e-3, "sdar_vocab_noskills": 2.5e-4}
+  powered.adopt(out, _adopted_file(tmp_path, rates))
+  run0, run1 = powered.run_dir(out, "grpo", 5e-4, 0), powered.run_dir(out, "sdar_vocab", 1e-3, 0)
+  for run in (run0, run1):
+    fake_run(run, "grpo", 0, [(0, 0.1), (8, 0.2), (16, 0.3)], 16, seconds=400.0)
+    os.makedirs(os.path.join(run, "checkpoints", "16"))
+    (tmp_path / "w").write_bytes(b"x" * 10)
+    os.replace(tmp_path / "w", os.path.join(run, "checkpoints", "16", "weights"))
+  _evaluated(os.path.join(run0, "heldout"))
+  _outcomes(os.path.join(run0, "heldout"), [1, 0, 1])
+  _evaluated(os.path.join(run1, "heldout"), finished=False)  # killed in flight
+  written, big = powered.snapshot(out, snap)
+  assert not big and written > 0 and powered.snapshot(out, snap)[0] == 0  # unchanged: none again
+  kept = {os.path.relpath(os.path.join(d, f), snap) for d, _, fs in os.walk(snap) for f in fs}
+  assert not any("checkpoints" in k for k in kept)
+  assert os.path.join("grpo", "lr5.0e-04", "seed0", "heldout", "outcomes_val.csv") in kept
+  assert not any(
+    k.startswith(os.path.join("sdar_vocab", "lr1.0e-03", "seed0", "heldout")) for k in kept
+  )
+  assert powered.restore(snap, fresh) == len(kept) and powered.restore(snap, fresh) == 0
+
+  # the fresh machine: the runs' weights are gone; grpo's evaluation is done, sdar_vocab's not
+  monkeypatch.setattr(
+    powered, "has_final_checkpoint", lambda run: os.path.isdir(os.path.join(run, "checkpoints"))
+  )
+  played = []
+
+  def runner(cmd, stdout=None, stderr=None, cwd=None, **_):
+    played.append(cmd)
+    workdir = next(a.split("=", 1)[1] for a in cmd if a.startswith("--workdir="))
+    if "sdar_jax.train" in cmd:
+      fake_run(workdir, "grpo", 0, [(0, 0.1), (8, 0.2), (16, 0.3)], 16)
+      os.makedirs(os.path.join(workdir, "checkpoints", "16"))
+    else:
+      _evaluated(next(a.split("=", 1)[1] for a in cmd if a.startswith("--output=")))
+
+    class Done:
+      returncode = 0
+
+    return Done()
+
+  lines = []
+  assert powered.run(fresh, python="py", runner=runner, echo=lines.append, max_steps=3) == 0
+  kinds = [
+    ("sdar_jax.train" in c, next(a for a in c if a.startswith("--workdir="))) for c in played
+  ]
+  seed1 = powered.run_dir(fresh, "sdar_vocab", 1e-3, 0)
+  # the initial policy, then sdar_vocab's run trained again before its evaluation
+  assert kinds[1:] == [(True, f"--workdir={seed1}"), (False, f"--workdir={seed1}")]
+  assert any("final weights are gone" in line for line in lines)
+  assert any("valid_seen outcomes differ from the records" in line for line in lines)
+  assert os.path.isdir(seed1 + ".restored")
+  # grpo's finished evaluation was not played again
+  assert not any(f"--workdir={powered.run_dir(fresh, 'grpo', 5e-4, 0)}" in c for c in played)
