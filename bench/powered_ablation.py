@@ -1094,6 +1094,38 @@ def plot_dynamics(runs: dict[str, dict[int, str]], path: str) -> str | None:
   return path
 
 
+def adopted_lines(out: str, arms: Sequence[str]) -> list[str]:
+  """report.md's table of the rates adopted from an earlier search (none: no lines): per arm, the
+  search's final valid_seen success at the chosen rate beside this stage's runs of the same seeds
+  at that rate (a later commit retracing the search's runs)."""
+  path = os.path.join(out, ADOPTED)
+  record = (
+    {a: e for a, e in read_adopted(path).items() if a in arms} if os.path.isfile(path) else {}
+  )
+  if not record:
+    return []
+  lines = [
+    "",
+    "Rates adopted from an earlier search (not searched again): its final valid_seen success at "
+    "the chosen rate beside this stage's runs of the same seeds at that rate.",
+    "",
+    "| arm | rate | the search's seeds "
+    + " / ".join(map(str, SEARCH_SEEDS))
+    + " | this stage's | source |",
+    "|---|---:|---|---|---|",
+  ]
+  for arm, entry in record.items():
+    rate = float(entry["chosen"])
+    kept = (entry.get("search") or {}).get(rate_name(rate), {}).get("final") or []
+    ours = [final_success(run_dir(out, arm, rate, s)) for s in SEARCH_SEEDS]
+    shown = " / ".join("running" if f is None else f"{f[0]:.3f}" for f in ours)
+    lines.append(
+      f"| `{arm}` | {rate:g} | {' / '.join(f'{x:.3f}' for x in kept) or 'not kept'} | {shown} "
+      f"| {entry['source']} |"
+    )
+  return lines
+
+
 def _f(x: object, digits: int = 3) -> str:
   return "-" if x is None or (isinstance(x, float) and not np.isfinite(x)) else f"{x:.{digits}f}"
 
@@ -1142,6 +1174,7 @@ def report(
       f"| {_f(r['heldout_unseen'])} ± {_f(r['heldout_unseen_sd'])} | {_f(r['valid_seen_final'])} "
       f"| {_f(r['valid_seen_auc'])} ± {_f(r['valid_seen_auc_sd'])} | {_f(r['wall_min'], 1)} |"
     )
+  lines += adopted_lines(out, (*st.reused, *st.arms))
   if any(initial.values()):
     shown = " / ".join(
       f"{panel} {np.mean(list(v.values())):.3f} ({len(v)} games)"

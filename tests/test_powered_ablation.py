@@ -372,6 +372,10 @@ def test_adopted_rates_skip_the_search_and_train_every_seed(powered, tmp_path):
   record = json.load(open(os.path.join(out, "chosen_rates.json")))
   assert record["grpo"]["adopted"] and record["grpo"]["source"] == "search at commit abc"
   assert powered.steps_left(out, 1) == 49
+  # the report sets the adopted search's figures beside this stage's runs of its seeds
+  fake_run(powered.run_dir(out, "grpo", 5e-4, 0), "grpo", 0, [(0, 0.1), (16, 0.25)], 16)
+  row = [line for line in powered.adopted_lines(out, ("grpo",)) if line.startswith("| `grpo`")]
+  assert row == ["| `grpo` | 0.0005 | 0.300 / 0.300 | 0.250 / running | search at commit abc |"]
   # the same file again is fine; other rates are refused, as is an arm with a search of its own
   powered.adopt(out, adopted)
   with pytest.raises(ValueError, match="already adopts other rates"):
