@@ -114,6 +114,7 @@ import numpy as np  # noqa: E402
 
 from sdar_jax.observe import collect, compare, stats, transcripts  # noqa: E402
 from sdar_jax.run import evaluation  # noqa: E402
+from sdar_jax.run.workdir_lock import LOCK_NAME  # noqa: E402
 
 CONFIG = "configs/default.py"
 # arm -> (algo preset, extra overrides)
@@ -518,6 +519,9 @@ def has_final_checkpoint(run: str) -> bool:
 
 # What a snapshot leaves out: the weights (a cache: every run trains again to the same figures)
 SNAPSHOT_SKIPS = ("checkpoints", "warm_start_policy")
+# and a workdir's lock (LOCK_NAME: its holder is a process of the machine that wrote it; restore
+# skips it too)
+
 SNAPSHOT_MAX_BYTES = 4 << 20  # a bigger file stays out of a snapshot (none of the records is)
 
 
@@ -544,7 +548,7 @@ def snapshot(out: str, dest: str) -> tuple[int, list[str]]:
       dirnames[:] = []  # a run or evaluation in flight (or killed): played again after a restore
       continue
     dirnames[:] = sorted(d for d in dirnames if d not in SNAPSHOT_SKIPS)
-    for name in sorted(files):
+    for name in sorted(set(files) - {LOCK_NAME}):
       src = os.path.join(folder, name)
       target = os.path.join(dest, os.path.relpath(src, out))
       if os.path.getsize(src) > SNAPSHOT_MAX_BYTES:
@@ -567,7 +571,7 @@ def restore(snapshot_dir: str, out: str) -> int:
   copied = 0
   for folder, dirnames, files in os.walk(snapshot_dir):
     dirnames.sort()
-    for name in sorted(files):
+    for name in sorted(set(files) - {LOCK_NAME}):
       src = os.path.join(folder, name)
       target = os.path.join(out, os.path.relpath(src, snapshot_dir))
       if not os.path.exists(target):
