@@ -517,10 +517,13 @@ def has_final_checkpoint(run: str) -> bool:
     return total in ckpt.all_steps()
 
 
-# What a snapshot leaves out: the weights (a cache: every run trains again to the same figures)
-SNAPSHOT_SKIPS = ("checkpoints", "warm_start_policy")
-# and a workdir's lock (LOCK_NAME: its holder is a process of the machine that wrote it; restore
-# skips it too)
+# What a snapshot leaves out: the weights (a cache: every run trains again to the same figures);
+# the bulky views no figure of the report reads (episode transcripts, pictures, token views, the
+# gap histograms, TensorBoard events: about 1 MB an evaluation, 25 times its figures); and a
+# workdir's lock (LOCK_NAME: its holder is a process of the machine that wrote it; restore skips
+# it too)
+SNAPSHOT_SKIPS = ("checkpoints", "warm_start_policy", "diagnostics")
+SNAPSHOT_SKIP_FILES = ("episodes_*.jsonl", "*.png", "*.html", "events.out.tfevents.*")
 
 SNAPSHOT_MAX_BYTES = 4 << 20  # a bigger file stays out of a snapshot (none of the records is)
 
@@ -536,10 +539,12 @@ def _unfinished(folder: str) -> bool:
 
 def snapshot(out: str, dest: str) -> tuple[int, list[str]]:
   """Copies every record under `out` (run status, configs, metrics, logs, evaluations, per-game
-  outcomes, chosen rates) of the finished steps into `dest`, the weights left out (SNAPSHOT_SKIPS),
+  outcomes, chosen rates) of the finished steps into `dest`, the weights and bulky views left out
+  (SNAPSHOT_SKIPS, SNAPSHOT_SKIP_FILES),
   so a fresh machine restores the experiment's state from it (`restore`). Returns (files written, files left out
   for size). A file already in `dest` with the same bytes is not written again."""
   import filecmp
+  import fnmatch
   import shutil
 
   written, big = 0, []
@@ -549,6 +554,8 @@ def snapshot(out: str, dest: str) -> tuple[int, list[str]]:
       continue
     dirnames[:] = sorted(d for d in dirnames if d not in SNAPSHOT_SKIPS)
     for name in sorted(set(files) - {LOCK_NAME}):
+      if any(fnmatch.fnmatch(name, pattern) for pattern in SNAPSHOT_SKIP_FILES):
+        continue
       src = os.path.join(folder, name)
       target = os.path.join(dest, os.path.relpath(src, out))
       if os.path.getsize(src) > SNAPSHOT_MAX_BYTES:

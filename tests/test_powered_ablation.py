@@ -409,10 +409,13 @@ def test_a_snapshot_restores_the_records_and_a_lost_run_trains_again(
   _outcomes(os.path.join(run0, "heldout"), [1, 0, 1])
   _evaluated(os.path.join(run1, "heldout"), finished=False)  # killed in flight
   open(os.path.join(run0, ".sdar_jax.lock"), "w").write('{"pid": 1}')  # this machine's process
+  open(os.path.join(run0, "heldout", "episodes_val.jsonl"), "w").write("{}\n")  # a transcript
   written, big = powered.snapshot(out, snap)
   assert not big and written > 0 and powered.snapshot(out, snap)[0] == 0  # unchanged: none again
   kept = {os.path.relpath(os.path.join(d, f), snap) for d, _, fs in os.walk(snap) for f in fs}
-  assert not any("checkpoints" in k or k.endswith(".sdar_jax.lock") for k in kept)
+  names = {os.path.basename(k) for k in kept}
+  assert not any("checkpoints" in k for k in kept) and {"metrics.jsonl", "config.json"} <= names
+  assert not names & {".sdar_jax.lock", "episodes_val.jsonl"}
   assert os.path.join("grpo", "lr5.0e-04", "seed0", "heldout", "outcomes_val.csv") in kept
   assert not any(
     k.startswith(os.path.join("sdar_vocab", "lr1.0e-03", "seed0", "heldout")) for k in kept
