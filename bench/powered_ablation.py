@@ -517,12 +517,12 @@ def has_final_checkpoint(run: str) -> bool:
     return total in ckpt.all_steps()
 
 
-# What a snapshot leaves out: the weights (a cache: every run trains again to the same figures);
-# the bulky views no figure of the report reads (episode transcripts, pictures, token views, the
-# gap histograms, TensorBoard events: about 1 MB an evaluation, 25 times its figures); and a
-# workdir's lock (LOCK_NAME: its holder is a process of the machine that wrote it; restore skips
-# it too)
-SNAPSHOT_SKIPS = ("checkpoints", "warm_start_policy", "diagnostics")
+# What a snapshot leaves out: the weights, checkpoints and the final export alike (a cache: a run
+# trains again, on one machine and commit to the same figures); the bulky views no figure of the
+# report reads (episode transcripts, pictures, token views, the gap histograms, TensorBoard
+# events: about 1 MB an evaluation, 25 times its figures); and a workdir's lock (LOCK_NAME: its
+# holder is a process of the machine that wrote it; restore skips it too)
+SNAPSHOT_SKIPS = ("checkpoints", "warm_start_policy", "hf_export", "diagnostics")
 SNAPSHOT_SKIP_FILES = ("episodes_*.jsonl", "*.png", "*.html", "events.out.tfevents.*")
 
 SNAPSHOT_MAX_BYTES = 4 << 20  # a bigger file stays out of a snapshot (none of the records is)

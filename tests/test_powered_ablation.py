@@ -409,12 +409,15 @@ def test_a_snapshot_restores_the_records_and_a_lost_run_trains_again(
   _outcomes(os.path.join(run0, "heldout"), [1, 0, 1])
   _evaluated(os.path.join(run1, "heldout"), finished=False)  # killed in flight
   open(os.path.join(run0, ".sdar_jax.lock"), "w").write('{"pid": 1}')  # this machine's process
+  os.makedirs(os.path.join(run0, "hf_export"))  # the final policy exported: weights too
+  open(os.path.join(run0, "hf_export", "model.safetensors"), "wb").write(b"\0" * 64)
   open(os.path.join(run0, "heldout", "episodes_val.jsonl"), "w").write("{}\n")  # a transcript
   written, big = powered.snapshot(out, snap)
   assert not big and written > 0 and powered.snapshot(out, snap)[0] == 0  # unchanged: none again
   kept = {os.path.relpath(os.path.join(d, f), snap) for d, _, fs in os.walk(snap) for f in fs}
   names = {os.path.basename(k) for k in kept}
-  assert not any("checkpoints" in k for k in kept) and {"metrics.jsonl", "config.json"} <= names
+  assert not any("checkpoints" in k or "hf_export" in k for k in kept)
+  assert {"metrics.jsonl", "config.json"} <= names
   assert not names & {".sdar_jax.lock", "episodes_val.jsonl"}
   assert os.path.join("grpo", "lr5.0e-04", "seed0", "heldout", "outcomes_val.csv") in kept
   assert not any(
