@@ -730,9 +730,11 @@ def status(out: str, python: str = sys.executable, stage: int = 1) -> str:
   for s in done:
     wall = collect.wall_seconds(s.results)
     seconds += wall or 0.0
+  total = st.total_with(tuple(adopted_rates(out)))
+  more = f" (more are planned once every arm's rate is chosen: {total} in all)"
   lines = [
-    f"{len(done)}/{len(steps)} steps done (more are planned once every arm's rate is chosen: "
-    f"{st.total_with(tuple(adopted_rates(out)))} in all), {seconds / 3600:.2f} h of wall time",
+    f"{len(done)}/{len(steps)} steps done{more if len(steps) < total else ''}, "
+    f"{seconds / 3600:.2f} h of wall time",
     f"chosen rates: {chosen_rates(out, (*st.reused, *st.arms), st.rates_file) or 'none yet'}",
   ]
   lines += [f"  next: {s.label}" for s in steps if not step_done(s)][:3]
