@@ -75,3 +75,11 @@ def test_retire_opd_retires_across_a_resume(tmp_path):
     meta = ckpt.restore_meta(step)
   state = meta["extra"]["loop"]["retirement"]
   assert step == 3 and state["retired_at"] == 2 and len(state["kl"]) == 2
+
+  # the trained policy evaluated alone, without the skills (the default eval.skills): the
+  # teacher's start-only mode belongs to training, so no skill retriever is needed
+  out = str(tmp_path / "retire_eval")
+  row = trainer.run_evaluation(
+    tiny_run_config(3, "retire_opd", **settings), out, (os.path.join(workdir, "checkpoints"), 3)
+  )
+  assert 0.0 <= row["val/success_rate"] <= 1.0 and "val_with_skill/success_rate" not in row

@@ -401,8 +401,9 @@ def build_agent_loops(
       validation = Validation(name, games, tasks, pool, [])
       loops.validations.append(validation)
       modes = list(EVAL_MODES[config.eval.skills])
-      if _retires(config) and ("val_with_skill", True) not in modes:
-        # RetireOPD needs the frozen teacher's rate with its skills once, at the start
+      if _retires(config) and not eval_only and ("val_with_skill", True) not in modes:
+        # RetireOPD's training needs the frozen teacher's rate with its skills once, at the start
+        # (an evaluation alone plays only eval.skills' modes)
         modes.append(("val_with_skill", True))
         validation.start_only.add("val_with_skill".replace("val", base, 1))
       validation.loops = [
