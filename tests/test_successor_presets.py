@@ -1,7 +1,8 @@
 """SDAR's successors through the real trainer on the suite's shared tiny run config
 (`tiny_run_config`): AgentOPSD and GRSD each train one iteration with their rewritten turn
 advantages; RetireOPD trains one iteration, is resumed from its checkpoint, retires at the
-iteration the restored rule state makes due, and then trains without the distillation term."""
+iteration the restored rule state makes due, trains without the distillation term, and its
+checkpoint is then evaluated alone (without the skills)."""
 
 from __future__ import annotations
 
