@@ -10,6 +10,7 @@ import math
 import os
 import shutil
 import subprocess
+import time
 
 import pytest
 
@@ -278,6 +279,34 @@ def test_wall_time_of_a_killed_attempt(tmp_path):
   assert collect.wall_seconds(run, {"attempts": [killed]}) == 50.0
   after = {"started": 1030.0, "ended": 1100.0, "seconds": 70.0, "returncode": 0}
   assert collect.wall_seconds(run, {"attempts": [killed, after]}) == 30.0 + 70.0
+  # The next attempt rewrote metrics.jsonl long after the first was killed: its heartbeat tells.
+  os.utime(os.path.join(run, "metrics.jsonl"), (9000.0, 9000.0))
+  later = {**after, "started": 8000.0, "ended": 8070.0}
+  assert collect.wall_seconds(run, {"attempts": [killed, later]}) == 7000.0 + 70.0
+  beat = {**killed, "alive": 1020.0}
+  assert collect.wall_seconds(run, {"attempts": [beat, later]}) == 20.0 + 70.0
+  assert collect.wall_seconds(run, {"attempts": [beat]}) == 20.0
+
+
+def test_a_running_attempt_writes_its_heartbeat(tmp_path):
+  """While the command runs, the run record's attempt gains `alive` (what a killed attempt's wall
+  time ends at); the finished attempt's end is no earlier."""
+  run = str(tmp_path / "run")
+  os.makedirs(run)
+  seen = []
+
+  def runner(cmd, cwd=None, check=False):
+    deadline = time.time() + 10.0
+    while time.time() < deadline and not seen:
+      attempt = (collect.read_status(run) or {"attempts": [{}]})["attempts"][-1]
+      if attempt.get("alive") is not None:
+        seen.append(attempt["alive"])
+      time.sleep(0.005)
+    return 0
+
+  assert collect.run_and_record(["train"], run, runner=runner, heartbeat=0.01) == 0
+  attempt = collect.read_status(run)["attempts"][-1]
+  assert seen and attempt["started"] <= seen[0] <= attempt["alive"] <= attempt["ended"]
 
 
 def test_sweep_run_skips_finished_runs_and_goes_on_after_a_failure(tmp_path):

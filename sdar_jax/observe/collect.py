@@ -12,9 +12,11 @@ an evaluation's results directory, marked by `evaluation.json`, is not a run). F
   step span (last − first step), i.e. the curve's mean success over the span, in [0, 1]
   (a curve of one point: that point);
 * its wall time, from run_status.json when a launcher (launch/sweep.py --run, bench/ablation.py)
-  ran it (`run_and_record`): the sum of its attempts' durations; an attempt that was killed counts
-  until the last write to its metrics.jsonl (an estimate, the work redone after resuming is in the
-  next attempt).
+  ran it (`run_and_record`): the sum of its attempts' durations. An attempt that was killed counts
+  until its last heartbeat (`alive`, written every `HEARTBEAT_SECONDS` while it ran, so at most
+  that much short); a record from before heartbeats counts it until the last write to its
+  metrics.jsonl or the next attempt's start, whichever is first (an upper bound where the next
+  attempt rewrote metrics.jsonl). The work redone after resuming is in the next attempt.
 
 `collect_sweep(root)` writes `<out>/sweep.csv`, `<out>/sweep.md` (one row per run) and
 `<out>/sweep.png` (final validation success against β and against λ, one line per gate, the mean
@@ -30,6 +32,7 @@ import json
 import math
 import os
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -108,7 +111,8 @@ def wall_seconds(run_dir: str, status: Mapping[str, Any] | None = None) -> float
     if attempt.get("seconds") is not None:
       total += float(attempt["seconds"])
       continue
-    ends = [_last_activity(run_dir)]
+    alive = attempt.get("alive")
+    ends = [alive] if alive is not None else [_last_activity(run_dir)]
     if i + 1 < len(attempts):
       ends.append(attempts[i + 1]["started"])
     ends = [e for e in ends if e is not None]
@@ -477,6 +481,9 @@ def code_commit(folder: str | None = None) -> str | None:
   return commit + ("+modified" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
+HEARTBEAT_SECONDS = 30.0
+
+
 def run_and_record(
   cmd: Sequence[str],
   run_dir: str,
@@ -484,11 +491,14 @@ def run_and_record(
   log_path: str | None = None,
   runner: Callable[..., Any] = subprocess.run,
   clock: Callable[[], float] = time.time,
+  heartbeat: float = HEARTBEAT_SECONDS,
 ) -> int:
   """Runs `cmd` (a training run writing into `run_dir`) to its end and keeps its run record:
   an attempt (start, end, seconds, return code, and the commit of the code in `cwd` that ran it,
   `code_commit`) is added before it starts and completed after; a return code of 0 marks the run
-  finished. Output goes to `log_path` (appended) when given. Returns the return code."""
+  finished. While the command runs, the attempt's `alive` is set to the clock every `heartbeat`
+  seconds, so that an attempt killed with its launcher still has an end (`wall_seconds`).
+  Output goes to `log_path` (appended) when given. Returns the return code."""
   status = dict(read_status(run_dir) or {})
   attempts = list(status.get("attempts", []))
   attempt: dict[str, Any] = {"started": clock(), "ended": None, "seconds": None, "returncode": None}
@@ -496,11 +506,28 @@ def run_and_record(
   attempts.append(attempt)
   status.update(attempts=attempts, finished=False, command=list(cmd))
   _write_status(run_dir, status)
-  if log_path:
-    with open(log_path, "a") as log:
-      result = runner(list(cmd), cwd=cwd, stdout=log, stderr=subprocess.STDOUT, check=False)
-  else:
-    result = runner(list(cmd), cwd=cwd, check=False)
+  stop, lock = threading.Event(), threading.Lock()
+
+  def beat() -> None:
+    while not stop.wait(heartbeat):
+      with lock:
+        if stop.is_set():
+          return
+        attempt["alive"] = clock()
+        _write_status(run_dir, status)
+
+  beating = threading.Thread(target=beat, name="run-heartbeat", daemon=True)
+  beating.start()
+  try:
+    if log_path:
+      with open(log_path, "a") as log:
+        result = runner(list(cmd), cwd=cwd, stdout=log, stderr=subprocess.STDOUT, check=False)
+    else:
+      result = runner(list(cmd), cwd=cwd, check=False)
+  finally:
+    with lock:
+      stop.set()
+    beating.join()
   code = int(getattr(result, "returncode", result))
   attempt.update(ended=clock(), returncode=code)
   attempt["seconds"] = attempt["ended"] - attempt["started"]
