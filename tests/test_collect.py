@@ -10,7 +10,7 @@ import math
 import os
 import shutil
 import subprocess
-import time
+import threading
 
 import pytest
 
@@ -290,23 +290,27 @@ def test_wall_time_of_a_killed_attempt(tmp_path):
 
 def test_a_running_attempt_writes_its_heartbeat(tmp_path):
   """While the command runs, the run record's attempt gains `alive` (what a killed attempt's wall
-  time ends at); the finished attempt's end is no earlier."""
+  time ends at), between its start and its end. A counting clock: its first call is the start,
+  the beats follow; at the second beat the first one's record is written."""
   run = str(tmp_path / "run")
   os.makedirs(run)
-  seen = []
+  ticks, second_beat, seen = [], threading.Event(), []
+
+  def clock():
+    ticks.append(1000.0 + len(ticks))
+    if len(ticks) == 3:
+      second_beat.set()
+    return ticks[-1]
 
   def runner(cmd, cwd=None, check=False):
-    deadline = time.time() + 10.0
-    while time.time() < deadline and not seen:
-      attempt = (collect.read_status(run) or {"attempts": [{}]})["attempts"][-1]
-      if attempt.get("alive") is not None:
-        seen.append(attempt["alive"])
-      time.sleep(0.005)
+    assert second_beat.wait(60.0), "no heartbeat while the command ran"
+    seen.append(collect.read_status(run)["attempts"][-1].get("alive"))
     return 0
 
-  assert collect.run_and_record(["train"], run, runner=runner, heartbeat=0.01) == 0
+  assert collect.run_and_record(["train"], run, runner=runner, clock=clock, heartbeat=0.001) == 0
   attempt = collect.read_status(run)["attempts"][-1]
-  assert seen and attempt["started"] <= seen[0] <= attempt["alive"] <= attempt["ended"]
+  assert seen[0] is not None
+  assert attempt["started"] == 1000.0 < seen[0] <= attempt["alive"] < attempt["ended"]
 
 
 def test_sweep_run_skips_finished_runs_and_goes_on_after_a_failure(tmp_path):
