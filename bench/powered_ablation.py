@@ -132,7 +132,9 @@ STAGE2_ARMS: dict[str, tuple[str, tuple[str, ...]]] = {
   "sdar_vocab_ungated": ("sdar_vocab", ("algo.beta=0.0",)),
   "sdar_topk": ("sdar_topk", ()),
   "retire_opd": ("retire_opd", ()),
-  "agent_opsd": ("agent_opsd", ()),  # its preset keeps algo.teacher_source="rollout"
+  # the rule this arm ran (2026-12-05) was named `agent_opsd` then and `agent_opsd_rms` since
+  # 2026-12-06 (the published AgentOPSD took the name; docs/reference.md §11.1)
+  "agent_opsd": ("agent_opsd_rms", ()),  # its preset keeps algo.teacher_source="rollout"
 }
 ALL_ARMS = {**ARMS, **STAGE2_ARMS}
 RATES = (2.5e-4, 5e-4, 1e-3)

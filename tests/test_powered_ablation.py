@@ -189,7 +189,7 @@ def test_stage_two_plans_its_arms_and_reuses_stage_one(powered, tmp_path, monkey
   out = str(tmp_path)
   # every stage-2 arm runs an existing preset; AgentOPSD's reads the teacher from the rollout
   assert {preset for preset, _ in powered.STAGE2_ARMS.values()} <= set(ALGO_PRESETS)
-  assert ALGO_PRESETS["agent_opsd"].teacher_source == "rollout"
+  assert ALGO_PRESETS["agent_opsd_rms"].teacher_source == "rollout"
   steps = powered.plan(out, python="py", stage=2)
   # the search: 6 arms x 3 rates x 2 seeds, arm-major, then the initial policy with skills
   assert len(steps) == 37 and all(s.kind == "train" for s in steps[:36])
@@ -197,7 +197,7 @@ def test_stage_two_plans_its_arms_and_reuses_stage_one(powered, tmp_path, monkey
   ungated = [s for s in steps if s.arm == "sdar_vocab_ungated"]
   assert all("--config=configs/default.py:algo=sdar_vocab" in s.command for s in ungated)
   assert all("--config.algo.beta=0.0" in s.command for s in ungated)
-  assert "--config=configs/default.py:algo=agent_opsd" in steps[30].command
+  assert "--config=configs/default.py:algo=agent_opsd_rms" in steps[30].command
   initial = steps[36]
   assert (initial.kind, initial.arm) == ("heldout_skills", "initial")
   assert "--config.eval.skills=with" in initial.command

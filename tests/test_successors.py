@@ -1,6 +1,7 @@
-"""SDAR's successors as settings of the same update: AgentOPSD's and GRSD's turn advantages against
-NumPy reimplementations (loops over groups, episodes and turns, float64) on ragged mini-batches and
-uneven groups, and RetireOPD's retirement rule on a scripted sequence of metrics and across a
+"""SDAR's successors as settings of the same update: AgentOPSD's (as published and our RMS form) and
+GRSD's turn advantages against NumPy versions of their sources' rules (loops over groups, episodes
+and turns, float64) on the issue's worked cases and on ragged mini-batches of uneven groups with
+shuffled turns; RetireOPD's retirement rule on a scripted sequence of metrics and across a
 resume."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 
 from sdar_jax import algos
-from sdar_jax.algos import AlgoConfig, Retirement, get_preset
+from sdar_jax.algos import AlgoConfig, Retirement, TurnTable, get_preset
 from sdar_jax.core.batch import TurnSample
 from sdar_jax.rollout.batching import episodes_to_samples, pack_batch, plan_minibatches
 from sdar_jax.rollout.trajectory import Episode, Turn
@@ -21,15 +22,33 @@ from sdar_jax.rollout.turn_advantages import apply_turn_advantages
 
 
 # ------------------------------------------------------------------------- NumPy references
-def _rms_normalise(x, groups, eps=1e-6):
-  out = np.zeros_like(x)
+def np_agent_opsd(adv, gap_sum, groups, episodes, turns, won, lam=0.5, band=0.2, eps=1e-6):
+  """ZethWang/AgentOPSD@0c478b2, verl/trainer/ppo/opsd_utils.py: `compute_group_mean_v0` (V_0 the
+  group's mean return over its episodes, clamped to [1e-4, 1 − 1e-4]; here the success rate) and
+  `compute_opsd_turn_advantage` on its belief_mult + signed path (launcher
+  examples/agentopsd_trainer/run_alfworld_3b.sh: mult_lambda 0.5; defaults mult_band 0.2,
+  belief_gate, mult_signed, belief_decay_gamma 1, eps 1e-6)."""
+  v0 = {}
   for g in np.unique(groups):
-    idx = np.flatnonzero(groups == g)
-    out[idx] = x[idx] / (np.sqrt(np.mean(x[idx] ** 2)) + eps)
+    outcome = {e: w for e, w, gg in zip(episodes, won, groups) if gg == g}  # one per episode
+    v0[g] = min(max(float(np.mean(list(outcome.values()))), 1e-4), 1 - 1e-4)
+  out = np.zeros(len(adv))
+  for e in np.unique(episodes):
+    idx = np.flatnonzero(episodes == e)
+    idx = idx[np.argsort(turns[idx], kind="stable")]
+    start = v0[groups[idx[0]]]
+    logit = math.log(start / (1 - start)) + np.cumsum(gap_sum[idx])
+    v = np.clip(1 / (1 + np.exp(-logit)), eps, 1 - eps)
+    q = v - np.concatenate([[start], v[:-1]])
+    std = q.std() if len(q) > 1 else 0.0  # population std; 0 for a one-turn episode
+    z = (q - q.mean()) / (std + eps)
+    m = np.clip(1 + band * np.sign(adv[idx]) * z, 1 - band, 1 + band)
+    out[idx] = adv[idx] * ((1 - lam) + lam * m)
   return out
 
 
-def np_agent_opsd(adv, gap_sum, groups, episodes, turns, v0=0.5, eps=1e-4):
+def np_agent_opsd_rms(adv, gap_sum, groups, episodes, turns, v0=0.5, eps=1e-4):
+  """Ours (not a source's): |V_k − V_{k−1}| from a fixed V_0, signed by A, over the group's RMS."""
   raw = np.zeros(len(adv))
   for e in np.unique(episodes):
     idx = np.flatnonzero(episodes == e)
@@ -41,19 +60,80 @@ def np_agent_opsd(adv, gap_sum, groups, episodes, turns, v0=0.5, eps=1e-4):
       now = min(max(1.0 / (1.0 + math.exp(-logit)), eps), 1 - eps)
       raw[i] = np.sign(adv[i]) * abs(now - before)
       before = now
-  return _rms_normalise(raw, groups)
+  out = np.zeros_like(raw)
+  for g in np.unique(groups):
+    idx = np.flatnonzero(groups == g)
+    out[idx] = raw[idx] / (np.sqrt(np.mean(raw[idx] ** 2)) + 1e-6)
+  return out
 
 
-def np_grsd(adv, gap_mean, groups, won, scale=0.5, clip=3.0, floor=0.1):
+def np_grsd(adv, gap_mean, groups, won, lam=0.5, g_hat_max=0.2, floor=0.1, eps=1e-6):
+  """BinbZheng1/GRSD@393213a, verl/trainer/ppo/grsd_utils.py `compute_grsd_turn_advantage` (eta 0;
+  every launcher's G_HAT_MAX 0.2), with m_x from grsd_ray_trainer.py `_build_group_priors` (a
+  group holding both a success and a failure)."""
   out = np.zeros(len(adv))
   for g in np.unique(groups):
     idx = np.flatnonzero(groups == g)
-    e = np.expm1(np.clip(np.sign(adv[idx]) * gap_mean[idx], -20, 20))
-    d = np.abs(e).mean()
-    q = e / d if d > 0 else np.zeros_like(e)
-    mixed = float(won[idx].any() and not won[idx].all())
-    out[idx] = adv[idx] * np.maximum(1 + scale * np.clip(q, -clip, clip) * mixed, floor)
+    m = float(won[idx].any() and not won[idx].all())
+    q_exp = np.expm1(np.clip(np.sign(adv[idx]) * gap_mean[idx], -20, 20))
+    mean_abs = (np.abs(q_exp) * m).sum() / max(m * len(idx), 1.0)  # over valid rows only
+    g_hat = np.clip(q_exp / (mean_abs + eps) * m, -g_hat_max, g_hat_max)
+    out[idx] = adv[idx] * np.maximum(1 + lam * g_hat * m, floor)
   return out
+
+
+def _table(adv, gap_sum, tokens, groups, episodes, turns, won):
+  return TurnTable(
+    advantage=np.asarray(adv, np.float64),
+    gap_sum=np.asarray(gap_sum, np.float64),
+    gap_mean=np.asarray(gap_sum, np.float64) / np.asarray(tokens, np.float64),
+    group=np.asarray(groups),
+    episode=np.asarray(episodes),
+    turn=np.asarray(turns),
+    won=np.asarray(won, np.float64),
+  )
+
+
+# ------------------------------------------------------------------------ the worked cases
+# (A, group, episode, turn, won, Σ gap, tokens) per turn-sample, with the advantages each source's
+# rule gives (computed by hand from the rules above).
+CASE_1 = (
+  [0.577350, 0.577350, 0.577350, -1.154701, -1.154701, 0.577350],
+  [0, 0, 0, 0, 0, 0],
+  [0, 0, 0, 1, 1, 2],
+  [0, 1, 2, 0, 1, 0],
+  [1, 1, 1, 0, 0, 1],
+  [-0.5, 0.2, 1.0, -1.0, -0.3, 0.4],
+  [5, 4, 10, 8, 3, 6],
+)
+CASE_1_AGENT_OPSD = [0.519615, 0.579144, 0.635085, -1.270170, -1.039232, 0.577350]
+CASE_1_GRSD = [0.519615, 0.635085, 0.635085, -1.270171, -1.270171, 0.635085]
+CASE_2 = (
+  [0, 0, 0, 0.707107, 0.707107, -0.707107, -0.707107, -0.707107],
+  [0, 0, 0, 1, 1, 1, 1, 1],
+  [0, 0, 1, 2, 2, 3, 3, 3],
+  [1, 0, 0, 1, 0, 2, 0, 1],
+  [0, 0, 0, 1, 1, 0, 0, 0],
+  [0.3, -0.2, 0.1, 2.0, -1.5, -0.4, 0.9, -2.2],
+  [3, 3, 4, 6, 5, 2, 7, 4],
+)
+CASE_2_AGENT_OPSD = [0, 0, 0, 0.777818, 0.636396, -0.693653, -0.636396, -0.777818]
+CASE_2_GRSD = [0, 0, 0, 0.777818, 0.636396, -0.777818, -0.636396, -0.777818]
+
+
+@pytest.mark.parametrize(
+  "case, agent_opsd, grsd",
+  [(CASE_1, CASE_1_AGENT_OPSD, CASE_1_GRSD), (CASE_2, CASE_2_AGENT_OPSD, CASE_2_GRSD)],
+)
+def test_worked_cases(case, agent_opsd, grsd):
+  adv, groups, episodes, turns, won, gap_sum, tokens = map(np.asarray, case)
+  table = _table(adv, gap_sum, tokens, groups, episodes, turns, won)
+  np.testing.assert_allclose(algos.agent_opsd_advantages(table), agent_opsd, rtol=0, atol=1e-5)
+  np.testing.assert_allclose(algos.grsd_advantages(table), grsd, rtol=0, atol=1e-5)
+  # the NumPy versions of the sources' rules give the same figures
+  want = np_agent_opsd(adv, gap_sum, groups, episodes, turns, won)
+  np.testing.assert_allclose(want, agent_opsd, rtol=0, atol=1e-5)
+  np.testing.assert_allclose(np_grsd(adv, gap_sum / tokens, groups, won), grsd, rtol=0, atol=1e-5)
 
 
 # ---------------------------------------------------------------------------- the batch
@@ -74,7 +154,7 @@ EPISODES = [
 def _samples(rng) -> tuple[list[TurnSample], dict[int, np.ndarray]]:
   """Turn-samples of EPISODES with ragged responses (1..9 tokens), GRPO-like advantages (the
   all-wins and all-losses groups: 0 but for one invalid turn each), and each sample's teacher
-  log-probs (by id)."""
+  log-probs (by id), in shuffled order (an episode's turns out of order)."""
   samples, teacher = [], {}
   for e, (group, won, turns) in enumerate(EPISODES):
     for k in range(turns):
@@ -101,7 +181,7 @@ def _samples(rng) -> tuple[list[TurnSample], dict[int, np.ndarray]]:
       samples.append(s)
       teacher[id(s)] = np.asarray(s.logprobs) + rng.normal(0.0, 1.5, size=n)
   teacher[id(samples[0])][0] += 40.0  # a gap large enough to reach AgentOPSD's clamp of V
-  return samples, teacher
+  return [samples[i] for i in rng.permutation(len(samples))], teacher
 
 
 def _batches(samples, teacher, size, order):
@@ -115,7 +195,7 @@ def _batches(samples, teacher, size, order):
   return out
 
 
-@pytest.mark.parametrize("advantage", ["agent_opsd", "grsd"])
+@pytest.mark.parametrize("advantage", ["agent_opsd", "agent_opsd_rms", "grsd"])
 @pytest.mark.parametrize("order", ["rollout", "length"])
 def test_turn_advantages_equal_numpy_on_ragged_batches_and_uneven_groups(advantage, order):
   rng = np.random.default_rng(3)
@@ -126,63 +206,64 @@ def test_turn_advantages_equal_numpy_on_ragged_batches_and_uneven_groups(advanta
 
   adv = np.asarray([s.advantage for s in samples])
   groups = np.asarray([s.group_id for s in samples])
+  episodes = np.asarray([s.episode for s in samples])
+  turns = np.asarray([s.turn for s in samples])
+  won = np.asarray([s.won for s in samples], np.float64)
   gaps = [teacher[id(s)] - np.asarray(s.logprobs) for s in samples]
+  gap_sum = np.asarray([g.sum() for g in gaps])
   if advantage == "agent_opsd":
-    want = np_agent_opsd(
-      adv,
-      np.asarray([g.sum() for g in gaps]),
-      groups,
-      np.asarray([s.episode for s in samples]),
-      np.asarray([s.turn for s in samples]),
-    )
+    want = np_agent_opsd(adv, gap_sum, groups, episodes, turns, won)
+  elif advantage == "agent_opsd_rms":
+    want = np_agent_opsd_rms(adv, gap_sum, groups, episodes, turns)
   else:
-    want = np_grsd(
-      adv, np.asarray([g.mean() for g in gaps]), groups, np.asarray([s.won for s in samples])
-    )
+    want = np_grsd(adv, np.asarray([g.mean() for g in gaps]), groups, won)
   got = {}
   for (mb, _), b in zip(packed, batches):
     a = np.asarray(b.advantages)
     assert a.shape == (4,) and np.all(a[len(mb) :] == 0.0)  # padding rows stay 0
     got.update({id(s): a[i] for i, s in enumerate(mb)})
   got = np.asarray([got[id(s)] for s in samples])
-  # values are O(1) (AgentOPSD: within-group z-scores; GRSD: A times a factor <= 2.5)
+  # values are O(1): A times a factor in [0.9, 1.1] (AgentOPSD, GRSD), or RMS-scaled (ours)
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-5)
-  # the groups without both outcomes: AgentOPSD gives 0 where A = 0, GRSD keeps A as it was
-  tied = np.isin(groups, [11, 12])
-  if advantage == "grsd":
-    np.testing.assert_allclose(got[tied], adv[tied], rtol=1e-6)
-    assert got[groups == 13] == pytest.approx(adv[groups == 13])  # a lone episode is not mixed
-  else:  # A = 0 gives 0, and every turn keeps GRPO's sign
+  tied = np.isin(groups, [11, 12])  # the groups without both outcomes
+  if advantage == "agent_opsd_rms":  # A = 0 gives 0, and every turn keeps GRPO's sign
     assert np.all(got[tied & (adv == 0)] == 0.0)
-    assert np.all(np.sign(got) * np.sign(adv) >= 0)
+  else:  # the published rules scale A within [1 − λb, 1 + λb] = [0.9, 1.1], A = 0 stays 0
+    assert np.all(np.abs(got) <= 1.1 * np.abs(adv) + 1e-6)
+    assert np.all(np.abs(got) >= 0.9 * np.abs(adv) - 1e-6)
+  if advantage == "grsd":  # GRSD leaves groups without both outcomes, and a lone episode, alone
+    np.testing.assert_allclose(got[tied], adv[tied], rtol=1e-6)
+    assert got[groups == 13] == pytest.approx(adv[groups == 13])
+  if advantage == "agent_opsd":  # a one-turn episode (z = 0) keeps A exactly
+    lone = np.flatnonzero(groups == 13)
+    np.testing.assert_allclose(got[lone], adv[lone], rtol=1e-6)
+  assert np.all(np.sign(got) * np.sign(adv) >= 0)
   assert metrics["turn_adv/abs_mean"] == pytest.approx(np.abs(want).mean(), rel=1e-5)
-  assert 0.0 <= metrics["turn_adv/sign_flips"] <= 1.0
+  assert metrics["turn_adv/sign_flips"] == 0.0
 
 
-def test_agent_opsd_by_hand():
+def test_agent_opsd_rms_by_hand():
   """V_0 = 0.5. Episode 0 (won, group 0): δ = (ln 3, −ln 3) moves V to 0.75, then back to 0.5:
   raw 0.25 and 0.25. Episode 1 (lost, group 0, one turn): δ = ln 3, raw −0.25. The group's RMS is
   0.25, so the advantages are (1, 1, −1). Episode 2 (won, alone in group 1): δ = 0, so 0."""
-  out = algos.agent_opsd_advantages(
-    np.asarray([0.7, 0.7, -1.4, 2.0]),
-    np.asarray([math.log(3.0), -math.log(3.0), math.log(3.0), 0.0]),
-    np.asarray([0, 0, 0, 1]),
-    np.asarray([0, 0, 1, 2]),
-    np.asarray([1, 2, 0, 0]),
-  )
+  ln3 = math.log(3.0)
+  table = _table(
+    [0.7, 0.7, -1.4, 2.0], [ln3, -ln3, ln3, 0.0], [1] * 4, [0, 0, 0, 1], [0, 0, 1, 2],
+    [1, 2, 0, 0], [1, 1, 0, 1],
+  )  # fmt: skip
+  out = algos.agent_opsd_rms_advantages(table)
   np.testing.assert_allclose(np.asarray(out), [1.0, 1.0, -1.0, 0.0], rtol=1e-5, atol=1e-6)
 
 
 def test_grsd_by_hand():
   """A mixed group of two turns with q = ±ln 2: expm1 gives 1 and −0.5, their mean |.| 0.75, so
-  q̃ = 4/3 and −2/3; factors 1 + 0.5·q̃ = 5/3 and 2/3."""
-  out = algos.grsd_advantages(
-    np.asarray([1.0, -1.0]),
-    np.asarray([math.log(2.0), math.log(2.0)]),  # the lost turn's q is −ln 2
-    np.asarray([0, 0]),
-    np.asarray([1.0, 0.0]),
-  )
-  np.testing.assert_allclose(np.asarray(out), [5.0 / 3.0, -2.0 / 3.0], rtol=1e-6)
+  q̃ = 4/3 and −2/3 (over 0.75 + 1e-6). The launchers' clip 0.2 makes the factors 1 ± 0.5·0.2 =
+  1.1 and 0.9; the function's default clip 3 would give 1 + 0.5·q̃ = 5/3 and 2/3."""
+  ln2 = math.log(2.0)
+  table = _table([1.0, -1.0], [ln2, ln2], [1, 1], [0, 0], [0, 1], [0, 0], [1, 0])
+  np.testing.assert_allclose(np.asarray(algos.grsd_advantages(table)), [1.1, -0.9], rtol=1e-6)
+  wide = np.asarray(algos.grsd_advantages(table, clip=3.0))
+  np.testing.assert_allclose(wide, [5.0 / 3.0, -2.0 / 3.0], rtol=3e-6)
 
 
 def test_episodes_to_samples_records_episode_turn_and_outcome():
@@ -201,13 +282,17 @@ def test_episodes_to_samples_records_episode_turn_and_outcome():
 
 
 def test_turn_estimators_need_the_teacher_at_theta_old():
-  for name in ("agent_opsd", "grsd"):
+  for name in ("agent_opsd", "agent_opsd_rms", "grsd"):
     preset = get_preset(name)
     assert preset.scores_teacher and preset.turn_advantages
     with pytest.raises(ValueError, match="algo.teacher_source='step'.*teacher_source=rollout"):
       dataclasses.replace(preset, teacher_source="step")
   with pytest.raises(ValueError, match="algo.agent_opsd_v0=1.0"):
-    dataclasses.replace(get_preset("agent_opsd"), agent_opsd_v0=1.0)
+    dataclasses.replace(get_preset("agent_opsd_rms"), agent_opsd_v0=1.0)
+  with pytest.raises(ValueError, match=r"algo.agent_opsd_lambda=1.5: .*Fix: use AgentOPSD's 0.5"):
+    dataclasses.replace(get_preset("agent_opsd"), agent_opsd_lambda=1.5)
+  with pytest.raises(ValueError, match=r"algo.agent_opsd_band=1.0: .*\[0, 1\)"):
+    dataclasses.replace(get_preset("agent_opsd"), agent_opsd_band=1.0)
   with pytest.raises(ValueError, match="algo.retire_window=5: RetireOPD retires"):
     AlgoConfig(retire_window=5)
   retired = get_preset("retire_opd").retired()

@@ -4,12 +4,9 @@ the one schema of an algorithm, with the paper's methods as presets."""
 
 from sdar_jax.algos.advantages import (
   ADVANTAGE_ESTIMATORS,
-  TURN_ADVANTAGES,
-  agent_opsd_advantages,
   apply_invalid_penalty,
   grpo_advantages,
   grpo_group_stats,
-  grsd_advantages,
   rlsd_lambda,
   rlsd_token_advantages,
   token_advantages,
@@ -44,6 +41,14 @@ from sdar_jax.algos.losses import (
 from sdar_jax.algos.presets import ALGO_PRESETS, get_preset
 from sdar_jax.algos.registry import Registry
 from sdar_jax.algos.retirement import Retirement
+from sdar_jax.algos.turn_credit import (
+  TURN_ADVANTAGES,
+  TurnTable,
+  agent_opsd_advantages,
+  agent_opsd_rms_advantages,
+  grsd_advantages,
+  register_turn_advantage,
+)
 
 __all__ = [
   "ADVANTAGE_ESTIMATORS",
@@ -62,7 +67,9 @@ __all__ = [
   "AlgoConfig",
   "Registry",
   "Retirement",
+  "TurnTable",
   "agent_opsd_advantages",
+  "agent_opsd_rms_advantages",
   "agg_loss",
   "apply_invalid_penalty",
   "compute_gate",
@@ -77,6 +84,7 @@ __all__ = [
   "kl_penalty",
   "masked_mean",
   "policy_loss",
+  "register_turn_advantage",
   "rlsd_lambda",
   "rlsd_token_advantages",
   "sdar_loss",

@@ -1,5 +1,5 @@
-"""Advantage estimators: multi-turn GRPO (docs/reference.md §2.1), RLSD token re-weighting
-(docs/reference.md §2.4), and the turn-level teacher advantages of AgentOPSD and GRSD.
+"""Advantage estimators: multi-turn GRPO (docs/reference.md §2.1) and RLSD token re-weighting
+(docs/reference.md §2.4); the turn-level ones (AgentOPSD, GRSD) are in `turn_credit`.
 
 GRPO works on turn-samples: every turn of every trajectory is one sample carrying the
 episode return (minus its own invalid-format penalty). Samples that share a group id (the
@@ -160,98 +160,6 @@ def _segmented_cumsum(values: Array, starts: Array) -> Array:
   return out
 
 
-def agent_opsd_advantages(
-  seq_adv: ArrayLike,
-  turn_gap_sum: ArrayLike,
-  group_ids: ArrayLike,
-  episode_ids: ArrayLike,
-  turn_index: ArrayLike,
-  *,
-  v0: float = 0.5,
-  eps: float = 1e-4,
-  norm_eps: float = 1e-6,
-  sample_mask: ArrayLike | None = None,
-  num_groups: int | None = None,
-) -> Array:
-  """AgentOPSD's turn advantages [N] from per-turn-sample inputs [N]; jittable, no gradient.
-
-  Each episode carries a belief V that it will succeed, kept in logit space and moved by the
-  teacher at every turn: with δ_k = `turn_gap_sum` = Σ over turn k's tokens of (lT − lθ_old),
-  logit V_k = logit V_0 + Σ_{j ≤ k} δ_j over the episode's turns in `turn_index` order, and V_k
-  clamped to [eps, 1 − eps] (V_{−1} is V_0, clamped alike). The turn's raw advantage is
-  sign(A)·|V_k − V_{k−1}| (A = `seq_adv`, the turn-sample's GRPO advantage: a turn of a won
-  episode gains by how much the teacher moved the belief there, a lost one's loses by as much).
-  Normalised within each group by the root mean square of its turn-samples' raw values (+
-  `norm_eps`): a scale, not a centring, so every turn keeps GRPO's sign (subtracting the group
-  mean would give the turns of a lost episode positive advantages whenever another turn of the
-  group lost more). A group whose episodes all ended alike has A = 0, hence 0 everywhere. Rows
-  with `sample_mask` 0 get 0 and stay out of the statistics."""
-  adv = jax.lax.stop_gradient(jnp.asarray(seq_adv, jnp.float32))
-  delta = jax.lax.stop_gradient(jnp.asarray(turn_gap_sum, jnp.float32))
-  mask = jnp.ones_like(adv) if sample_mask is None else jnp.asarray(sample_mask, jnp.float32)
-  delta = jnp.where(mask > 0, delta, 0.0)
-  episodes = jnp.asarray(episode_ids)
-  turns = jnp.asarray(turn_index)
-  order = jnp.lexsort((turns, episodes))  # by episode, then turn
-  ep_sorted = episodes[order]
-  starts = jnp.concatenate([jnp.ones((1,), bool), ep_sorted[1:] != ep_sorted[:-1]])
-  cum = _segmented_cumsum(delta[order], starts)
-  prev = jnp.where(starts, 0.0, jnp.concatenate([jnp.zeros((1,), jnp.float32), cum[:-1]]))
-  logit0 = jnp.log(v0) - jnp.log1p(-v0)
-  v_now = jnp.clip(jax.nn.sigmoid(logit0 + cum), eps, 1.0 - eps)
-  v_before = jnp.clip(jax.nn.sigmoid(logit0 + prev), eps, 1.0 - eps)
-  step = jnp.zeros_like(delta).at[order].set(jnp.abs(v_now - v_before))
-  raw = jnp.where(mask > 0, jnp.sign(adv) * step, 0.0)
-  seg, n_seg = _segments(group_ids, num_groups)
-  count = jax.ops.segment_sum(mask, seg, n_seg)
-  rms = jnp.sqrt(jax.ops.segment_sum(raw * raw, seg, n_seg) / jnp.maximum(count, 1.0))
-  return raw / (rms[seg] + norm_eps)
-
-
-def grsd_advantages(
-  seq_adv: ArrayLike,
-  turn_gap_mean: ArrayLike,
-  group_ids: ArrayLike,
-  won: ArrayLike,
-  *,
-  scale: float = 0.5,
-  clip: float = 3.0,
-  floor: float = 0.1,
-  sample_mask: ArrayLike | None = None,
-  num_groups: int | None = None,
-) -> Array:
-  """GRSD's turn advantages [N] from per-turn-sample inputs [N]; jittable, no gradient.
-
-  q = sign(A)·`turn_gap_mean` (the mean over the turn's tokens of lT − lθ_old, A = `seq_adv`);
-  q̃ = expm1(q) / mean over the group's turn-samples of |expm1(q)| (0 where that mean is 0);
-  A' = A·max(1 + scale·clip(q̃, −clip, clip)·m, floor), with m = 1 only in a group holding both a
-  won and a lost episode (`won` per turn-sample), so a group whose episodes all ended alike keeps
-  A. q is clamped to [−20, 20] before expm1 so that float32 stays finite (a mean token gap of 20
-  nats is far past anything a teacher of the same model gives). Rows with `sample_mask` 0 get 0
-  and stay out of the group means."""
-  adv = jax.lax.stop_gradient(jnp.asarray(seq_adv, jnp.float32))
-  gap = jax.lax.stop_gradient(jnp.asarray(turn_gap_mean, jnp.float32))
-  mask = jnp.ones_like(adv) if sample_mask is None else jnp.asarray(sample_mask, jnp.float32)
-  seg, n_seg = _segments(group_ids, num_groups)
-  q = jnp.clip(jnp.where(mask > 0, jnp.sign(adv) * gap, 0.0), -20.0, 20.0)
-  e = jnp.expm1(q)
-  count = jax.ops.segment_sum(mask, seg, n_seg)
-  scale_abs = jax.ops.segment_sum(jnp.abs(e) * mask, seg, n_seg) / jnp.maximum(count, 1.0)
-  denom = scale_abs[seg]
-  q_tilde = jnp.where(denom > 0, e / jnp.where(denom > 0, denom, 1.0), 0.0)
-  won = jnp.asarray(won, jnp.float32) * mask
-  wins = jax.ops.segment_sum(won, seg, n_seg)[seg]
-  mixed = ((wins > 0) & (wins < count[seg])).astype(jnp.float32)
-  factor = jnp.maximum(1.0 + scale * jnp.clip(q_tilde, -clip, clip) * mixed, floor)
-  return jnp.where(mask > 0, adv * factor, 0.0)
-
-
-# Estimators that rewrite each turn-sample's advantage from its turn's teacher gap before the
-# update (over the whole iteration: they need the GRPO groups and the episodes' turns); the
-# update then broadcasts the rewritten advantage to the turn's tokens as GRPO does.
-TURN_ADVANTAGES = ("agent_opsd", "grsd")
-
-
 TokenAdvFn = Callable[..., Array]
 ADVANTAGE_ESTIMATORS: Registry[TokenAdvFn] = Registry("advantage estimator")
 
@@ -263,12 +171,6 @@ def _grpo_token_advantages(
   del teacher_logp, old_logp, teacher_weight, clip_eps
   m = jnp.asarray(mask, jnp.float32)
   return jnp.asarray(seq_adv, jnp.float32)[..., None] * m
-
-
-# AgentOPSD and GRSD (TURN_ADVANTAGES): the batch's advantages were rewritten per turn before the
-# update (`agent_opsd_advantages`, `grsd_advantages`); inside it they broadcast like GRPO's.
-ADVANTAGE_ESTIMATORS.register("agent_opsd")(_grpo_token_advantages)
-ADVANTAGE_ESTIMATORS.register("grsd")(_grpo_token_advantages)
 
 
 @ADVANTAGE_ESTIMATORS.register("rlsd")

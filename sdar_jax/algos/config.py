@@ -19,14 +19,16 @@ import difflib
 from collections.abc import Mapping
 from typing import Any
 
-from sdar_jax.algos.advantages import ADVANTAGE_ESTIMATORS, TURN_ADVANTAGES
+from sdar_jax.algos.advantages import ADVANTAGE_ESTIMATORS
 from sdar_jax.algos.aggregation import AGG_MODES
 from sdar_jax.algos.distill import DISTILL_LOSSES, SDAR_FORMS, VOCAB_FORMS
 from sdar_jax.algos.gates import GATES
 from sdar_jax.algos.losses import KL_PENALTIES
+from sdar_jax.algos.turn_credit import TURN_ADVANTAGES
 
 TEACHER_SOURCES = ("rollout", "step")
 TEACHER_WEIGHTS = ("current", "initial", "ema")
+EMA_CADENCES = ("iteration", "update")
 STEP_ANCHORS = ("observation", "prompt")  # step_anchor: what makes two turns the same state
 
 
@@ -74,18 +76,25 @@ class AlgoConfig:
   is one chunk, the unchunked computation. 0 = never chunk."""
   advantage: str = "grpo"
   """Token-advantage estimator (`ADVANTAGE_ESTIMATORS`): "grpo", "rlsd" (teacher re-weighted
-  per token), or the turn-level "agent_opsd" / "grsd" (each turn-sample's advantage rewritten from
-  its turn's teacher gap over the whole iteration before the updates, `algos.agent_opsd_advantages`
-  / `algos.grsd_advantages`; need teacher_source="rollout"). All but "grpo" read the teacher's
-  log-probs (a newly registered estimator that does too needs teacher=True)."""
+  per token), or a turn-level one of `algos.TURN_ADVANTAGES` ("agent_opsd", "agent_opsd_rms",
+  "grsd": each turn-sample's advantage rewritten from its turn's teacher gap over the whole
+  iteration before the updates; need teacher_source="rollout"). All but "grpo" read the teacher's
+  log-probs (a newly registered token-level estimator that does too needs teacher=True)."""
+  agent_opsd_lambda: float = 0.5
+  """AgentOPSD: A' = A·((1 − λ) + λ·m), λ in [0, 1] (the launcher's mult_lambda)."""
+  agent_opsd_band: float = 0.2
+  """AgentOPSD: the multiplier m = clip(1 + b·sign(A)·z, 1 − b, 1 + b), b in [0, 1)."""
+  agent_opsd_eps: float = 1e-6
+  """AgentOPSD: V is clamped to [eps, 1 − eps] (and eps is added to the episode's std), eps in
+  (0, 0.5); `agent_opsd_rms` uses 1e-4."""
   agent_opsd_v0: float = 0.5
-  """AgentOPSD: the success belief V_0 every episode starts from, in (0, 1)."""
-  agent_opsd_eps: float = 1e-4
-  """AgentOPSD: V is clamped to [eps, 1 − eps], eps in (0, 0.5)."""
+  """`agent_opsd_rms` only: the fixed success belief V_0 every episode starts from, in (0, 1)
+  (`agent_opsd` starts from the group's success rate)."""
   grsd_scale: float = 0.5
-  """GRSD: A' = A·max(1 + scale·clip(q̃, −grsd_clip, grsd_clip)·m, grsd_floor)."""
-  grsd_clip: float = 3.0
-  """GRSD: the normalised teacher signal q̃ is clipped to [−grsd_clip, grsd_clip]."""
+  """GRSD's λ: A' = A·max(1 + λ·clip(q̃·m, −grsd_clip, grsd_clip)·m, grsd_floor)."""
+  grsd_clip: float = 0.2
+  """GRSD's G_HAT_MAX: the normalised teacher signal q̃ is clipped to [−clip, clip] (every
+  launcher: 0.2, so the factor stays in [0.9, 1.1]; the function's default is 3)."""
   grsd_floor: float = 0.1
   """GRSD: the smallest factor a turn's advantage is multiplied by (keeps its sign)."""
   rlsd_lam0: float = 0.5
@@ -157,11 +166,16 @@ class AlgoConfig:
   skills). Sharing weights lets the update close the teacher-student gap from the teacher's side
   too, by making the model ignore the skill block: on the demo, form "vocab" with λ = 1 drove
   both branches to the same broken policy; a frozen teacher is a fixed target. "ema": an
-  exponential moving average of the policy (`teacher_ema_decay`), kept in the train state and
-  checkpointed with it, updated after every optimizer update (needs teacher_source="step")."""
-  teacher_ema_decay: float = 0.99
-  """teacher_weights="ema": after each applied update ema ← d·ema + (1 − d)·params, d in [0, 1)
-  (0: the teacher is the policy after the last update). The EMA starts from the params."""
+  exponential moving average of the policy (`teacher_ema_decay`, `teacher_ema_every`), kept in
+  the train state and checkpointed with it (needs teacher_source="step")."""
+  teacher_ema_decay: float = 0.95
+  """teacher_weights="ema": ema ← d·ema + (1 − d)·params, d in [0, 1) (0: the teacher is the
+  policy as last updated). The EMA starts from the params. 0.95 is SDPO's teacher_update_rate
+  0.05."""
+  teacher_ema_every: str = "iteration"
+  """When the EMA teacher moves (`EMA_CADENCES`): "iteration" (SDPO's: once per training
+  iteration, after its updates, if at least one of them was applied) or "update" (after every
+  applied optimizer update)."""
   temperature: float = 1.0
   """Logits are divided by it when tokens are scored; configs link it to rollout.temperature, so
   tokens are scored at the temperature they were sampled at."""
@@ -297,7 +311,7 @@ class AlgoConfig:
       bad(
         "teacher_ema_decay",
         "an EMA decay must be in [0, 1) (1 would never move the teacher)",
-        "use e.g. 0.99, or teacher_weights='initial' for a teacher that never moves",
+        "use e.g. 0.95 (SDPO's), or teacher_weights='initial' for a teacher that never moves",
       )
     if self.teacher_weights == "ema" and self.teacher_source != "step":
       bad(
@@ -313,13 +327,27 @@ class AlgoConfig:
         f"{self.advantage!r}) would only cost memory",
         "set algo.distill='sdar' (or teacher=True), or teacher_weights='current'",
       )
+    if self.teacher_ema_every not in EMA_CADENCES:
+      bad(
+        "teacher_ema_every",
+        f"must be one of {list(EMA_CADENCES)}",
+        "use 'iteration' (SDPO's) or 'update'",
+      )
     if not _is_number(self.agent_opsd_v0) or not 0 < self.agent_opsd_v0 < 1:
       bad("agent_opsd_v0", "a success belief must be in (0, 1)", "use 0.5 (no prior)")
     if not _is_number(self.agent_opsd_eps) or not 0 < self.agent_opsd_eps < 0.5:
-      bad("agent_opsd_eps", "the clamp of V must be in (0, 0.5)", "use 1e-4")
+      bad("agent_opsd_eps", "the clamp of V must be in (0, 0.5)", "use AgentOPSD's 1e-6")
+    if not _is_number(self.agent_opsd_lambda, low=0) or self.agent_opsd_lambda > 1:
+      bad("agent_opsd_lambda", "a mixing weight must be in [0, 1]", "use AgentOPSD's 0.5")
+    if not _is_number(self.agent_opsd_band, low=0) or self.agent_opsd_band >= 1:
+      bad(
+        "agent_opsd_band",
+        "the multiplier's band must be in [0, 1) (1 could zero an advantage)",
+        "use AgentOPSD's 0.2",
+      )
     for field in ("grsd_scale", "grsd_clip", "grsd_floor"):
       if not _is_number(getattr(self, field), low=0):
-        bad(field, "must be a number >= 0", "use GRSD's 0.5 / 3.0 / 0.1")
+        bad(field, "must be a number >= 0", "use GRSD's launchers' 0.5 / 0.2 / 0.1")
     if self.turn_advantages and self.teacher_source != "rollout":
       bad(
         "teacher_source",

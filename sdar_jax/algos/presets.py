@@ -55,8 +55,9 @@ ALGO_PRESETS: dict[str, AlgoConfig] = {
         "teacher_weights": "initial",
       },
     ),
-    # Ours: UCOB's top-k distillation under SDAR's gate: the vocab form over the teacher's 32
-    # most likely tokens at each position (algo.top_k), same teacher and λ as sdar_vocab.
+    # Ours, after UCOB's top-k distillation (not UCOB's loss: docs/reference.md §11.5): the vocab
+    # form over the teacher's 32 most likely tokens at each position (algo.top_k), same teacher
+    # and λ as sdar_vocab.
     _preset(
       "sdar_topk",
       **{
@@ -68,16 +69,21 @@ ALGO_PRESETS: dict[str, AlgoConfig] = {
         "teacher_weights": "initial",
       },
     ),
-    # SDAR's successors, each a setting of the same update (docs/reference.md has the table).
-    # RetireOPD: SDAR's term from the frozen initial policy (with its skills), retired for good
-    # once the reverse KL to it stops falling and the student's validation success nears the
-    # teacher's (algos.Retirement; W = 5, progress <= 0, competence >= 0.9).
+    # SDAR's successors, each a setting of the same update (docs/reference.md §11).
+    # Ours, after RetireOPD (arXiv 2609.20784; no public code): SDAR's term from the frozen initial
+    # policy (with its skills), retired for good once the reverse KL to it stops falling and the
+    # student's validation success nears the teacher's (algos.Retirement; W = 5, progress <= 0,
+    # competence >= 0.9).
     _preset("retire_opd", **{**_SDAR, "teacher_weights": "initial", "retire_window": 5}),
-    # AgentOPSD: a per-episode success belief moved by the teacher's turn-summed gap; each turn's
-    # advantage is how far its turn moved it, signed by GRPO's, normalised in the group.
+    # AgentOPSD as published: GRPO's advantage scaled by a bounded factor from the z-scored
+    # increments of a per-episode success belief that starts at the group's success rate.
     _preset("agent_opsd", advantage="agent_opsd"),
-    # GRSD: GRPO's advantage scaled by the teacher's turn-mean gap, in mixed groups only. Its
-    # paper's teacher also reads generated reflections; ours is the skills teacher.
+    # Ours, after AgentOPSD's anchoring ablation: the belief increment's magnitude in place of
+    # GRPO's, signed by A, scaled by the group's RMS, from V_0 = 0.5.
+    _preset("agent_opsd_rms", advantage="agent_opsd_rms", agent_opsd_eps=1e-4),
+    # GRSD's advantage rule as published (its launchers' G_HAT_MAX 0.2): GRPO's advantage scaled
+    # by the teacher's turn-mean gap within [0.9, 1.1], in mixed groups only. Its teacher reads a
+    # reflection prior; ours reads the skills.
     _preset("grsd", advantage="grsd"),
   )
 }

@@ -31,7 +31,8 @@ at θ_old before the first update and they ride in the batch, as the authors' co
 mini-batch per iteration the two agree exactly; with several, "step" re-scores at the current θ.
 `algo.teacher_weights="initial"` runs the teacher on the frozen initial policy (`ref_params`, the
 KL term's) instead of the current parameters, in either source; "ema" (teacher_source "step")
-on `TrainState.ema_params`, an EMA of the params updated after every applied update.
+on `TrainState.ema_params`, an EMA of the params moved once per iteration (`move_teacher_ema`,
+SDPO's cadence) or after every applied update (algo.teacher_ema_every="update").
 SDAR's forms "vocab" and "topk" compute their heads in chunks of `algo.vocab_chunk` response
 positions (scanned and rematerialised), so no [mb, R, V] array of either branch is live at once.
 SDAR's form "vocab" (ours, `algos.vocab_distill_term`) reads the teacher's whole distribution: the
@@ -506,6 +507,7 @@ class TrainStep:
     self.num_traces = 0
     self._update_fns: dict[bool, Callable] = {}
     self._score_fns: dict[str, Callable] = {}
+    self._ema_fn: Callable | None = None
     if micro_batch_size is not None and micro_batch_size <= 0:
       raise ValueError(f"micro_batch_size={micro_batch_size} must be a positive integer or None.")
 
@@ -649,7 +651,9 @@ class TrainStep:
       )
       # the warm-up counts training iterations (several mini-batch updates share one rate)
       lr = None if self.lr_schedule is None else self.lr_schedule(iteration - 1)
-      ema_decay = algo.teacher_ema_decay if algo.keeps_ema else None
+      ema_decay = (
+        algo.teacher_ema_decay if algo.keeps_ema and algo.teacher_ema_every == "update" else None
+      )
       state, grad_norm, skipped = apply_update(
         optimizer, state, grads, metrics["train/loss"], iteration, ema_decay
       )
@@ -703,6 +707,30 @@ class TrainStep:
     return self._update_fn(ref_params is not None).lower(
       *self.call_args(state, batch, ref_params, iteration)
     )
+
+  def move_teacher_ema(self, state: TrainState) -> TrainState:
+    """The state with its EMA teacher moved once, ema ← d·ema + (1 − d)·params (d =
+    algo.teacher_ema_decay): SDPO's cadence (teacher_ema_every="iteration") calls it after an
+    iteration's updates when at least one was applied. `state` is donated."""
+    if state.ema_params is None:
+      raise ValueError(
+        "move_teacher_ema needs a state with ema_params (algo.teacher_weights='ema'; "
+        "TrainStep.shard_state starts it from the params)."
+      )
+    if self._ema_fn is None:
+      decay = self.algo_config.teacher_ema_decay
+
+      def move(state: TrainState) -> TrainState:
+        return state.replace(ema_params=update_ema(state.ema_params, state.params, decay))
+
+      if self.mesh is None:
+        self._ema_fn = jax.jit(move, donate_argnums=(0,))
+      else:
+        shardings = self.state_shardings()
+        self._ema_fn = jax.jit(
+          move, donate_argnums=(0,), in_shardings=(shardings,), out_shardings=shardings
+        )
+    return self._ema_fn(state)
 
   # -------------------------------------------------------------------------- scoring
   def _score_fn(self, branch: str) -> Callable:

@@ -1,4 +1,4 @@
-"""The turn-level teacher advantages (AgentOPSD, GRSD: `sdar_jax.algos.TURN_ADVANTAGES`) applied
+"""The turn-level teacher advantages (`sdar_jax.algos.TURN_ADVANTAGES`: AgentOPSD, GRSD) applied
 to an iteration's packed mini-batches once the teacher's log-probs are in them.
 
 Both estimators need what one mini-batch does not hold: every turn-sample of a GRPO group, and
@@ -65,40 +65,26 @@ def turn_gaps(batches: Sequence[TurnBatch]) -> tuple[np.ndarray, np.ndarray]:
 
 def rewrite(algo: AlgoConfig, table: np.ndarray, gap_sum: np.ndarray, gap_mean: np.ndarray):
   """The rewritten advantages [N] of the turn-samples `table` (`sample_table` rows) with their
-  turns' gaps, by `algo.advantage` ("agent_opsd" or "grsd")."""
-  adv, groups = table[:, 0], table[:, 1].astype(np.int64)
-  _, groups = np.unique(groups, return_inverse=True)
-  groups = groups.reshape(-1).astype(np.int32)
-  num_groups = int(groups.max()) + 1 if len(groups) else 1
-  if algo.advantage == "agent_opsd":
-    # an episode is its (group, index) pair: indices restart with each rollout, groups do not
-    _, episodes = np.unique(table[:, 1:3].astype(np.int64), axis=0, return_inverse=True)
-    out = algos.agent_opsd_advantages(
-      adv,
-      gap_sum,
-      groups,
-      episodes.reshape(-1).astype(np.int32),
-      table[:, 3].astype(np.int32),
-      v0=algo.agent_opsd_v0,
-      eps=algo.agent_opsd_eps,
-      num_groups=num_groups,
-    )
-  elif algo.advantage == "grsd":
-    out = algos.grsd_advantages(
-      adv,
-      gap_mean,
-      groups,
-      table[:, 4],
-      scale=algo.grsd_scale,
-      clip=algo.grsd_clip,
-      floor=algo.grsd_floor,
-      num_groups=num_groups,
-    )
-  else:
+  turns' gaps, by the rewrite registered as `algo.advantage` in `algos.TURN_ADVANTAGES`."""
+  if algo.advantage not in algos.TURN_ADVANTAGES:
     raise ValueError(
       f"algo.advantage={algo.advantage!r} is not a turn-level estimator; "
-      f"use one of {list(algos.TURN_ADVANTAGES)}"
+      f"use one of {algos.TURN_ADVANTAGES.names()}"
     )
+  _, groups = np.unique(table[:, 1].astype(np.int64), return_inverse=True)
+  # an episode is its (group, index) pair: indices restart with each rollout, groups do not
+  _, episodes = np.unique(table[:, 1:3].astype(np.int64), axis=0, return_inverse=True)
+  turns = algos.TurnTable(
+    advantage=table[:, 0],
+    gap_sum=gap_sum,
+    gap_mean=gap_mean,
+    group=groups.reshape(-1).astype(np.int32),
+    episode=episodes.reshape(-1).astype(np.int32),
+    turn=table[:, 3].astype(np.int32),
+    won=table[:, 4],
+  )
+  num_groups = int(turns.group.max()) + 1 if len(table) else 1
+  out = algos.TURN_ADVANTAGES.get(algo.advantage)(algo, turns, num_groups=num_groups)
   return np.asarray(out, np.float64)
 
 

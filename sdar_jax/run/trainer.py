@@ -779,6 +779,10 @@ class Trainer:
         m = jax.device_get(m)
       per_batch.append((m, multihost.total(b.response_mask)))
       self._count_skipped(m, it + 1, len(per_batch), len(batches))
+    if algo.keeps_ema and algo.teacher_ema_every == "iteration":  # SDPO's cadence
+      if any(float(m["train/skipped_update"]) == 0.0 for m, _ in per_batch):
+        with self._device_turn():
+          self.state = self.step_fn.move_teacher_ema(self.state)
     # takes the gap / gate histogram counts out of per_batch (files in <workdir>/diagnostics/)
     diagnostics.record_update_histograms(
       per_batch, it + 1, self.workdir, self.logger, self.config.logging.plots
