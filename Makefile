@@ -14,7 +14,7 @@ help:
 	@echo "make test   - the whole test suite (slow end-to-end tests included), sets up .venv"
 	@echo "make test-fast - the suite without tests marked slow"
 	@echo "make test-tpu-plan - install libtpu (the tpu-plan extra) next to .venv, then compile"
-	@echo "              for TPU slices without a TPU (tests/test_aot.py)"
+	@echo "              for TPU slices without a TPU (tests/integration/test_aot.py)"
 	@echo "make bench  - forward / sampling / train-step / env / rollout benchmarks (print figures)"
 	@echo "make fmt    - format the tree (ruff, settings in pyproject.toml)"
 
@@ -60,7 +60,7 @@ $(TPU_PLAN_STAMP): pyproject.toml | $(DEV_STAMP)
 	touch $@
 
 test-tpu-plan: $(DEV_STAMP) $(TPU_PLAN_STAMP)
-	PYTHONPATH=$(TPU_PLAN_SITE) $(PY) -m pytest tests/test_aot.py -q -ra $(PYTEST_ARGS)
+	PYTHONPATH=$(TPU_PLAN_SITE) $(PY) -m pytest tests/integration/test_aot.py -q -ra $(PYTEST_ARGS)
 
 bench: $(DEV_STAMP)
 	$(PY) bench/forward.py

@@ -6,10 +6,10 @@
     bench/gpu_check.sh --dry-run    # prints the plan, then runs every step on CPU at tiny sizes
 
 Steps (each in its own process, so each starts with the whole GPU):
-1. parity: `pytest tests/test_attention.py` on the device: xla vs chunked (logits, gradients,
+1. parity: `pytest tests/unit/models/test_attention.py` on the device: xla vs chunked (logits, gradients,
    sampler log-probs), and the GPU-only cuDNN tests (fused kernel vs float64, its gradients vs
    float32 autodiff, model logits xla vs cudnn); the Pallas-interpreter and CPU-memory tests are
-   left out. Plus transformers parity of the fp32 logits (`tests/test_models.py`).
+   left out. Plus transformers parity of the fp32 logits (`tests/unit/models/test_models.py`).
 2. update: `TrainStep` (SDAR preset, teacher scored in the step, AdamW) on a random-weight
    Qwen2.5-3B (`model.random_init`: nothing is downloaded), bf16 compute, fp32 master weights;
    16 turn-samples, student prompt 512 + response 512, teacher prompt 1,024 + response 512,
@@ -71,10 +71,10 @@ FULL = Sizes(
   sampler_new_tokens=256,
   repeats=3,
   parity_tests=(
-    "tests/test_attention.py",
+    "tests/unit/models/test_attention.py",
     "-k",
     "not splash and not keeps_no_t_by_t",
-    "tests/test_models.py::test_logits_match_transformers_fp32",
+    "tests/unit/models/test_models.py::test_logits_match_transformers_fp32",
   ),
   seconds=(260, 120, 80),
 )
@@ -90,7 +90,7 @@ DRY = Sizes(
   sampler_new_tokens=8,
   repeats=1,
   parity_tests=(
-    "tests/test_attention.py",
+    "tests/unit/models/test_attention.py",
     "-k",
     "rotation or on_gpu",  # one CPU test (the GPU ones skip there): the step's plumbing
   ),

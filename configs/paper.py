@@ -6,7 +6,7 @@ r"""One config per cell group of the paper's results table: method x model x env
 Without model.path a row names a real model it has no weights for and is refused, unless random
 weights are asked for explicitly. To try a row at small shapes on a CPU: ``local=True`` (the tiny
 model, random weights, the generated data; the row's method, skill rules and validation modes
-kept), or the real row with overrides, as tests/test_paper_rows_small.py runs every WebShop and
+kept), or the real row with overrides, as tests/integration/test_paper_rows_small.py runs every WebShop and
 Search-QA row:
 
   python -m sdar_jax.train --config=configs/paper.py:row=sdar,env=webshop,local=True \

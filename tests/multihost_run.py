@@ -1,9 +1,9 @@
-"""The run of tests/test_multihost.py, started once per process:
+"""The run of tests/integration/test_multihost.py, started once per process:
 
   python -m tests.multihost_run --workdir=W --steps=2 --skills_dir=S [--eval_every=2] \
       [--coordinator_address=localhost:P --num_processes=2 --process_id=I]
 
-SDAR on the dummy say-the-word env (tests/test_learning.py's family, registered here) with a tiny
+SDAR on the dummy say-the-word env (tests/integration/test_learning.py's family, registered here) with a tiny
 random-weight model on a (data 1, fsdp 8, tensor 1) mesh of 8 CPU devices (the caller sets
 XLA_FLAGS: 8 devices for one process, 4 each for two), so with two processes the parameters are
 sharded across the processes and each process holds half of every batch. Per iteration: 4 tasks
@@ -21,7 +21,7 @@ import os
 import envs
 from sdar_jax.text.tokenizer import packaged_tokenizer_dir
 from tests.helpers import tiny_run_config
-from tests.test_learning import WORDS, SayTheWordAdapter, say_the_word_split
+from tests.integration.test_learning import WORDS, SayTheWordAdapter, say_the_word_split
 
 
 class HashedWordAdapter(SayTheWordAdapter):

@@ -22,7 +22,7 @@ from sdar_jax.rollout import ReplayQueue
 from sdar_jax.rollout.worker import RolloutCancelled, RolloutWorker, StoppablePool
 from tests.helpers import tiny_run_config
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Timings differ between runs; everything else a row holds must not.
 _TIMING = ("seconds", "tokens_per_s", "_share")
 

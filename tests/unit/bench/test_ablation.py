@@ -14,7 +14,7 @@ import pytest
 from sdar_jax.observe import collect
 from tests.helpers import load_script
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from sdar_jax.text.chat_templates import ChatTemplate
 from sdar_jax.text.tokenizer import Tokenizer
 from sdar_jax.tools import build_compact_tokenizer as build
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+REPO = pathlib.Path(__file__).resolve().parent.parent.parent
 SKILLS_DIR = REPO / "envs" / "skills" / "alfworld"
 QWEN3_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>")
 ACTION_TAGS = ("<action>", "</action>")

@@ -223,7 +223,7 @@ def test_envs_never_import_jax():
     "envs.make('dummy')\n"
     "assert 'jax' not in sys.modules, 'jax was imported'\n"
   )
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   subprocess.run([sys.executable, "-c", code], check=True, cwd=root)
 
 

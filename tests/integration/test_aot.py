@@ -24,7 +24,7 @@ from sdar_jax import aot
 from sdar_jax.core.train_step import response_logprobs
 from sdar_jax.models import ModelConfig, param_shapes
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HAVE_LIBTPU = importlib.util.find_spec("libtpu") is not None
 needs_libtpu = pytest.mark.skipif(
   not HAVE_LIBTPU, reason="needs libtpu (the tpu-plan extra): run `make test-tpu-plan`"

@@ -3,7 +3,7 @@ as the table defines it (method, skill rules, validation modes, trained or not),
 model with random initialisation asked for explicitly, passes validation; Search-QA's Skill-GRPO
 row runs one training iteration and both its validations through the real trainer, on the offline
 data (generated fact world) over 8 fake CPU devices. WebShop's SDAR row trains in
-tests/test_envs_training.py (one end-to-end run per environment)."""
+tests/integration/test_envs_training.py (one end-to-end run per environment)."""
 
 from __future__ import annotations
 

@@ -37,7 +37,7 @@ from sdar_jax.text.chat_templates import ChatTemplate
 from sdar_jax.text.tokenizer import Tokenizer, bundled_qwen_tokenizer_dir, packaged_policy_dir
 from sdar_jax.train import unknown_override_keys
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV_MODULES = {"alfworld": alfworld, "webshop": webshop, "search_qa": search_qa}
 
 

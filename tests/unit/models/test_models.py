@@ -190,7 +190,7 @@ def test_parameter_gradients_match_transformers_float64(layer_loop, tmp_path):
   """Both layer loops (and the attention's written-out backward pass) give the gradients of a
   weighted sum of log-probs that float64 autograd of transformers gives, for every tensor. No
   padding: transformers' eager backward gives NaN through a query that sees no key (ours gives
-  0; tests/test_attention.py checks those rows against float64 NumPy)."""
+  0; tests/unit/models/test_attention.py checks those rows against float64 NumPy)."""
   model = hf_fixtures.make_hf_model("qwen3", False, seed=3)
   path = hf_fixtures.save_hf_model(model, tmp_path / "model")
   config, params = load_pretrained(path, dtype="float32")

@@ -11,7 +11,7 @@ import pytest
 
 from tests.helpers import load_script
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _gpu_check_module():

@@ -13,7 +13,7 @@ import pytest
 from sdar_jax.models import init_params, load_pretrained, save_pretrained
 from sdar_jax.models.hf_io import QWEN_GENERATION_CONFIG, SafetensorsFile, verify_checkpoint
 from sdar_jax.run.checkpoint import export_hf
-from tests.helpers import SMALL_QWEN3
+from tests.helpers import REPO, SMALL_QWEN3
 
 # The tokenizer files of a Hugging Face model directory, as Qwen publishes them.
 TOKENIZER_FILES = (
@@ -123,9 +123,7 @@ def test_export_without_a_source_writes_the_qwen_generation_config(params, tmp_p
 def test_export_with_another_tokenizer_writes_that_tokenizers_stop_ids(params, tmp_path):
   """A compact tokenizer's <|im_end|> / <|endoftext|> are not Qwen's ids: an export must name the
   exported tokenizer's own ids, or transformers' generate would never stop."""
-  compact = os.path.join(
-    os.path.dirname(__file__), "..", "sdar_jax", "assets", "tokenizers", "alfworld_compact"
-  )
+  compact = os.path.join(REPO, "sdar_jax", "assets", "tokenizers", "alfworld_compact")
   with open(os.path.join(compact, "tokenizer.json")) as f:
     added = {t["content"]: t["id"] for t in json.load(f)["added_tokens"]}
   out = export_hf(SMALL_QWEN3, params, tmp_path / "export", tokenizer_dir=compact)

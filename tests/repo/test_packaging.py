@@ -16,7 +16,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+REPO = pathlib.Path(__file__).resolve().parent.parent.parent
 RUNTIME_DIRS = ("sdar_jax", "envs", "configs", "launch")
 FIRST_PARTY = {"sdar_jax", "envs", "configs", "tests", "bench", "_common"}
 # Imported only inside a function, for a feature that is off unless asked for; installed with the

@@ -31,7 +31,7 @@ from tests.helpers import (
 
 pytestmark = pytest.mark.slow
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _config(total_steps: int, **overrides):

@@ -25,7 +25,7 @@ import pytest
 
 from tests.multihost_run import write_skills
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FP32_EPS = float(np.finfo(np.float32).eps)
 VOCAB = 1664  # tests/multihost_run.py's model
 MAX_RESPONSE_TOKENS = 16 * 8  # turn-samples per iteration x new tokens

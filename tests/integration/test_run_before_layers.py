@@ -20,7 +20,9 @@ from tests.helpers import tiny_run_config
 
 pytestmark = pytest.mark.slow
 
-_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "run_before_layers")
+_DATA = os.path.join(
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "run_before_layers"
+)
 RUN = {"train.eval_every": 2, "checkpoint.every": 1, "logging.every": 1, "checkpoint.keep": 5}
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 import os
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PACKAGES = ("sdar_jax", "envs")
 
 # Lowest first. A module belongs to the longest prefix listed; envs/ imports nothing of sdar_jax/.

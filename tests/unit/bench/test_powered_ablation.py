@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from tests.helpers import load_script
-from tests.test_ablation import fake_run
+from tests.unit.bench.test_ablation import fake_run
 
 
 @pytest.fixture(scope="module")
