@@ -1,0 +1,180 @@
+"""Golden records of every preset: the loss, its terms, the gradients' global norm and the
+advantages on two fixed tiny batches, so a refactor of how methods are assembled can show it
+changed no number (tests/unit/algos/test_golden_records.py checks them).
+
+    .venv/bin/python -m tests.golden          # prints how far today's values are from the records
+    .venv/bin/python -m tests.golden --write  # rewrites tests/data/golden_records.json
+
+Rewrite the records only in a commit that changes a preset on purpose, and say so in its message.
+Inputs: the suite's tiny model (random parameters, key 0, std 0.1); two `make_turn_batch` batches
+(seeds 0 and 1) with fixed teacher log-probs (the rollout's, for teacher_source="rollout"); the
+frozen initial policy and the EMA teacher are the parameters scaled by 1.03 and 1.05; iteration 3
+(RLSD's λ). A turn-level preset's advantages are its rewrite of a fixed table of the batch's rows
+(two turns an episode, two episodes a group, won where A > 0, the gaps lT − lold of the batch).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import jax
+import numpy as np
+import optax
+
+from sdar_jax import algos
+from sdar_jax.algos import ALGO_PRESETS, TurnTable
+from sdar_jax.core.train_step import loss_and_grads
+from sdar_jax.models import init_params
+from tests.helpers import TINY_CONFIG, make_turn_batch
+
+RECORDS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "golden_records.json")
+SEEDS = (0, 1)
+ITERATION = 3
+
+
+def _inputs():
+  params = init_params(TINY_CONFIG, jax.random.key(0), std=0.1)
+  ref = jax.tree.map(lambda x: x * 1.03, params)
+  ema = jax.tree.map(lambda x: x * 1.05, params)
+  batches = []
+  for seed in SEEDS:
+    batch = make_turn_batch(params, seed=seed)
+    rng = np.random.default_rng(100 + seed)
+    teacher = np.asarray(batch.old_logp) + rng.normal(0.0, 0.5, batch.old_logp.shape)
+    batches.append(batch.replace(teacher_logp=teacher.astype(np.float32)))
+  return params, ref, ema, batches
+
+
+def _turn_table(batch) -> TurnTable:
+  mask = np.asarray(batch.response_mask, np.float64)
+  gap = (np.asarray(batch.teacher_logp, np.float64) - np.asarray(batch.old_logp)) * mask
+  rows = np.arange(batch.batch_size)
+  adv = np.asarray(batch.advantages, np.float64)
+  return TurnTable(
+    advantage=adv,
+    gap_sum=gap.sum(1),
+    gap_mean=gap.sum(1) / np.maximum(mask.sum(1), 1),
+    group=rows // 4,
+    episode=rows // 2,
+    turn=rows % 2,
+    won=(adv > 0).astype(np.float64),
+  )
+
+
+def _advantages(algo, batch) -> list[float]:
+  if algo.turn_advantages:
+    rewrite = jax.jit(lambda table: algos.TURN_ADVANTAGES.get(algo.advantage)(algo, table))
+    return np.asarray(rewrite(_turn_table(batch)), np.float64).tolist()
+  weight = algos.rlsd_lambda(ITERATION, algo.rlsd_lam0, algo.rlsd_warmdown_steps)
+  out = algos.token_advantages(
+    algo.advantage,
+    batch.advantages,
+    batch.response_mask,
+    teacher_logp=batch.teacher_logp,
+    old_logp=batch.old_logp,
+    teacher_weight=weight,
+    clip_eps=algo.rlsd_clip_eps,
+  )
+  return np.asarray(out, np.float64).reshape(-1).tolist()
+
+
+_INPUTS = None
+
+
+def compute_preset(name: str) -> list[dict]:
+  """The records of preset `name`, one per batch: {"loss", "terms", "grad_norm", "advantages"}."""
+  global _INPUTS
+  if _INPUTS is None:
+    _INPUTS = _inputs()
+  params, ref, ema, batches = _INPUTS
+  algo = ALGO_PRESETS[name]
+
+  @jax.jit
+  def both(batches):
+    out = []
+    for batch in batches:
+      grads, metrics = loss_and_grads(
+        TINY_CONFIG,
+        algo,
+        params,
+        batch,
+        ref_params=ref if algo.needs_ref_params else None,
+        iteration=ITERATION,
+        ema_params=ema if algo.keeps_ema else None,
+      )
+      out.append((optax.global_norm(grads), metrics))
+    return out
+
+  records = []
+  for batch, (norm, metrics) in zip(batches, jax.device_get(both(batches))):
+    terms = {k: float(v) for k, v in sorted(metrics.items()) if np.ndim(v) == 0}
+    records.append(
+      {
+        "loss": terms.pop("train/loss"),
+        "terms": terms,
+        "grad_norm": float(norm),
+        "advantages": _advantages(algo, batch),
+      }
+    )
+  return records
+
+
+def compute() -> dict[str, list[dict]]:
+  """{preset: its records} of every preset."""
+  return {name: compute_preset(name) for name in sorted(ALGO_PRESETS)}
+
+
+def recorded() -> dict[str, list[dict]]:
+  with open(RECORDS) as f:
+    return json.load(f)
+
+
+def flatten(records: dict[str, list[dict]]) -> dict[str, float]:
+  """ "preset/batch/what" -> value, every number of the records."""
+  flat = {}
+  for name, per_batch in records.items():
+    for b, rec in enumerate(per_batch):
+      flat[f"{name}/{b}/loss"] = rec["loss"]
+      flat[f"{name}/{b}/grad_norm"] = rec["grad_norm"]
+      flat.update({f"{name}/{b}/terms/{k}": v for k, v in rec["terms"].items()})
+      flat.update({f"{name}/{b}/advantages/{i}": v for i, v in enumerate(rec["advantages"])})
+  return flat
+
+
+def differences(got: dict, want: dict, rtol: float = 1e-6) -> list[str]:
+  """What differs beyond `rtol` relative, each number against the larger of itself and its
+  record's scale (the largest magnitude among that record's numbers of the same kind), so a term
+  near 0 is held to float32 rounding of the quantities it is computed from."""
+  g, w = flatten(got), flatten(want)
+  out = [f"{k}: missing (recorded {w[k]:.9g})" for k in sorted(set(w) - set(g))]
+  out += [f"{k}: new (not recorded)" for k in sorted(set(g) - set(w))]
+  scales: dict[str, float] = {}
+  for k, v in w.items():
+    kind = k.rsplit("/", 1)[0] if "/advantages/" in k or "/terms/" in k else k
+    scales[kind] = max(scales.get(kind, 0.0), abs(v))
+  for k in sorted(set(g) & set(w)):
+    kind = k.rsplit("/", 1)[0] if "/advantages/" in k or "/terms/" in k else k
+    bound = rtol * max(abs(w[k]), scales[kind], 1e-30)
+    if not abs(g[k] - w[k]) <= bound:
+      out.append(f"{k}: {g[k]:.9g}, recorded {w[k]:.9g}")
+  return out
+
+
+def main(argv: list[str]) -> int:
+  got = compute()
+  if "--write" in argv:
+    with open(RECORDS, "w") as f:
+      json.dump(got, f, indent=1, sort_keys=True)
+      f.write("\n")
+    print(f"wrote {RECORDS} ({len(flatten(got))} numbers of {len(got)} presets)")
+    return 0
+  diff = differences(got, recorded())
+  print("\n".join(diff) if diff else "all records equal")
+  return 1 if diff else 0
+
+
+if __name__ == "__main__":
+  jax.config.update("jax_default_matmul_precision", "highest")  # the suite's (tests/conftest.py)
+  sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,24 @@
+"""Every preset's golden record (tests/golden.py: the loss, its terms, the gradients' global norm
+and the advantages on two fixed tiny batches) equals today's computation to 1e-6 relative (each
+number against the larger of itself and its record's scale). A preset changed on purpose has its
+record rewritten (`python -m tests.golden --write`) in the commit that changes it."""
+
+from __future__ import annotations
+
+import pytest
+
+from sdar_jax.algos import ALGO_PRESETS
+from tests import golden
+
+RECORDS = golden.recorded()
+
+
+def test_every_preset_has_a_record():
+  assert sorted(RECORDS) == sorted(ALGO_PRESETS)
+
+
+@pytest.mark.parametrize("name", sorted(RECORDS))
+def test_golden_record(name):
+  got = golden.compute_preset(name)
+  diff = golden.differences({name: got}, {name: RECORDS[name]})
+  assert not diff, "\n".join(diff)
