@@ -99,6 +99,15 @@ def registered_names() -> list[str]:
   return sorted(_REGISTRY)
 
 
+def import_user_modules() -> None:
+  """Imports the modules the command named with --imports (environment variable SDAR_IMPORTS,
+  comma-separated; set by sdar_jax.infra.plugins.load and inherited by worker processes), so an
+  environment a user registered in their own package is known in an env worker too."""
+  for module in os.environ.get("SDAR_IMPORTS", "").split(","):
+    if module.strip():
+      importlib.import_module(module.strip())
+
+
 def _import_env_module(name: str) -> None:
   """Imports ``envs.<name>`` (which registers what it defines); a missing module is not an error."""
   try:
@@ -312,7 +321,8 @@ def env_section_problems(section: Any, configured: Sequence[str]) -> list[str]:
   if name not in configured and name not in runnable:
     problems.append(
       f"env.name={name!r}: unknown name. Fix: use one of {sorted(configured)}, or register an "
-      "envs.EnvFamily under that name"
+      "envs.EnvFamily under that name in a module of your own and name it with "
+      "--imports=your.module"
     )
   elif name not in runnable:
     problems.append(

@@ -46,7 +46,7 @@ import time
 import traceback
 from typing import Any, Callable, Mapping, Sequence
 
-from envs.base import StepResult, TextEnv, failed_result, make
+from envs.base import StepResult, TextEnv, failed_result, import_user_modules, make
 
 __all__ = ["AwakeClock", "EnvPool", "EnvRequest"]
 
@@ -173,6 +173,7 @@ def _worker_main(
   conn: mp_connection.Connection, name: str, kwargs_list: list[dict[str, Any]]
 ) -> None:
   """Worker process loop: answers ("reset"|"step", [(local_index, argument), ...]) one env at a time."""
+  import_user_modules()  # the command's --imports: an env registered in the user's package
   slots = [_EnvSlot(name, kwargs) for kwargs in kwargs_list]
   conn.send(_READY)
   try:

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 
 from envs.errors import EnvInputError
 from sdar_jax import train
-from sdar_jax.infra import paths
+from sdar_jax.infra import paths, plugins
 from sdar_jax.infra.errors import exit_on_user_error
 from sdar_jax.run.evaluation import plan_evaluation
 
@@ -115,6 +115,7 @@ def cli(argv: Sequence[str] | None = None) -> None:
   # config_flags reads the `--config.*` overrides from sys.argv itself, so extend that.
   argv = list(sys.argv if argv is None else argv) + list(EVAL_ONLY)
   sys.argv = argv
+  plugins.load_from_argv(argv)  # the user's registrations, before the config names them
   train._check_overrides(argv)
   _define_flags()
   app.run(main, argv=argv)

@@ -41,6 +41,7 @@ from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from envs.errors import EnvInputError  # noqa: E402
+from sdar_jax.infra import plugins  # noqa: E402
 from sdar_jax.infra.errors import exit_on_user_error  # noqa: E402
 
 DEFAULT_CONFIG = os.path.join(_REPO, "configs", "default.py")
@@ -137,6 +138,13 @@ def _define_flags() -> None:
   )
   flags.DEFINE_integer(
     "process_id", None, "With --distributed: this process's index, 0 .. num_processes - 1."
+  )
+  flags.DEFINE_string(
+    "imports",
+    None,
+    "Modules of your own that register gates, losses, advantage estimators, method hooks or "
+    "environments, comma-separated (e.g. mypkg.methods); imported before the config is read, and "
+    "by the env worker processes.",
   )
   flags.DEFINE_bool(
     "dry_run",
@@ -274,6 +282,7 @@ def main(argv: Sequence[str]) -> None:
 @exit_on_user_error(extra_types=(EnvInputError,))
 def cli(argv: Sequence[str] | None = None) -> None:
   argv = list(sys.argv if argv is None else argv)
+  plugins.load_from_argv(argv)  # the user's registrations, before the config names them
   _check_overrides(argv)
   _define_flags()
   app.run(main, argv=argv)  # main prints a user error's message and exits 2

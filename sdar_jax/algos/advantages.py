@@ -160,6 +160,22 @@ def _segmented_cumsum(values: Array, starts: Array) -> Array:
   return out
 
 
+# Estimators that mix the teacher in with a weight that follows the training iteration:
+# name -> fn(algo, iteration) -> the weight λ (traced), passed to the estimator as teacher_weight
+# and logged as "<name>/lambda".
+ScheduleFn = Callable[..., Array]
+ADVANTAGE_SCHEDULES: Registry[ScheduleFn] = Registry("advantage schedule")
+
+
+def advantage_teacher_weight(algo, iteration: ArrayLike) -> tuple[Array, dict[str, Array]]:
+  """(λ, metrics) of `algo.advantage`'s schedule at `iteration` (1-based); (0, {}) for an
+  estimator without one."""
+  if algo.advantage not in ADVANTAGE_SCHEDULES:
+    return jnp.zeros((), jnp.float32), {}
+  weight = ADVANTAGE_SCHEDULES.get(algo.advantage)(algo, iteration)
+  return weight, {f"{algo.advantage}/lambda": weight}
+
+
 TokenAdvFn = Callable[..., Array]
 ADVANTAGE_ESTIMATORS: Registry[TokenAdvFn] = Registry("advantage estimator")
 
@@ -171,6 +187,11 @@ def _grpo_token_advantages(
   del teacher_logp, old_logp, teacher_weight, clip_eps
   m = jnp.asarray(mask, jnp.float32)
   return jnp.asarray(seq_adv, jnp.float32)[..., None] * m
+
+
+@ADVANTAGE_SCHEDULES.register("rlsd")
+def _rlsd_schedule(algo, iteration) -> Array:
+  return rlsd_lambda(iteration, algo.rlsd_lam0, algo.rlsd_warmdown_steps)
 
 
 @ADVANTAGE_ESTIMATORS.register("rlsd")

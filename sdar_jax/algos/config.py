@@ -23,12 +23,13 @@ from sdar_jax.algos.advantages import ADVANTAGE_ESTIMATORS
 from sdar_jax.algos.aggregation import AGG_MODES
 from sdar_jax.algos.distill import DISTILL_LOSSES, SDAR_FORMS, VOCAB_FORMS
 from sdar_jax.algos.gates import GATES
+from sdar_jax.algos.hooks import METHOD_HOOKS
 from sdar_jax.algos.losses import KL_PENALTIES
+from sdar_jax.algos.teacher_schedules import TEACHER_WEIGHTS
 from sdar_jax.algos.turn_credit import TURN_ADVANTAGES
 
 TEACHER_SOURCES = ("rollout", "step")
-TEACHER_WEIGHTS = ("current", "initial", "ema")
-EMA_CADENCES = ("iteration", "update")
+EMA_CADENCES = ("iteration", "update", "manual")
 STEP_ANCHORS = ("observation", "prompt")  # step_anchor: what makes two turns the same state
 
 
@@ -167,15 +168,20 @@ class AlgoConfig:
   too, by making the model ignore the skill block: on the demo, form "vocab" with λ = 1 drove
   both branches to the same broken policy; a frozen teacher is a fixed target. "ema": an
   exponential moving average of the policy (`teacher_ema_decay`, `teacher_ema_every`), kept in
-  the train state and checkpointed with it (needs teacher_source="step")."""
+  the train state and checkpointed with it."""
   teacher_ema_decay: float = 0.95
   """teacher_weights="ema": ema ← d·ema + (1 − d)·params, d in [0, 1) (0: the teacher is the
   policy as last updated). The EMA starts from the params. 0.95 is SDPO's teacher_update_rate
   0.05."""
   teacher_ema_every: str = "iteration"
   """When the EMA teacher moves (`EMA_CADENCES`): "iteration" (SDPO's: once per training
-  iteration, after its updates, if at least one of them was applied) or "update" (after every
-  applied optimizer update)."""
+  iteration, after its updates, if at least one of them was applied), "update" (after every
+  applied optimizer update; needs teacher_source="step") or "manual" (only when a method hook asks,
+  `IterationView.move_teacher_ema`)."""
+  hooks: str = ""
+  """Method hooks this run asks for by name, comma-separated (`algos.METHOD_HOOKS`, e.g. a user's
+  registered with `algos.register_hooks`); the built-in methods' hooks select themselves from the
+  other fields."""
   temperature: float = 1.0
   """Logits are divided by it when tokens are scored; configs link it to rollout.temperature, so
   tokens are scored at the temperature they were sampled at."""
@@ -199,6 +205,11 @@ class AlgoConfig:
     """Whether the update reads the frozen initial policy: the KL term, or a frozen teacher."""
     # an EMA teacher starts from the params and lives in the train state (`keeps_ema`)
     return bool(self.kl_coef) or (self.scores_teacher and self.teacher_weights == "initial")
+
+  @property
+  def hook_names(self) -> tuple[str, ...]:
+    """`hooks` as a tuple of names."""
+    return tuple(n.strip() for n in str(self.hooks or "").split(",") if n.strip())
 
   @property
   def keeps_ema(self) -> bool:
@@ -257,7 +268,12 @@ class AlgoConfig:
       ("teacher_weights", sorted(TEACHER_WEIGHTS)),
     ):
       if getattr(self, field) not in valid:
-        bad(field, "unknown name", f"use one of {valid}")
+        bad(
+          field,
+          "unknown name",
+          f"use one of {valid}, or register yours in a module of your own and name it with "
+          "--imports=your.module",
+        )
     for field in (
       "pg_coef",
       "lam",
@@ -313,13 +329,25 @@ class AlgoConfig:
         "an EMA decay must be in [0, 1) (1 would never move the teacher)",
         "use e.g. 0.95 (SDPO's), or teacher_weights='initial' for a teacher that never moves",
       )
-    if self.teacher_weights == "ema" and self.teacher_source != "step":
+    if (
+      self.teacher_weights == "ema"
+      and self.teacher_ema_every == "update"
+      and self.teacher_source != "step"
+    ):
       bad(
         "teacher_source",
-        "algo.teacher_weights='ema' runs the teacher on the EMA of the params, which lives in the "
-        "train state and is read inside the update",
-        "set --config.algo.teacher_source=step",
+        "algo.teacher_ema_every='update' moves the EMA teacher inside the update, after every "
+        "optimizer step, so the teacher must be scored there",
+        "set --config.algo.teacher_source=step, or teacher_ema_every='iteration'",
       )
+    for name in self.hook_names:
+      if name not in METHOD_HOOKS:
+        bad(
+          "hooks",
+          f"{name!r} is not a registered method hook (registered: {METHOD_HOOKS.registered()})",
+          "register it with @sdar_jax.algos.register_hooks in a module the run imports "
+          "(--imports=your.module), or drop it",
+        )
     if self.teacher_weights == "ema" and not self.scores_teacher:
       bad(
         "teacher_weights",

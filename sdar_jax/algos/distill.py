@@ -278,3 +278,23 @@ def distill_loss(name: str, **kwargs) -> tuple[Array, Metrics]:
   arguments student_logp, teacher_logp, old_logp, mask, beta, gate, entropy, vocab_size, form,
   vocab_term, agg, denom, num_seqs; each term takes the ones it needs. Not multiplied by λ."""
   return DISTILL_LOSSES.get(name)(**kwargs)
+
+
+# Terms gated token by token by algo.gate (σ(β·…)): their gate is drawn in the diagnostics'
+# histograms and their coefficient logged as "<name>/coef".
+GATED_TERMS = ("sdar",)
+
+
+def term_gate(algo, *, gap, entropy, vocab_size: int) -> Array | None:
+  """The gate algo's distillation term applies at each token (for the histograms), or None for
+  a term without one."""
+  if algo.distill not in GATED_TERMS:
+    return None
+  return compute_gate(algo.gate, beta=algo.beta, gap=gap, entropy=entropy, vocab_size=vocab_size)
+
+
+def term_metrics(algo) -> Metrics:
+  """Constant metrics of algo's distillation term (a gated term's coefficient λ)."""
+  if algo.distill not in GATED_TERMS:
+    return {}
+  return {f"{algo.distill}/coef": jnp.asarray(algo.lam, jnp.float32)}

@@ -53,6 +53,10 @@ class Registry(Generic[F]):
     """The registered names, sorted."""
     return sorted(self._items)
 
+  def registered(self) -> list[str]:
+    """The registered names, in the order they were registered."""
+    return list(self._items)
+
   def __contains__(self, name: object) -> bool:
     return name in self._items
 

@@ -17,14 +17,19 @@ rollouts and each validation success rate, and asks after a validation whether t
 Once progress_t ≤ `progress_at_most` and competence_t ≥ `competence_at_least` at a validation,
 the distillation is retired for the rest of the run: its weight becomes 0 and the teacher is no
 longer scored. The state (`state_dict`) goes into the checkpoint, so a resumed run retires at the
-same iteration an uninterrupted one does.
+same iteration an uninterrupted one does. `RetirementHooks` (registered for algo.retire_window
+>= 1) plugs the rule into the iteration (`algos.hooks`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
+from collections.abc import Mapping
 from typing import Any
+
+from sdar_jax.algos.hooks import MethodHooks, register_hooks
 
 
 @dataclasses.dataclass
@@ -113,3 +118,88 @@ class Retirement:
     self.teacher_success = None if teacher is None else float(teacher)
     retired = state.get("retired_at")
     self.retired_at = None if retired is None else int(retired)
+
+
+class RetirementHooks(MethodHooks):
+  """RetireOPD in the iteration: the reverse KL recorded after the teacher is scored, the rule
+  checked after each validation (the frozen teacher's rate with its skills at the start, the
+  val_with_skill mode), the algorithm swapped for `AlgoConfig.retired()` when it holds."""
+
+  start_eval_modes = ("val_with_skill",)
+  legacy_state_key = "retirement"  # the loop state's key for it before hooks (2026-12-06)
+
+  def __init__(self, algo):
+    self.lam = float(algo.lam)
+    self.window = algo.retire_window
+    self.rule = Retirement(algo.retire_window, algo.retire_progress, algo.retire_competence)
+
+  def after_teacher_scoring(self, view):
+    gap = view.metrics.get("rollout/teacher_old_gap_mean")
+    if gap is not None and not self.rule.retired:  # K: the reverse KL to the frozen teacher
+      self.rule.record_kl(-gap)
+    return {"retire/lam": 0.0 if self.rule.retired else self.lam}
+
+  def at_evaluation(self, view, evaluation: Mapping[str, float], start: bool):
+    self.rule.record_success(evaluation.get("val/success_rate", 0.0))
+    if start:  # the initial policy: the frozen teacher is the same weights with its skills
+      self.rule.teacher_success = evaluation.get("val_with_skill/success_rate", 0.0)
+      return {"retire/teacher_success": self.rule.teacher_success}
+    if self.rule.check(view.iteration):
+      log = logging.getLogger(__name__)
+      log.info(
+        "RetireOPD: the distillation is retired after iteration %d (progress %.4f <= %g, "
+        "competence %.3f >= %g): λ = 0 and the teacher is no longer scored from now on",
+        view.iteration,
+        self.rule.progress(),
+        self.rule.progress_at_most,
+        self.rule.competence(),
+        self.rule.competence_at_least,
+      )
+      view.set_algo(view.algo.retired())
+    return None
+
+  def at_iteration_end(self, view):
+    return self.rule.metrics()
+
+  def state_dict(self):
+    return self.rule.state_dict()
+
+  def load_state_dict(self, state, view):
+    self.rule.load_state_dict(state)
+    if self.rule.retired:
+      view.set_algo(view.algo.retired())
+
+  def run_problems(self, config) -> list[str]:
+    """What the rule needs from the run: the frozen teacher's success rate with its skills at the
+    start (train.eval_before_train) and the student's at later validations (train.eval_every >=
+    1, eval.num_tasks != 0)."""
+    why = f"algo.retire_window={self.window} (RetireOPD) compares validation success rates"
+    problems = []
+    for key, value, ok, fix in (
+      (
+        "train.eval_before_train",
+        config.train.eval_before_train,
+        bool(config.train.eval_before_train),
+        "set --config.train.eval_before_train=True (the frozen teacher is evaluated then)",
+      ),
+      (
+        "train.eval_every",
+        config.train.eval_every,
+        config.train.eval_every not in (0, None),
+        "set --config.train.eval_every to how often the rule is checked (e.g. 5)",
+      ),
+      (
+        "eval.num_tasks",
+        config.eval.get("num_tasks", -1),
+        config.eval.get("num_tasks", -1) != 0,
+        "use -1 (the whole validation split) or a number of tasks",
+      ),
+    ):
+      if not ok:
+        problems.append(f"{key}={value!r}: {why}. Fix: {fix}")
+    return problems
+
+
+@register_hooks("retirement")
+def _retirement_hooks(algo) -> MethodHooks | None:
+  return RetirementHooks(algo) if algo.retires else None

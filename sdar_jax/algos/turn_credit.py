@@ -2,9 +2,10 @@
 once per iteration, before the first update, from its turn's teacher gap (AgentOPSD, GRSD).
 
 They need what one mini-batch does not hold (every turn-sample of a GRPO group, every turn of an
-episode in order), so they are registered in `TURN_ADVANTAGES` (name -> rewrite) and run by the
-host loop on a `TurnTable` of the whole iteration; inside the update their advantage is broadcast
-to the turn's tokens as GRPO's (the same name is registered in `ADVANTAGE_ESTIMATORS`).
+episode in order), so they are registered in `TURN_ADVANTAGES` (name -> rewrite) and applied by
+their hooks after the teacher is scored (`algos.hooks`), on a `TurnTable` of the whole iteration;
+inside the update their advantage is broadcast to the turn's tokens as GRPO's (the same name is
+registered in `ADVANTAGE_ESTIMATORS`).
 A rewrite is `fn(algo, table) -> [N]` advantages; jittable, no gradient, float32.
 Sources and every difference from them: docs/reference.md §11.
 """
@@ -23,6 +24,7 @@ from sdar_jax.algos.advantages import (
   _segmented_cumsum,
   _segments,
 )
+from sdar_jax.algos.hooks import MethodHooks, register_hooks
 from sdar_jax.algos.registry import Registry
 
 Array = jax.Array
@@ -209,3 +211,21 @@ def _grsd(algo, table: TurnTable, num_groups: int | None = None) -> Array:
     floor=algo.grsd_floor,
     num_groups=num_groups,
   )
+
+
+def turn_rewrite(algo) -> Callable[..., Array]:
+  """`fn(table, num_groups=None)`: the rewrite `algo.advantage` names, with `algo`'s settings."""
+  fn = TURN_ADVANTAGES.get(algo.advantage)
+  return lambda table, num_groups=None: fn(algo, table, num_groups=num_groups)
+
+
+class _TurnAdvantageHooks(MethodHooks):
+  """After the teacher is scored at θ_old: every turn-sample's advantage rewritten."""
+
+  def after_teacher_scoring(self, view):
+    return view.rewrite_advantages(turn_rewrite(view.algo))
+
+
+@register_hooks("turn_advantages")
+def _turn_advantage_hooks(algo) -> MethodHooks | None:
+  return _TurnAdvantageHooks() if algo.advantage in TURN_ADVANTAGES else None

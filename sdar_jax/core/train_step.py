@@ -244,13 +244,14 @@ def micro_loss(
   ref_logp: Array | None,
   denom: Array,
   num_seqs: Array,
-  rlsd_weight: Array,
+  teacher_weight: Array,
   teacher: tuple[Params, Array] | None = None,
   histograms: bool = False,
 ) -> tuple[Array, Metrics]:
   """The loss of one micro-batch as its additive share of the mini-batch loss (`denom` and
   `num_seqs` are the mini-batch's), with additive metric shares. Differentiated w.r.t. params.
-  `rlsd_weight` is RLSD's teacher weight λ_k of this iteration (`algos.rlsd_lambda`).
+  `teacher_weight` is the advantage estimator's teacher weight λ_k of this iteration
+  (`algos.advantage_teacher_weight`; RLSD's).
   `teacher`: (teacher params, teacher hidden states [B, R, D]) for SDAR form "vocab", whose
   teacher log-probs are formed in the student's lm_head pass (`teacher_logp` is then None).
   `histograms`: also the fixed-bin counts of the gap and the gate over the response tokens
@@ -270,7 +271,7 @@ def micro_loss(
     mask,
     teacher_logp=teacher_logp,
     old_logp=micro_batch.old_logp,
-    teacher_weight=rlsd_weight,
+    teacher_weight=teacher_weight,
     clip_eps=algo.rlsd_clip_eps,
   )
   pg, metrics = algos.policy_loss(
@@ -316,11 +317,7 @@ def micro_loss(
       (gap > 0).astype(jnp.float32), mask, denom
     )
     if histograms:
-      gate = None
-      if algo.distill == "sdar":
-        gate = algos.compute_gate(
-          algo.gate, beta=algo.beta, gap=gap, entropy=entropy, vocab_size=config.vocab_size
-        )
+      gate = algos.term_gate(algo, gap=gap, entropy=entropy, vocab_size=config.vocab_size)
       metrics.update(update_histograms(gap, gate, mask))
   metrics["train/loss"] = loss
   return loss, jax.lax.stop_gradient(metrics)
@@ -371,29 +368,12 @@ def loss_and_grads(
   num_micro = B // micro
   denom = algos.token_count(batch.response_mask)
   num_seqs = algos.seq_count(batch.response_mask)
-  rlsd_weight = (
-    algos.rlsd_lambda(iteration, algo.rlsd_lam0, algo.rlsd_warmdown_steps)
-    if algo.advantage == "rlsd"
-    else jnp.zeros((), jnp.float32)
-  )
-  frozen = jax.lax.stop_gradient(params)
-  if algo.scores_teacher and algo.teacher_source == "step" and algo.teacher_weights == "initial":
-    if ref_params is None:
-      raise ValueError(
-        "algo.teacher_weights='initial' runs the teacher on the frozen initial policy: pass "
-        "ref_params=, or set teacher_weights='current'."
-      )
-    teacher_params = jax.lax.stop_gradient(ref_params)
-  elif algo.keeps_ema:
-    if ema_params is None:
-      raise ValueError(
-        "algo.teacher_weights='ema' runs the teacher on the EMA of the params: pass ema_params= "
-        "(TrainState.ema_params; TrainStep.shard_state starts it from the params), or set "
-        "teacher_weights='current'."
-      )
-    teacher_params = jax.lax.stop_gradient(ema_params)
-  else:
-    teacher_params = frozen
+  teacher_weight, schedule_metrics = algos.advantage_teacher_weight(algo, iteration)
+  teacher_params = jax.lax.stop_gradient(params)
+  if algo.scores_teacher and algo.teacher_source == "step":  # whose weights: algo.teacher_weights
+    teacher_params = jax.lax.stop_gradient(
+      algos.TEACHER_WEIGHTS.get(algo.teacher_weights)(params, ref_params, ema_params)
+    )
   grad_fn = jax.value_and_grad(
     functools.partial(micro_loss, config, algo, histograms=histograms), has_aux=True
   )
@@ -416,7 +396,7 @@ def loss_and_grads(
         else _student_logp(config, algo, jax.lax.stop_gradient(ref_params), micro, False)[0]
       )
     (_, metrics), grads = grad_fn(
-      params, micro, teacher_logp, ref_logp, denom, num_seqs, rlsd_weight, teacher
+      params, micro, teacher_logp, ref_logp, denom, num_seqs, teacher_weight, teacher
     )
     return jax.tree.map(lambda g: g.astype(jnp.float32), grads), metrics
 
@@ -431,10 +411,8 @@ def loss_and_grads(
       return jax.tree.map(jnp.add, carry, one(micro)), None
 
     (grads, metrics), _ = jax.lax.scan(body, zeros, micro_batches)
-  if algo.advantage == "rlsd":
-    metrics["rlsd/lambda"] = rlsd_weight
-  if algo.distill == "sdar":
-    metrics["sdar/coef"] = jnp.asarray(algo.lam, jnp.float32)
+  metrics.update(schedule_metrics)
+  metrics.update(algos.term_metrics(algo))
   metrics["train/tokens"] = denom
   return grads, metrics
 

@@ -1,4 +1,4 @@
-"""The turn-level teacher advantages (`sdar_jax.algos.TURN_ADVANTAGES`: AgentOPSD, GRSD) applied
+"""Turn-level advantage rewrites (e.g. `sdar_jax.algos.TURN_ADVANTAGES`: AgentOPSD, GRSD) applied
 to an iteration's packed mini-batches once the teacher's log-probs are in them.
 
 Both estimators need what one mini-batch does not hold: every turn-sample of a GRPO group, and
@@ -18,7 +18,6 @@ import jax
 import numpy as np
 
 from sdar_jax import algos
-from sdar_jax.algos import AlgoConfig
 from sdar_jax.core.batch import TurnBatch, TurnSample
 from sdar_jax.infra import multihost
 from sdar_jax.rollout.batching import minibatch_permutation, sample_lengths
@@ -63,14 +62,9 @@ def turn_gaps(batches: Sequence[TurnBatch]) -> tuple[np.ndarray, np.ndarray]:
   return np.concatenate(sums), np.concatenate(means)
 
 
-def rewrite(algo: AlgoConfig, table: np.ndarray, gap_sum: np.ndarray, gap_mean: np.ndarray):
-  """The rewritten advantages [N] of the turn-samples `table` (`sample_table` rows) with their
-  turns' gaps, by the rewrite registered as `algo.advantage` in `algos.TURN_ADVANTAGES`."""
-  if algo.advantage not in algos.TURN_ADVANTAGES:
-    raise ValueError(
-      f"algo.advantage={algo.advantage!r} is not a turn-level estimator; "
-      f"use one of {algos.TURN_ADVANTAGES.names()}"
-    )
+def rewrite(fn, table: np.ndarray, gap_sum: np.ndarray, gap_mean: np.ndarray) -> np.ndarray:
+  """The advantages [N] `fn(TurnTable, num_groups=...)` gives the turn-samples `table`
+  (`sample_table` rows) with their turns' gaps (e.g. `algos.turn_rewrite(algo)`)."""
   _, groups = np.unique(table[:, 1].astype(np.int64), return_inverse=True)
   # an episode is its (group, index) pair: indices restart with each rollout, groups do not
   _, episodes = np.unique(table[:, 1:3].astype(np.int64), axis=0, return_inverse=True)
@@ -84,8 +78,7 @@ def rewrite(algo: AlgoConfig, table: np.ndarray, gap_sum: np.ndarray, gap_mean: 
     won=table[:, 4],
   )
   num_groups = int(turns.group.max()) + 1 if len(table) else 1
-  out = algos.TURN_ADVANTAGES.get(algo.advantage)(algo, turns, num_groups=num_groups)
-  return np.asarray(out, np.float64)
+  return np.asarray(fn(turns, num_groups=num_groups), np.float64)
 
 
 def _place(values: np.ndarray, like: jax.Array) -> jax.Array:
@@ -100,14 +93,14 @@ def _place(values: np.ndarray, like: jax.Array) -> jax.Array:
 
 
 def apply_turn_advantages(
-  algo: AlgoConfig,
+  fn,
   batches: Sequence[TurnBatch],
   samples: Sequence[TurnSample],
   with_teacher: bool,
   order: str = "rollout",
 ) -> tuple[list[TurnBatch], dict[str, float]]:
-  """The mini-batches (with teacher_logp scored) with their advantages rewritten by the turn-level
-  estimator `algo.advantage`, and metrics: turn_adv/abs_mean (mean |A'| over the turn-samples),
+  """The mini-batches (with teacher_logp scored) with their advantages rewritten by
+  `fn(TurnTable, num_groups=...)` (`rewrite`), and metrics: turn_adv/abs_mean (mean |A'| over the turn-samples),
   turn_adv/sign_flips (share whose sign differs from GRPO's A), turn_adv/grpo_abs_mean (mean |A|)."""
   table = everyone_in_batch_order(samples, with_teacher, order)
   n = len(table)
@@ -117,7 +110,7 @@ def apply_turn_advantages(
   real = np.zeros(len(gap_sum), bool)
   for j in range(len(batches)):
     real[j * size : j * size + min(size, n - j * size)] = True
-  new = rewrite(algo, table, gap_sum[real], gap_mean[real])
+  new = rewrite(fn, table, gap_sum[real], gap_mean[real])
   out = []
   for j, b in enumerate(batches):
     values = np.zeros((b.batch_size,), np.float64)

@@ -19,6 +19,8 @@ import jax
 import envs
 from envs.prompt_template import apply_prompt_template
 from envs.skills.retrieval import check_teacher_blocks
+from sdar_jax import algos
+from sdar_jax.algos import AlgoConfig
 from sdar_jax.core import sharding
 from sdar_jax.core.sampling import Sampler, SamplingParams
 from sdar_jax.infra import multihost
@@ -88,6 +90,7 @@ EVAL_MODES = {
   "with": (("val", True),),
   "both": (("val", False), ("val_with_skill", True)),
 }
+_ALL_MODES = tuple(dict.fromkeys(m for modes in EVAL_MODES.values() for m in modes))
 # The host loop's own settings: (section, smallest value, keys), checked by `setting_problems`.
 _AT_LEAST = (
   ("train", 0, ("total_steps", "eval_every", "max_skipped_updates")),
@@ -139,49 +142,23 @@ def setting_problems(config) -> list[str]:
     )
   problems.extend(staleness_problems(config))
   problems.extend(wandb_log.setting_problems(config.logging if "logging" in config else {}))
-  problems.extend(retirement_problems(config))
+  problems.extend(method_problems(config))
   return problems
 
 
-def _retires(config) -> bool:
-  window = config.algo.get("retire_window", 0)
-  return isinstance(window, int) and not isinstance(window, bool) and window >= 1
+def _run_hooks(config) -> dict:
+  """The method hooks of the run's algorithm (`algos.build_hooks`); none when `config.algo` does
+  not build (config_validation reports that)."""
+  try:
+    return algos.build_hooks(AlgoConfig.from_config(config.algo))
+  except (ValueError, TypeError):
+    return {}
 
 
-def retirement_problems(config) -> list[str]:
-  """What RetireOPD's rule (algo.retire_window >= 1) needs from the run: the frozen teacher's
-  success rate with its skills at the start (train.eval_before_train: the evaluation before
-  training also plays the val_with_skill mode, whatever eval.skills says; later ones play only
-  eval.skills' modes) and the student's at later validations (train.eval_every >= 1,
-  eval.num_tasks != 0)."""
-  window = config.algo.get("retire_window", 0)
-  if not _retires(config):
-    return []
-  why = f"algo.retire_window={window} (RetireOPD) compares validation success rates"
-  problems = []
-  for key, value, ok, fix in (
-    (
-      "train.eval_before_train",
-      config.train.eval_before_train,
-      bool(config.train.eval_before_train),
-      "set --config.train.eval_before_train=True (the frozen teacher is evaluated then)",
-    ),
-    (
-      "train.eval_every",
-      config.train.eval_every,
-      config.train.eval_every not in (0, None),
-      "set --config.train.eval_every to how often the rule is checked (e.g. 5)",
-    ),
-    (
-      "eval.num_tasks",
-      config.eval.get("num_tasks", -1),
-      config.eval.get("num_tasks", -1) != 0,
-      "use -1 (the whole validation split) or a number of tasks",
-    ),
-  ):
-    if not ok:
-      problems.append(f"{key}={value!r}: {why}. Fix: {fix}")
-  return problems
+def method_problems(config) -> list[str]:
+  """What the algorithm's hooks cannot run with in this run config (`MethodHooks.run_problems`:
+  e.g. RetireOPD's rule needs validations)."""
+  return [p for hooks in _run_hooks(config).values() for p in hooks.run_problems(config)]
 
 
 def staleness_problems(config, processes: int | None = None) -> list[str]:
@@ -332,6 +309,7 @@ def build_agent_loops(
   building fails half-way."""
   env, rollout = config.env, config.rollout
   evaluates = eval_only or config.train.eval_every or config.train.eval_before_train
+  start_modes = [m for h in _run_hooks(config).values() for m in h.start_eval_modes]
   # Each split's pool kwargs and task names (ALFWorld: its game files) from the env family.
   train_split = None if eval_only else family.split(env, env.get("split", "train"))
   eval_splits = (
@@ -401,11 +379,13 @@ def build_agent_loops(
       validation = Validation(name, games, tasks, pool, [])
       loops.validations.append(validation)
       modes = list(EVAL_MODES[config.eval.skills])
-      if _retires(config) and not eval_only and ("val_with_skill", True) not in modes:
-        # RetireOPD's training needs the frozen teacher's rate with its skills once, at the start
-        # (an evaluation alone plays only eval.skills' modes)
-        modes.append(("val_with_skill", True))
-        validation.start_only.add("val_with_skill".replace("val", base, 1))
+      # modes a method's hooks need once, at the start of training (RetireOPD: the frozen
+      # teacher's rate with its skills); an evaluation alone plays only eval.skills' modes
+      for prefix in () if eval_only else dict.fromkeys(start_modes):
+        mode = next(m for m in _ALL_MODES if m[0] == prefix)
+        if mode not in modes:
+          modes.append(mode)
+          validation.start_only.add(prefix.replace("val", base, 1))
       validation.loops = [
         (
           prefix.replace("val", base, 1),

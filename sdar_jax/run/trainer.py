@@ -67,7 +67,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import envs
-from sdar_jax.algos import AlgoConfig, Retirement
+from sdar_jax import algos
+from sdar_jax.algos import AlgoConfig
 from sdar_jax.core import sharding
 from sdar_jax.core.sampling import Sampler
 from sdar_jax.core.train_state import create_train_state
@@ -89,12 +90,12 @@ from sdar_jax.observe.progress import Progress, ensure_log_handler
 from sdar_jax.rollout import ReplayQueue, episodes_to_samples
 from sdar_jax.rollout.global_batches import global_minibatches
 from sdar_jax.rollout.trajectory import Episode, RolloutTimings, episode_summaries
-from sdar_jax.rollout.turn_advantages import apply_turn_advantages
 from sdar_jax.rollout.worker import RolloutWorker, StoppablePool
 from sdar_jax.run import setup as run_setup
 from sdar_jax.run.checkpoint import CheckpointManager, abstract_train_state, export_hf
 from sdar_jax.run.config_validation import validate
 from sdar_jax.run.evaluation import evaluated_source, now, start_eval_record, write_eval_record
+from sdar_jax.run.iteration import Iteration, RunView
 from sdar_jax.run.setup import (
   build_agent_loops,
   build_chat_template,
@@ -143,7 +144,17 @@ class LoopState:
   replay: dict[str, int] | None = None
   all_failed_iterations: int = 0  # consecutive iterations in which every env failed
   skipped_in_a_row: int = 0  # consecutive updates skipped for a non-finite loss or gradient
-  retirement: dict[str, Any] | None = None  # RetireOPD's rule state (algos.Retirement)
+  hooks: dict[str, Any] | None = None  # each method hook's state, by its registered name
+  # entries of older checkpoints' loop state that are no field here (a hook's state saved under
+  # its own key before hooks existed: `MethodHooks.legacy_state_key`)
+  legacy: dict[str, Any] | None = None
+
+  @classmethod
+  def from_saved(cls, saved: dict[str, Any]) -> LoopState:
+    names = {f.name for f in dataclasses.fields(cls)}
+    known = {k: v for k, v in saved.items() if k in names and k != "legacy"}
+    legacy = {**(saved.get("legacy") or {}), **{k: v for k, v in saved.items() if k not in names}}
+    return cls(**known, legacy=legacy or None)
 
 
 @dataclasses.dataclass
@@ -233,15 +244,11 @@ class Trainer:
     log.info("chat template: %s", self.chat_template.name)
     self.step_fn: TrainStep | None = None
     self.with_teacher = False
-    self.retirement: Retirement | None = None  # RetireOPD (algo.retire_window >= 1)
+    self.hooks: dict[str, algos.MethodHooks] = {}  # the algorithm's hooks (algos.hooks)
     if not self.eval_only:
       self.step_fn = train_step_from_config(self.model_config, config, self.mesh)
       self.with_teacher = self.step_fn.algo_config.scores_teacher
-      algo = self.step_fn.algo_config
-      if algo.retires:
-        self.retirement = Retirement(
-          algo.retire_window, algo.retire_progress, algo.retire_competence
-        )
+      self.hooks = algos.build_hooks(self.step_fn.algo_config)
     self.pad_id = self.tokenizer.pad_token_id or _PAD_FALLBACK
     self.sampler = Sampler(
       self.model_config, self.mesh, self.tokenizer, max_prompt_len=config.rollout.max_prompt_len
@@ -333,15 +340,17 @@ class Trainer:
     state, meta = self.ckpt.restore(target=target, model_config=self.model_config)
     self.state = state
     extra = meta.get("extra") or {}
-    self.loop_state = LoopState(**extra.get("loop", {}))
+    self.loop_state = LoopState.from_saved(extra.get("loop", {}))
     if self.loop_state.task_rng:
       self.task_rng.bit_generator.state = self.loop_state.task_rng
     if self.loop_state.replay:
       self.replay.load_state_dict(self.loop_state.replay)
-    if self.retirement is not None and self.loop_state.retirement:
-      self.retirement.load_state_dict(self.loop_state.retirement)
-      if self.retirement.retired:
-        self._retire_distillation()
+    saved, legacy = self.loop_state.hooks or {}, self.loop_state.legacy or {}
+    for name, hooks in self.hooks.items():
+      state = saved.get(name, legacy.get(hooks.legacy_state_key or name))
+      if state is not None:
+        hooks.load_state_dict(state, RunView(self, self.loop_state.iteration))
+    self.loop_state.legacy = None  # translated: the next checkpoint keeps the hooks' states only
     log.info("resumed from %s at iteration %d", self.ckpt.directory, self.loop_state.iteration)
     self._drop_metric_rows_after(self.loop_state.iteration)
     return True
@@ -377,8 +386,7 @@ class Trainer:
       else self.task_rng.bit_generator.state
     )
     self.loop_state.replay = self.replay.state_dict()
-    if self.retirement is not None:
-      self.loop_state.retirement = self.retirement.state_dict()
+    self.loop_state.hooks = {name: hooks.state_dict() for name, hooks in self.hooks.items()}
     self.ckpt.save(
       self.loop_state.iteration,
       self.state,
@@ -413,7 +421,7 @@ class Trainer:
     draws the same random numbers (per episode and turn), so an unchanged policy plays the same
     episodes and a before/after difference is not blurred by fresh sampling noise. Every rate is
     over all of a mode's episodes (batches, repeats and processes together). A mode a
-    validation marks start-only (RetireOPD's teacher with its skills) is played only when
+    validation marks start-only (a method hook's `start_eval_modes`) is played only when
     `start` (the evaluation before training)."""
     params = self.eval_params if self.state is None else self.state.params
     out_dir = self.eval_output_dir()
@@ -627,7 +635,7 @@ class Trainer:
   def _asynchronous(self) -> bool:
     return self.config.train.max_staleness > 0
 
-  def _device_turn(self):
+  def device_turn(self):
     """Asynchronous training: the sampler's lock, held by the main thread around its device
     programs (updates, evaluation) so that they never run at the same time as a generation of
     the rollout thread (two multi-device programs could interleave their collectives and wait on
@@ -655,7 +663,7 @@ class Trainer:
       if j in self._queued:
         continue
       if params is None:  # a copy: each update donates the TrainState's buffers
-        with self._device_turn():
+        with self.device_turn():
           params = jax.block_until_ready(jax.tree.map(jnp.copy, self.state.params))
       before = self.task_rng.bit_generator.state
       tasks, groups = self._draw_tasks(j)
@@ -676,120 +684,158 @@ class Trainer:
       self.loop.pool = self.pool
 
   def train_iteration(self) -> dict[str, float]:
-    it = self.loop_state.iteration
-    clock = IterationClock()  # the perf/* metrics (sdar_jax.observe.perf)
-    if self._asynchronous():
-      waited = time.perf_counter()
-      rollout = self._queued_rollout(it)
-      waited = time.perf_counter() - waited  # what the rollout thread did not hide
-      clock.rollout = rollout.timings
-    else:  # this iteration's rollout, now, with the current parameters
-      tasks, groups = self._draw_tasks(it)
-      rollout = self._play(it, self.state.params, it, tasks, groups, timings=clock.rollout)
-    episodes, t_rollout = rollout.episodes, rollout.seconds
-    self._report_env_failures(episodes, self.train_games, "episode")
-    everyone = episode_summaries(episodes)  # every process's, for the metrics
-    self._check_all_failed(everyone)
-    metrics = rollout_metrics(everyone, "episode", self.env_family.episode_metrics)
-    self._report_search_errors(episodes, "training")
-    if self._searches:
-      metrics["rollout/search_errors"] = search_error_count(everyone)
-    samples = episodes_to_samples(
-      episodes,
-      invalid_penalty=self.step_fn.algo_config.invalid_penalty,
-      norm_adv_by_std=self.step_fn.algo_config.norm_adv_by_std,
-      inadmissible_penalty=self.step_fn.algo_config.inadmissible_penalty,
-      inadmissible_no_credit=self.step_fn.algo_config.inadmissible_no_credit,
-      step_adv_coef=self.step_fn.algo_config.step_adv_coef,
-      step_gamma=self.step_fn.algo_config.step_gamma,
-      step_anchor=self.step_fn.algo_config.step_anchor,
-    )
-    self.replay.put(samples)
-    dropped = self.replay.dropped_stale
-    samples = self.replay.take(None, current_version=it)  # none staler than max_staleness
-    if self._asynchronous():
-      metrics["rollout/dropped_stale"] = float(self.replay.dropped_stale - dropped)
-      metrics["rollout/wait_seconds"] = waited
-    metrics["rollout/turn_samples"], metrics["rollout/generated_tokens"] = (
-      multihost.sum_over_processes([len(samples), sum(len(s.response_ids) for s in samples)])
-    )
-    metrics["rollout/seconds"] = t_rollout
-    if self.with_teacher:  # the teacher's privileged block: its prompt minus the student's
-      block_tokens, teacher_samples = multihost.sum_over_processes(
-        [
-          sum(
-            len(s.teacher_prompt_ids) - len(s.prompt_ids)
-            for s in samples
-            if s.teacher_prompt_ids is not None
-          ),
-          sum(s.teacher_prompt_ids is not None for s in samples),
-        ]
-      )
-      metrics["rollout/skill_block_tokens"] = block_tokens / max(teacher_samples, 1)
-    if not metrics["rollout/turn_samples"]:
+    """One iteration as its phases in order (each timed: perf/phase_<name>_seconds), the run's
+    method hooks between them (`algos.hooks`); returns its metrics."""
+    view = Iteration(self, self.loop_state.iteration)
+    with view.phase("rollout"):
+      self._rollout_phase(view)
+    with view.phase("teacher_context"):
+      view.hooks("after_rollout")
+      self._teacher_context_metrics(view)
+    if not view.metrics["rollout/turn_samples"]:
       log.warning(
         "iteration %d: no trainable turn-samples (every env failed, %d in a row); skipping the "
         "update",
-        it + 1,
+        view.iteration + 1,
         self.loop_state.all_failed_iterations,
       )
-      return {**metrics, **clock.metrics(samples, it, t_rollout)}
-    t1 = time.perf_counter()
-    mb_size = self.config.train.mini_batch_size
-    # plan_minibatches + pack_batch of every process's samples, placed on the mesh
-    batches = global_minibatches(
+      return {
+        **view.metrics,
+        **view.clock.metrics(view.samples, view.iteration, view.rollout_seconds),
+      }
+    with view.phase("batches"):
+      self._batches_phase(view)
+    with view.phase("teacher_scoring"):
+      self._teacher_scoring_phase(view)
+    with view.phase("advantages"):
+      view.hooks("after_teacher_scoring")
+    with view.phase("update"):
+      self._update_phase(view)
+      view.hooks("after_updates")
+    return self._iteration_metrics(view)
+
+  def _rollout_phase(self, view: Iteration) -> None:
+    """The iteration's episodes (played now, or taken from the rollout thread), their failures
+    reported, their turn-samples with GRPO advantages through the replay queue."""
+    it, metrics = view.iteration, view.metrics
+    if self._asynchronous():
+      waited = time.perf_counter()
+      rollout = self._queued_rollout(it)
+      metrics["rollout/wait_seconds"] = time.perf_counter() - waited  # what the thread did not hide
+      view.clock.rollout = rollout.timings
+    else:  # this iteration's rollout, now, with the current parameters
+      tasks, groups = self._draw_tasks(it)
+      rollout = self._play(it, self.state.params, it, tasks, groups, timings=view.clock.rollout)
+    view.episodes, view.rollout_seconds = rollout.episodes, rollout.seconds
+    self._report_env_failures(view.episodes, self.train_games, "episode")
+    everyone = episode_summaries(view.episodes)  # every process's, for the metrics
+    self._check_all_failed(everyone)
+    metrics.update(rollout_metrics(everyone, "episode", self.env_family.episode_metrics))
+    self._report_search_errors(view.episodes, "training")
+    if self._searches:
+      metrics["rollout/search_errors"] = search_error_count(everyone)
+    shaping = self.step_fn.algo_config
+    samples = episodes_to_samples(
+      view.episodes,
+      invalid_penalty=shaping.invalid_penalty,
+      norm_adv_by_std=shaping.norm_adv_by_std,
+      inadmissible_penalty=shaping.inadmissible_penalty,
+      inadmissible_no_credit=shaping.inadmissible_no_credit,
+      step_adv_coef=shaping.step_adv_coef,
+      step_gamma=shaping.step_gamma,
+      step_anchor=shaping.step_anchor,
+    )
+    self.replay.put(samples)
+    dropped = self.replay.dropped_stale
+    view.samples = self.replay.take(None, current_version=it)  # none staler than max_staleness
+    if self._asynchronous():
+      metrics["rollout/dropped_stale"] = float(self.replay.dropped_stale - dropped)
+    metrics["rollout/turn_samples"], metrics["rollout/generated_tokens"] = (
+      multihost.sum_over_processes(
+        [len(view.samples), sum(len(s.response_ids) for s in view.samples)]
+      )
+    )
+    metrics["rollout/seconds"] = view.rollout_seconds
+
+  def _teacher_context_metrics(self, view: Iteration) -> None:
+    """rollout/skill_block_tokens: the mean length of the teacher's privileged block (its prompt
+    minus the student's) over the turn-samples that have one."""
+    if not self.with_teacher:
+      return
+    block_tokens, teacher_samples = multihost.sum_over_processes(
+      [
+        sum(
+          len(s.teacher_prompt_ids) - len(s.prompt_ids)
+          for s in view.samples
+          if s.teacher_prompt_ids is not None
+        ),
+        sum(s.teacher_prompt_ids is not None for s in view.samples),
+      ]
+    )
+    view.metrics["rollout/skill_block_tokens"] = block_tokens / max(teacher_samples, 1)
+
+  def _batches_phase(self, view: Iteration) -> None:
+    """plan_minibatches + pack_batch of every process's samples, placed on the mesh; with
+    algo.recompute_old_logp the old log-probs re-scored at θ_old."""
+    view.batches = global_minibatches(
       self.step_fn,
-      samples,
-      mb_size,
+      view.samples,
+      self.config.train.mini_batch_size,
       self.with_teacher,
       self.pad_id,
       order=self.config.train.minibatch_order,
     )
+    if self.step_fn.algo_config.recompute_old_logp:
+      rescored = [self.step_fn.recompute_old_logp(self.state.params, b) for b in view.batches]
+      view.batches = [b for b, _ in rescored]
+      view.metrics["rollout/max_abs_logp_diff_sampler_vs_recompute"] = max(d for _, d in rescored)
+
+  def _teacher_scoring_phase(self, view: Iteration) -> None:
+    """teacher_source="rollout": the teacher's log-probs of every mini-batch, once at θ_old (the
+    frozen initial policy's with teacher_weights="initial"), and the teacher–rollout gap."""
     algo = self.step_fn.algo_config
-    if algo.recompute_old_logp:  # θ_old re-scores the sampled tokens
-      rescored = [self.step_fn.recompute_old_logp(self.state.params, b) for b in batches]
-      batches = [b for b, _ in rescored]
-      metrics["rollout/max_abs_logp_diff_sampler_vs_recompute"] = max(d for _, d in rescored)
-    if self.with_teacher and algo.teacher_source == "rollout":
-      teacher_params = self.ref_params if algo.teacher_weights == "initial" else self.state.params
-      with self._device_turn():
-        batches = [
-          b.replace(teacher_logp=self.step_fn.score_teacher(teacher_params, b)) for b in batches
-        ]
-        jax.block_until_ready([b.teacher_logp for b in batches])
-      metrics.update(
-        teacher_old_gap_metrics(
-          batches, rows=multihost.host_rows, combine=multihost.sum_over_processes
-        )
+    if not (self.with_teacher and algo.teacher_source == "rollout"):
+      return
+    teacher_params = algos.TEACHER_WEIGHTS.get(algo.teacher_weights)(
+      self.state.params, self.ref_params, getattr(self.state, "ema_params", None)
+    )
+    with self.device_turn():
+      view.batches = [
+        b.replace(teacher_logp=self.step_fn.score_teacher(teacher_params, b)) for b in view.batches
+      ]
+      jax.block_until_ready([b.teacher_logp for b in view.batches])
+    view.metrics.update(
+      teacher_old_gap_metrics(
+        view.batches, rows=multihost.host_rows, combine=multihost.sum_over_processes
       )
-      if algo.turn_advantages:  # AgentOPSD / GRSD: every turn's advantage from its teacher gap
-        batches, turn_metrics = apply_turn_advantages(
-          algo, batches, samples, self.with_teacher, self.config.train.minibatch_order
-        )
-        metrics.update(turn_metrics)
-    if self.retirement is not None:
-      gap = metrics.get("rollout/teacher_old_gap_mean")
-      if gap is not None and not self.retirement.retired:  # K: reverse KL to the frozen teacher
-        self.retirement.record_kl(-gap)
-      metrics["retire/lam"] = 0.0 if self.retirement.retired else float(algo.lam)
-    per_batch = []
-    for b in batches:
-      with self._device_turn():  # the rollout thread may generate between mini-batches
+    )
+
+  def _update_phase(self, view: Iteration) -> None:
+    """One compiled update per mini-batch; skipped ones counted (train.max_skipped_updates)."""
+    it = view.iteration
+    for b in view.batches:
+      with self.device_turn():  # the rollout thread may generate between mini-batches
         self.state, m = self.step_fn(self.state, b, self.ref_params, iteration=it + 1)
         m = jax.device_get(m)
-      per_batch.append((m, multihost.total(b.response_mask)))
-      self._count_skipped(m, it + 1, len(per_batch), len(batches))
-    if algo.keeps_ema and algo.teacher_ema_every == "iteration":  # SDPO's cadence
-      if any(float(m["train/skipped_update"]) == 0.0 for m, _ in per_batch):
-        with self._device_turn():
-          self.state = self.step_fn.move_teacher_ema(self.state)
+      view.per_batch.append((m, multihost.total(b.response_mask)))
+      self._count_skipped(m, it + 1, len(view.per_batch), len(view.batches))
+
+  def _iteration_metrics(self, view: Iteration) -> dict[str, float]:
+    """The iteration's metrics row: the updates' means, the diagnostics' histogram files, the
+    perf/* timings, and the compilation counts."""
+    metrics, it = view.metrics, view.iteration
     # takes the gap / gate histogram counts out of per_batch (files in <workdir>/diagnostics/)
     diagnostics.record_update_histograms(
-      per_batch, it + 1, self.workdir, self.logger, self.config.logging.plots
+      view.per_batch, it + 1, self.workdir, self.logger, self.config.logging.plots
     )
-    metrics.update(mean_over_updates(per_batch))
-    metrics["train/update_seconds"] = time.perf_counter() - t1
-    metrics.update(clock.metrics(samples, it, t_rollout, metrics["train/update_seconds"]))
+    metrics.update(mean_over_updates(view.per_batch))
+    metrics["train/update_seconds"] = sum(
+      view.seconds.get(p, 0.0) for p in ("batches", "teacher_scoring", "advantages", "update")
+    )
+    metrics.update(
+      view.clock.metrics(view.samples, it, view.rollout_seconds, metrics["train/update_seconds"])
+    )
+    metrics.update(view.phase_metrics())
     # Running totals when the row is logged. With asynchronous training the rollout thread may be
     # compiling the next rollout's shapes meanwhile, so, like the timings, they vary between runs.
     metrics["train/compilations"] = float(self.step_fn.num_traces)
@@ -808,8 +854,7 @@ class Trainer:
     last: dict[str, float] = {}
     if self.validations and cfg.train.eval_before_train and not resumed:
       evaluation = self.evaluate(start=True)
-      if self.retirement is not None:
-        evaluation.update(self._retirement_validation(evaluation, start=True))
+      evaluation.update(self._evaluation_hooks(evaluation, start=True))
       last = self.logger.log(self.loop_state.iteration, {**self.warm_start_metrics, **evaluation})
       self.plot_metrics()
     progress = Progress(total)
@@ -828,12 +873,12 @@ class Trainer:
         it, cfg.train.eval_every, total
       )
       if evaluated:
-        with self._device_turn():  # the rollout thread keeps stepping its envs meanwhile
+        with self.device_turn():  # the rollout thread keeps stepping its envs meanwhile
           metrics.update(self.evaluate())
-        if self.retirement is not None:
-          metrics.update(self._retirement_validation(metrics))
-      if self.retirement is not None:
-        metrics.update(self.retirement.metrics())
+        metrics.update(self._evaluation_hooks(metrics, start=False))
+      view = RunView(self, it, metrics)
+      for hooks in self.hooks.values():
+        metrics.update(hooks.at_iteration_end(view) or {})
       duration = progress.tick()
       log.info("%s | %s", progress.line(it, duration), self.logger.summary(metrics))
       if evaluated or _due(it, cfg.logging.every, total):
@@ -858,38 +903,23 @@ class Trainer:
       log.info("%s", summary)
     return last
 
-  # ------------------------------------------------------------------------ RetireOPD
-  def _retirement_validation(self, evaluation: dict[str, float], start: bool = False) -> dict:
-    """RetireOPD after a validation: the student's success rate recorded; at the start (the
-    initial policy, before any update) also the frozen teacher's, which is the same weights with
-    its skills (the val_with_skill mode, played at the start only); after a training iteration, the
-    rule checked and the distillation retired when it holds. Returns retire/* metrics."""
-    retirement = self.retirement
-    retirement.record_success(evaluation.get("val/success_rate", 0.0))
-    if start:
-      retirement.teacher_success = evaluation.get("val_with_skill/success_rate", 0.0)
-      return {"retire/teacher_success": retirement.teacher_success}
-    it = self.loop_state.iteration
-    if retirement.check(it):
-      log.info(
-        "RetireOPD: the distillation is retired after iteration %d (progress %.4f <= %g, "
-        "competence %.3f >= %g): λ = 0 and the teacher is no longer scored from now on",
-        it,
-        retirement.progress(),
-        retirement.progress_at_most,
-        retirement.competence(),
-        retirement.competence_at_least,
-      )
-      self._retire_distillation()
-    return {}
+  # --------------------------------------------------------------------------- hooks
+  def _evaluation_hooks(self, evaluation: dict[str, float], start: bool) -> dict[str, float]:
+    """Every hook's `at_evaluation` after a validation (`start`: the one before training)."""
+    out: dict[str, float] = {}
+    view = RunView(self, self.loop_state.iteration, evaluation)
+    for hooks in self.hooks.values():
+      out.update(hooks.at_evaluation(view, evaluation, start) or {})
+    return out
 
-  def _retire_distillation(self) -> None:
-    """Swaps the update for the retired algorithm's (`AlgoConfig.retired`: no distillation term,
-    no teacher scored): the same optimizer, mesh and settings, one more compilation."""
+  def set_algo(self, algo: AlgoConfig) -> None:
+    """Trains on with `algo` (a hook's request, e.g. RetireOPD's retired algorithm): the update
+    rebuilt with the same model, optimizer, mesh and settings (one more compilation), the teacher
+    scored only if `algo` reads it."""
     old = self.step_fn
     self.step_fn = TrainStep(
       old.model_config,
-      old.algo_config.retired(),
+      algo,
       old.optimizer,
       mesh=old.mesh,
       micro_batch_size=old.micro_batch_size,
@@ -898,7 +928,7 @@ class Trainer:
       histograms=old.histograms,
     )
     self.step_fn.num_traces = old.num_traces
-    self.with_teacher = False
+    self.with_teacher = algo.scores_teacher
 
   def _evaluate_once(self) -> dict[str, float]:
     """What an eval-only Trainer runs: one evaluation of its parameters (validation episodes of

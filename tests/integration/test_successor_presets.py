@@ -74,7 +74,7 @@ def test_retire_opd_retires_across_a_resume(tmp_path):
   with CheckpointManager(os.path.join(workdir, "checkpoints"), read_only=True) as ckpt:
     step = ckpt.latest_step()
     meta = ckpt.restore_meta(step)
-  state = meta["extra"]["loop"]["retirement"]
+  state = meta["extra"]["loop"]["hooks"]["retirement"]
   assert step == 3 and state["retired_at"] == 2 and len(state["kl"]) == 2
 
   # the trained policy evaluated alone, without the skills (the default eval.skills): the

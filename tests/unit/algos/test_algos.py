@@ -512,7 +512,8 @@ def test_algo_config_checks_itself_and_reports_every_problem():
   lines = str(e.value).splitlines()
   assert len(lines) == 3
   assert any(line.startswith("algo.beta=-1.0: must be a number >= 0. Fix:") for line in lines)
-  assert f"algo.gate='nope': unknown name. Fix: use one of {algos.GATES.names()}" in lines
+  want = f"algo.gate='nope': unknown name. Fix: use one of {algos.GATES.names()}, or register"
+  assert any(line.startswith(want) and line.endswith("--imports=your.module") for line in lines)
   assert any(line.startswith("algo.clip_c=1.0: the dual-clip bound must be > 1") for line in lines)
   # the teacher is scored exactly when a term reads it, unless asked for its metrics alone
   assert (AlgoConfig().scores_teacher, AlgoConfig(advantage="rlsd").scores_teacher) == (False, True)
@@ -533,8 +534,8 @@ def test_algo_config_checks_itself_and_reports_every_problem():
     (dict(teacher_ema_decay=-0.1), r"algo.teacher_ema_decay=-0.1: .*Fix: use e.g. 0.95"),
     (dict(teacher_ema_every="step"), r"algo.teacher_ema_every='step': .*'iteration' \(SDPO's\)"),
     (
-      dict(distill="sdar", lam=0.1, teacher_weights="ema"),
-      r"algo.teacher_source='rollout': algo.teacher_weights='ema' .*teacher_source=step",
+      dict(distill="sdar", lam=0.1, teacher_weights="ema", teacher_ema_every="update"),
+      r"algo.teacher_source='rollout': algo.teacher_ema_every='update' .*teacher_source=step",
     ),
     (
       dict(teacher_weights="ema", teacher_source="step"),

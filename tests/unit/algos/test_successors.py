@@ -202,7 +202,9 @@ def test_turn_advantages_equal_numpy_on_ragged_batches_and_uneven_groups(advanta
   samples, teacher = _samples(rng)
   algo = get_preset(advantage)
   packed = _batches(samples, teacher, 4, order)  # 14 samples: 4 + 4 + 4 + 2 (two padding rows)
-  batches, metrics = apply_turn_advantages(algo, [b for _, b in packed], samples, True, order)
+  batches, metrics = apply_turn_advantages(
+    algos.turn_rewrite(algo), [b for _, b in packed], samples, True, order
+  )
 
   adv = np.asarray([s.advantage for s in samples])
   groups = np.asarray([s.group_id for s in samples])
@@ -377,13 +379,13 @@ def test_retirement_edge_cases():
 
 def test_retire_opd_refuses_a_run_that_cannot_measure_the_teacher():
   from configs import alfworld, common
-  from sdar_jax.run.setup import retirement_problems
+  from sdar_jax.run.setup import method_problems
 
   config = alfworld.get_config("model=tiny,algo=retire_opd,local=True")
   # the teacher's with-skills evaluation is played at the start whatever eval.skills says
-  assert config.eval.skills == "without" and retirement_problems(config) == []
+  assert config.eval.skills == "without" and method_problems(config) == []
   bad = common.override(config, {"train.eval_before_train": False, "train.eval_every": 0})
-  problems = retirement_problems(bad)
+  problems = method_problems(bad)
   assert [p.split("=")[0] for p in problems] == ["train.eval_before_train", "train.eval_every"]
   assert all("algo.retire_window=5" in p and "Fix: set --config." in p for p in problems)
-  assert retirement_problems(alfworld.get_config("model=tiny,algo=sdar,local=True")) == []
+  assert method_problems(alfworld.get_config("model=tiny,algo=sdar,local=True")) == []

@@ -1,0 +1,112 @@
+"""Hook points of a training iteration, which a method registers for.
+
+A method that acts once per iteration (a turn-level advantage rewrite, a teacher-weight schedule,
+a rule that retires a term, a builder of the teacher's context) is a `MethodHooks` subclass,
+returned by a factory registered in `METHOD_HOOKS` for the `AlgoConfig`s it applies to (None for
+the others). The trainer builds every registered factory's hooks once per run and calls them in
+registration order at these points of each iteration:
+
+  after_rollout(view)          the finished episodes and their turn-samples (`view.samples`, which
+                               a hook may replace: e.g. the teacher's prompt ids of each sample)
+  after_teacher_scoring(view)  the mini-batches scored by the teacher at θ_old; a hook may rewrite
+                               the advantages (`view.rewrite_advantages`)
+  after_updates(view)          the iteration's optimizer updates done (`view.updates_applied`,
+                               `view.move_teacher_ema`)
+  at_evaluation(view, evaluation, start)
+                               after each validation (`start`: the one before training)
+  at_iteration_end(view)       the iteration's last metrics
+  state_dict() / load_state_dict(state, view)
+                               the hook's state, saved in each checkpoint and restored on resume
+  run_problems(config)         what the method cannot run with in a run config (checked before
+                               anything is built, one "<key>=<value>: ... Fix: ..." line each)
+
+Each returns a dict of metrics to log (or None). The `view` is the trainer's (sdar_jax.run); what
+it offers is the `IterationView` protocol below. Nothing here imports the layers above.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from sdar_jax.algos.registry import Registry
+
+Metrics = dict[str, float]
+
+
+class IterationView(Protocol):
+  """What the trainer shows a hook (sdar_jax.run.iteration implements it)."""
+
+  algo: Any  # the run's AlgoConfig (as swapped by `set_algo`)
+  iteration: int  # 0-based index of the iteration being trained (completed ones at evaluation)
+  metrics: Mapping[str, float]  # the iteration's metrics so far
+  samples: list  # the iteration's TurnSamples (after_rollout may replace the list)
+
+  def rewrite_advantages(self, fn: Callable[..., Any]) -> Metrics:
+    """Replaces every turn-sample's advantage by fn(table, num_groups=...) of the iteration's
+    `algos.TurnTable` (every process's samples); returns turn_adv/* metrics."""
+
+  def updates_applied(self) -> bool:
+    """Whether at least one of the iteration's updates was applied (none skipped them all)."""
+
+  def move_teacher_ema(self) -> None:
+    """ema ← d·ema + (1 − d)·params once (algo.teacher_weights="ema")."""
+
+  def set_algo(self, algo: Any) -> None:
+    """Runs the rest of the training with `algo` (one more compilation of the update)."""
+
+
+class MethodHooks:
+  """A method's hooks; every one is optional (the defaults do nothing)."""
+
+  # eval modes (prefixes of `run.setup`'s validation loops, e.g. "val_with_skill") that the
+  # evaluation before training must also play, whatever eval.skills says
+  start_eval_modes: tuple[str, ...] = ()
+  # the loop-state key a checkpoint written before hooks existed kept this hook's state under
+  legacy_state_key: str | None = None
+
+  def after_rollout(self, view: IterationView) -> Metrics | None:
+    return None
+
+  def after_teacher_scoring(self, view: IterationView) -> Metrics | None:
+    return None
+
+  def after_updates(self, view: IterationView) -> Metrics | None:
+    return None
+
+  def at_evaluation(
+    self, view: IterationView, evaluation: Mapping[str, float], start: bool
+  ) -> Metrics | None:
+    return None
+
+  def at_iteration_end(self, view: IterationView) -> Metrics | None:
+    return None
+
+  def state_dict(self) -> dict[str, Any] | None:
+    return None
+
+  def load_state_dict(self, state: dict[str, Any], view: IterationView) -> None:
+    return None
+
+  def run_problems(self, config) -> list[str]:
+    return []
+
+
+HookFactory = Callable[[Any], "MethodHooks | None"]
+METHOD_HOOKS: Registry[HookFactory] = Registry("method hook")
+
+
+def register_hooks(name: str) -> Callable[[HookFactory], HookFactory]:
+  """Registers `factory(algo) -> MethodHooks | None` under `name` (the name keys its state in a
+  checkpoint)."""
+  return METHOD_HOOKS.register(name)
+
+
+def build_hooks(algo) -> dict[str, MethodHooks]:
+  """name -> hooks of every registered factory that applies to `algo`, in registration order."""
+  out = {}
+  for name in METHOD_HOOKS.registered():
+    hooks = METHOD_HOOKS.get(name)(algo)
+    if hooks is not None:
+      out[name] = hooks
+  return out

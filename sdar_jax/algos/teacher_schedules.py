@@ -1,0 +1,61 @@
+"""Whose weights the teacher branch runs (`TEACHER_WEIGHTS`, selected by algo.teacher_weights)
+and schedules that move them between iterations (`algos.hooks`): SDPO's EMA teacher moves once per
+iteration after its updates (algo.teacher_weights="ema", teacher_ema_every="iteration";
+lasgroup/SDPO@0e6d510 `_update_teacher`, docs/reference.md §11.3). The per-update form
+(teacher_ema_every="update") runs inside the compiled update instead."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sdar_jax.algos.hooks import MethodHooks, register_hooks
+from sdar_jax.algos.registry import Registry
+
+# name -> fn(params, ref_params, ema_params) -> the teacher's params (no gradient is taken here:
+# the caller stops it); each raises, naming what to pass, when its weights are missing
+TeacherWeightsFn = Callable[[Any, Any, Any], Any]
+TEACHER_WEIGHTS: Registry[TeacherWeightsFn] = Registry("teacher weights")
+
+
+@TEACHER_WEIGHTS.register("current")
+def _current(params, ref_params=None, ema_params=None):
+  """The policy being trained, given the skills (the authors' code)."""
+  return params
+
+
+@TEACHER_WEIGHTS.register("initial")
+def _initial(params, ref_params=None, ema_params=None):
+  """The frozen initial policy (the KL term's), given the skills."""
+  if ref_params is None:
+    raise ValueError(
+      "algo.teacher_weights='initial' runs the teacher on the frozen initial policy: pass "
+      "ref_params=, or set teacher_weights='current'."
+    )
+  return ref_params
+
+
+@TEACHER_WEIGHTS.register("ema")
+def _ema(params, ref_params=None, ema_params=None):
+  """An exponential moving average of the policy (`TrainState.ema_params`)."""
+  if ema_params is None:
+    raise ValueError(
+      "algo.teacher_weights='ema' runs the teacher on the EMA of the params: pass ema_params= "
+      "(TrainState.ema_params; TrainStep.shard_state starts it from the params), or set "
+      "teacher_weights='current'."
+    )
+  return ema_params
+
+
+class _EmaEveryIteration(MethodHooks):
+  """ema ← d·ema + (1 − d)·params once, after an iteration at least one of whose updates was
+  applied (SDPO moves its teacher only if an update happened)."""
+
+  def after_updates(self, view):
+    if view.updates_applied():
+      view.move_teacher_ema()
+
+
+@register_hooks("ema_teacher")
+def _ema_teacher(algo) -> MethodHooks | None:
+  return _EmaEveryIteration() if algo.keeps_ema and algo.teacher_ema_every == "iteration" else None
