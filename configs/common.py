@@ -19,7 +19,9 @@ import ml_collections as mlc
 from ml_collections import config_dict
 
 from configs import models
+from sdar_jax import config_keys
 from sdar_jax.algos import get_preset
+from sdar_jax.rollout.shaping import RewardShaping
 
 ENVS = ("alfworld", "webshop", "search_qa")
 
@@ -148,6 +150,9 @@ def base(model: str = "qwen2.5-3b", algo_name: str = "sdar") -> mlc.ConfigDict:
       # "off": every env steps, then the whole batch decodes; "halves": one half of the episodes
       # decodes while the other half's envs step (the same episodes; sdar_jax.rollout.agent_loop)
       overlap="off",
+      # how an episode's outcome becomes its turns' advantages (sdar_jax.rollout.shaping, each
+      # key documented there): GRPO's normalisation, penalties, GiGPO's step-level advantage
+      shaping=dataclasses.asdict(RewardShaping()),
     )
   )
   config.eval = mlc.ConfigDict(
@@ -316,6 +321,9 @@ def override(config: mlc.ConfigDict, values: Mapping[str, Any]) -> mlc.ConfigDic
   """Sets dotted keys ("algo.beta": 2.0), as sweeps and `local_overrides` do; an unknown key is an
   error naming it and the valid keys at that level."""
   for dotted, value in values.items():
+    moved = config_keys.renamed_problem(dotted)
+    if moved:
+      raise KeyError(f"config key {moved}")
     node = config
     *parents, leaf = dotted.split(".")
     for i, key in enumerate(parents):

@@ -32,7 +32,7 @@ hidden objects lie where the skill text says objects of their kind are kept.
    +0.078 here, GRPO alone +0.063 to +0.125: a sampled-token form can only reinforce what a
    near-deterministic student samples. Mini-batches are filled in length order (the same
    samples, less padding in the update). A turn whose command the room did not offer gets no share of a
-   won episode's credit (`algo.inadmissible_no_credit`, not in the reference).
+   won episode's credit (`rollout.shaping.inadmissible_no_credit`, not in the reference).
 
   python -m sdar_jax.train --config=configs/default.py --workdir=/tmp/sdar_demo
   python -m sdar_jax.train --config=configs/default.py:algo=sdar --workdir=/tmp/sdar_ref_demo
@@ -102,7 +102,7 @@ def demo_overrides() -> dict:
     # A well-formed command the room does not offer ("Nothing happens.") gets no share of a won
     # episode's credit (it keeps a lost one's blame): without it, RL raised the share of such
     # wasted turns (27% -> 53% on seed 1) and success fell (docs/results.md).
-    "algo.inadmissible_no_credit": True,
+    "rollout.shaping.inadmissible_no_credit": True,
     "optim.lr": 5e-4,
     "train.total_steps": 16,
     "train.mini_batch_size": 32,

@@ -25,7 +25,7 @@ def get_config(arg: str = "model=qwen2.5-3b,algo=sdar,local=False"):
   config = common.base(model=arg.model, algo_name=arg.algo)
   config.env = common.search_qa(history=4, max_turns=4, group_size=8, tasks_per_step=128)
   config.algo.kl_coef = 0.001
-  config.algo.invalid_penalty = 0.01
+  config.rollout.shaping.invalid_penalty = 0.01
   config.optim.warmup_steps = 15  # warm-up ratio 0.1 of 150 steps
   config.rollout.max_prompt_len = 4096
   config.rollout.prompt_truncation = "left"

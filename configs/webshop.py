@@ -22,7 +22,7 @@ def get_config(arg: str = "model=qwen2.5-3b,algo=sdar,local=False"):
   config = common.base(model=arg.model, algo_name=arg.algo)
   config.env = common.webshop(history=2, max_turns=15, group_size=8, tasks_per_step=16)
   config.algo.kl_coef = 0.01
-  config.algo.invalid_penalty = 0.1
+  config.rollout.shaping.invalid_penalty = 0.1
   config.rollout.max_prompt_len = 4096
   config.rollout.prompt_truncation = "error"
   config.rollout.val_temperature = 0.4

@@ -149,7 +149,7 @@ class EnvAdapter(Protocol):
   An adapter may also define ``is_admissible(action, view) -> bool | None``: whether a projected
   action is among the turn's admissible commands (None: nothing to check against). The agent loop
   records it on each turn (`Turn.admissible`, metric ``<prefix>/admissible_action_ratio``) and
-  ``algo.inadmissible_penalty`` reads it. ALFWorld defines it; WebShop's and Search-QA's actions
+  ``rollout.shaping.inadmissible_penalty`` reads it. ALFWorld defines it; WebShop's and Search-QA's actions
   take free text, so they do not.
   """
 

@@ -41,6 +41,7 @@ from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from envs.errors import EnvInputError  # noqa: E402
+from sdar_jax import config_keys  # noqa: E402
 from sdar_jax.infra import plugins  # noqa: E402
 from sdar_jax.infra.errors import exit_on_user_error  # noqa: E402
 
@@ -78,6 +79,10 @@ def unknown_override_keys(config: mlc.ConfigDict, argv: Sequence[str]) -> list[s
     if not match:
       continue
     path = match.group(1)
+    moved = config_keys.renamed_problem(path)
+    if moved:
+      problems.append(f"--config.{moved}")
+      continue
     node: Any = config
     for depth, key in enumerate(path.split(".")):
       if not isinstance(node, (mlc.ConfigDict, dict)):

@@ -67,7 +67,7 @@ def _advantages(algo, batch) -> list[float]:
   if algo.turn_advantages:
     rewrite = jax.jit(lambda table: algos.TURN_ADVANTAGES.get(algo.advantage)(algo, table))
     return np.asarray(rewrite(_turn_table(batch)), np.float64).tolist()
-  weight = algos.rlsd_lambda(ITERATION, algo.rlsd_lam0, algo.rlsd_warmdown_steps)
+  weight = algos.rlsd_lambda(ITERATION, algo.rlsd.lam0, algo.rlsd.warmdown_steps)
   out = algos.token_advantages(
     algo.advantage,
     batch.advantages,
@@ -75,7 +75,7 @@ def _advantages(algo, batch) -> list[float]:
     teacher_logp=batch.teacher_logp,
     old_logp=batch.old_logp,
     teacher_weight=weight,
-    clip_eps=algo.rlsd_clip_eps,
+    clip_eps=algo.rlsd.clip_eps,
   )
   return np.asarray(out, np.float64).reshape(-1).tolist()
 

@@ -5,6 +5,7 @@ the one schema of an algorithm, with the paper's methods as presets."""
 from sdar_jax.algos.advantages import (
   ADVANTAGE_ESTIMATORS,
   ADVANTAGE_SCHEDULES,
+  advantage_clip_eps,
   advantage_teacher_weight,
   apply_invalid_penalty,
   grpo_advantages,
@@ -20,7 +21,8 @@ from sdar_jax.algos.aggregation import (
   seq_count,
   token_count,
 )
-from sdar_jax.algos.config import STEP_ANCHORS, TEACHER_SOURCES, AlgoConfig
+from sdar_jax.algos.config import EMA_CADENCES, TEACHER_SOURCES, AlgoConfig
+from sdar_jax.algos.sections import EMA, GRSD, RLSD, SECTIONS, AgentOPSD, PPOClip, Retire
 from sdar_jax.algos.distill import (
   DISTILL_LOSSES,
   GATED_TERMS,
@@ -76,12 +78,19 @@ __all__ = [
   "KL_PENALTIES",
   "METHOD_HOOKS",
   "SDAR_FORMS",
-  "STEP_ANCHORS",
+  "EMA_CADENCES",
+  "SECTIONS",
   "TEACHER_SOURCES",
   "TEACHER_WEIGHTS",
   "TURN_ADVANTAGES",
   "VOCAB_FORMS",
+  "EMA",
+  "GRSD",
+  "RLSD",
+  "AgentOPSD",
   "AlgoConfig",
+  "PPOClip",
+  "Retire",
   "IterationView",
   "MethodHooks",
   "Registry",
@@ -90,6 +99,7 @@ __all__ = [
   "TurnTable",
   "agent_opsd_advantages",
   "agent_opsd_rms_advantages",
+  "advantage_clip_eps",
   "advantage_teacher_weight",
   "agg_loss",
   "apply_invalid_penalty",

@@ -167,6 +167,11 @@ ScheduleFn = Callable[..., Array]
 ADVANTAGE_SCHEDULES: Registry[ScheduleFn] = Registry("advantage schedule")
 
 
+def advantage_clip_eps(algo) -> float:
+  """The clip of the estimator's teacher weight (RLSD's algo.rlsd.clip_eps; read by no other)."""
+  return float(algo.rlsd.clip_eps)
+
+
 def advantage_teacher_weight(algo, iteration: ArrayLike) -> tuple[Array, dict[str, Array]]:
   """(λ, metrics) of `algo.advantage`'s schedule at `iteration` (1-based); (0, {}) for an
   estimator without one."""
@@ -191,7 +196,7 @@ def _grpo_token_advantages(
 
 @ADVANTAGE_SCHEDULES.register("rlsd")
 def _rlsd_schedule(algo, iteration) -> Array:
-  return rlsd_lambda(iteration, algo.rlsd_lam0, algo.rlsd_warmdown_steps)
+  return rlsd_lambda(iteration, algo.rlsd.lam0, algo.rlsd.warmdown_steps)
 
 
 @ADVANTAGE_ESTIMATORS.register("rlsd")

@@ -25,12 +25,13 @@ from sdar_jax.algos.distill import DISTILL_LOSSES, SDAR_FORMS, VOCAB_FORMS
 from sdar_jax.algos.gates import GATES
 from sdar_jax.algos.hooks import METHOD_HOOKS
 from sdar_jax.algos.losses import KL_PENALTIES
+from sdar_jax.algos.sections import EMA, GRSD, RLSD, SECTIONS, AgentOPSD, PPOClip, Retire
 from sdar_jax.algos.teacher_schedules import TEACHER_WEIGHTS
 from sdar_jax.algos.turn_credit import TURN_ADVANTAGES
+from sdar_jax.config_keys import translate_section
 
 TEACHER_SOURCES = ("rollout", "step")
 EMA_CADENCES = ("iteration", "update", "manual")
-STEP_ANCHORS = ("observation", "prompt")  # step_anchor: what makes two turns the same state
 
 
 def _is_number(value: Any, low: float = float("-inf")) -> bool:
@@ -43,7 +44,9 @@ class AlgoConfig:
   """One algorithm of docs/reference.md §2 (defaults: plain GRPO with the reference's values).
 
   Invalid values raise ValueError listing every problem, one line each, as
-  "algo.<field>=<value>: <problem>. Fix: <what to do>".
+  "algo.<field>=<value>: <problem>. Fix: <what to do>". The settings only one part of the
+  objective reads are in sections (`algos.sections`: algo.ppo, .rlsd, .grsd, .agent_opsd,
+  .retire, .ema); reward shaping is the rollout's (rollout.shaping).
   """
 
   name: str = "grpo"
@@ -81,77 +84,27 @@ class AlgoConfig:
   "grsd": each turn-sample's advantage rewritten from its turn's teacher gap over the whole
   iteration before the updates; need teacher_source="rollout"). All but "grpo" read the teacher's
   log-probs (a newly registered token-level estimator that does too needs teacher=True)."""
-  agent_opsd_lambda: float = 0.5
-  """AgentOPSD: A' = A·((1 − λ) + λ·m), λ in [0, 1] (the launcher's mult_lambda)."""
-  agent_opsd_band: float = 0.2
-  """AgentOPSD: the multiplier m = clip(1 + b·sign(A)·z, 1 − b, 1 + b), b in [0, 1)."""
-  agent_opsd_eps: float = 1e-6
-  """AgentOPSD: V is clamped to [eps, 1 − eps] (and eps is added to the episode's std), eps in
-  (0, 0.5); `agent_opsd_rms` uses 1e-4."""
-  agent_opsd_v0: float = 0.5
-  """`agent_opsd_rms` only: the fixed success belief V_0 every episode starts from, in (0, 1)
-  (`agent_opsd` starts from the group's success rate)."""
-  grsd_scale: float = 0.5
-  """GRSD's λ: A' = A·max(1 + λ·clip(q̃·m, −grsd_clip, grsd_clip)·m, grsd_floor)."""
-  grsd_clip: float = 0.2
-  """GRSD's G_HAT_MAX: the normalised teacher signal q̃ is clipped to [−clip, clip] (every
-  launcher: 0.2, so the factor stays in [0.9, 1.1]; the function's default is 3)."""
-  grsd_floor: float = 0.1
-  """GRSD: the smallest factor a turn's advantage is multiplied by (keeps its sign)."""
-  rlsd_lam0: float = 0.5
-  """RLSD's initial teacher weight λ0 in [0, 1]; it decays linearly to 0."""
-  rlsd_warmdown_steps: int = 100
-  """RLSD: training iterations over which λ decays from rlsd_lam0 to 0."""
-  rlsd_clip_eps: float = 0.2
-  """RLSD: the teacher weight exp(sign(A)·(lT − lold)) is clipped to [1 − eps, 1 + eps]."""
-  retire_window: int = 0
-  """RetireOPD's W: 0 never retires the distillation; W >= 1 retires it (λ = 0 and the teacher
-  no longer scored for the rest of the run) once progress ≤ retire_progress and competence ≥
-  retire_competence, both measured over windows of W iterations (`algos.Retirement`; the host loop
-  applies it at each evaluation)."""
-  retire_progress: float = 0.0
-  """RetireOPD: retire once progress_t = (K_{t−W} − K_t) / K_{t−W} is at most this (K: the mean
-  reverse KL −(lT − lθ) of the last W iterations' rollouts)."""
-  retire_competence: float = 0.9
-  """RetireOPD: retire once competence_t = (SR_t + SR_{t−1}) / (2·SR_teacher) is at least this
-  (SR: validation success rate; SR_teacher: the frozen teacher's, with its skills, at the start)."""
   entropy_coef: float = 0.001
   """Weight of the entropy bonus (subtracted from the loss)."""
   kl_coef: float = 0.01
   """Weight of the KL penalty to the frozen initial policy (0 = no reference policy kept)."""
   kl_kind: str = "low_var_kl"
   """KL estimator (`KL_PENALTIES`); "low_var_kl" is k3, clipped to [-10, 10] as verl."""
-  clip_low: float = 0.2
-  """PPO ratio clip below: ratio >= 1 − clip_low; in [0, 1)."""
-  clip_high: float = 0.2
-  """PPO ratio clip above: ratio <= 1 + clip_high."""
-  clip_c: float = 3.0
-  """Dual-clip bound c > 1 for negative advantages."""
   agg: str = "token-mean"
   """How per-token losses are aggregated (`AGG_MODES`)."""
-  norm_adv_by_std: bool = True
-  """GRPO advantages (r − mean) / std over the group (False: r − mean); read by the rollout."""
-  invalid_penalty: float = 0.1
-  """Subtracted from a turn's reward when its action is not in the expected format; rollout."""
-  inadmissible_penalty: float = 0.0
-  """Subtracted from a turn's reward when its well-formed action is not among the env's
-  admissible commands (ALFWorld; 0 = the reference, where such an action is valid); rollout.
-  Mind the shaping it adds: on the offline demo, 1.0 taught the policy to stop trying to take
-  objects (taking one that is not there is inadmissible) and validation success fell to 0."""
-  inadmissible_no_credit: bool = False
-  """Cap the advantage of a turn whose well-formed action the env did not list at 0: it changed
-  nothing, so it shares a lost episode's blame but not a won episode's credit (not in the
-  reference; ALFWorld); rollout."""
-  step_adv_coef: float = 0.0
-  """w of a step-level advantage added to GRPO's (GiGPO's, from verl-agent; 0 = off, the SDAR
-  paper): a turn's discounted return less the mean return of the group's turns taken from the
-  same state, over their std when norm_adv_by_std (sdar_jax/rollout/batching.py,
-  `episodes_to_samples`); rollout."""
-  step_gamma: float = 0.95
-  """γ of the step-level returns, in [0, 1] (verl-agent's ALFWorld script: 0.95); rollout."""
-  step_anchor: str = "observation"
-  """What makes two turns "the same state" for the step-level groups: "observation" (the env's
-  observation text, as GiGPO) or "prompt" (the identical student prompt, history included)."""
+  ppo: PPOClip = dataclasses.field(default_factory=PPOClip)
+  """PPO's ratio clip (`algo.ppo.clip_low`, `.clip_high`, `.clip_c`)."""
+  rlsd: RLSD = dataclasses.field(default_factory=RLSD)
+  """RLSD's settings (advantage "rlsd": `algo.rlsd.lam0`, `.warmdown_steps`, `.clip_eps`)."""
+  grsd: GRSD = dataclasses.field(default_factory=GRSD)
+  """GRSD's settings (advantage "grsd": `algo.grsd.scale`, `.clip`, `.floor`)."""
+  agent_opsd: AgentOPSD = dataclasses.field(default_factory=AgentOPSD)
+  """AgentOPSD's settings (advantages "agent_opsd", "agent_opsd_rms": `algo.agent_opsd.lam`,
+  `.band`, `.eps`, `.v0`)."""
+  retire: Retire = dataclasses.field(default_factory=Retire)
+  """RetireOPD's rule (`algo.retire.window`, `.progress`, `.competence`; window 0: never)."""
+  ema: EMA = dataclasses.field(default_factory=EMA)
+  """The EMA teacher's decay and cadence (teacher_weights="ema": `algo.ema.decay`, `.every`)."""
   skills_in_student: bool = False
   """Put the retrieved skills into the student's own prompt (Skill-GRPO); rollout."""
   teacher: bool | None = None
@@ -167,17 +120,8 @@ class AlgoConfig:
   skills). Sharing weights lets the update close the teacher-student gap from the teacher's side
   too, by making the model ignore the skill block: on the demo, form "vocab" with λ = 1 drove
   both branches to the same broken policy; a frozen teacher is a fixed target. "ema": an
-  exponential moving average of the policy (`teacher_ema_decay`, `teacher_ema_every`), kept in
-  the train state and checkpointed with it."""
-  teacher_ema_decay: float = 0.95
-  """teacher_weights="ema": ema ← d·ema + (1 − d)·params, d in [0, 1) (0: the teacher is the
-  policy as last updated). The EMA starts from the params. 0.95 is SDPO's teacher_update_rate
-  0.05."""
-  teacher_ema_every: str = "iteration"
-  """When the EMA teacher moves (`EMA_CADENCES`): "iteration" (SDPO's: once per training
-  iteration, after its updates, if at least one of them was applied), "update" (after every
-  applied optimizer update; needs teacher_source="step") or "manual" (only when a method hook asks,
-  `IterationView.move_teacher_ema`)."""
+  exponential moving average of the policy (`algo.ema`), kept in the train state and
+  checkpointed with it."""
   hooks: str = ""
   """Method hooks this run asks for by name, comma-separated (`algos.METHOD_HOOKS`, e.g. a user's
   registered with `algos.register_hooks`); the built-in methods' hooks select themselves from the
@@ -190,7 +134,28 @@ class AlgoConfig:
   as the old log-probs (the reference does); the sampler's own otherwise."""
 
   def __post_init__(self):
-    problems = self._problems()
+    errors = []
+    for name, cls in SECTIONS.items():  # a section given as a mapping (a config's ConfigDict)
+      value = getattr(self, name)
+      if isinstance(value, cls):
+        continue
+      try:
+        items = dict(value.to_dict() if hasattr(value, "to_dict") else value)
+      except (TypeError, ValueError):
+        errors.append(
+          f"algo.{name}={value!r}: must be a section. Fix: set its keys, e.g. "
+          f"--config.algo.{name}.{dataclasses.fields(cls)[0].name}=..."
+        )
+        continue
+      known = [f.name for f in dataclasses.fields(cls)]
+      unknown = [k for k in items if k not in known]
+      if unknown:
+        errors += [
+          f"algo.{name}.{k}: not a setting of algo.{name}. Fix: use one of {known}" for k in unknown
+        ]
+        continue
+      object.__setattr__(self, name, cls(**items))
+    problems = errors or self._problems()
     if problems:
       raise ValueError("\n".join(problems))
 
@@ -234,8 +199,8 @@ class AlgoConfig:
 
   @property
   def retires(self) -> bool:
-    """Whether the distillation may be retired during the run (RetireOPD, retire_window >= 1)."""
-    return self.retire_window > 0
+    """Whether the distillation may be retired during the run (RetireOPD, retire.window >= 1)."""
+    return self.retire.window > 0
 
   def retired(self) -> AlgoConfig:
     """This algorithm after RetireOPD's retirement: no distillation term, no teacher scored (so no
@@ -247,15 +212,21 @@ class AlgoConfig:
       teacher=None,
       teacher_weights="current",
       advantage="grpo",
-      retire_window=0,
+      retire=dataclasses.replace(self.retire, window=0),
     )
 
   def _problems(self) -> list[str]:
     """Every invalid value, one "algo.<field>=<value>: <problem>. Fix: <fix>" line each."""
     out: list[str] = []
 
+    def at(field: str) -> Any:  # "rlsd.lam0" reads self.rlsd.lam0
+      node: Any = self
+      for part in field.split("."):
+        node = getattr(node, part)
+      return node
+
     def bad(field: str, problem: str, fix: str) -> None:
-      out.append(f"algo.{field}={getattr(self, field)!r}: {problem}. Fix: {fix}")
+      out.append(f"algo.{field}={at(field)!r}: {problem}. Fix: {fix}")
 
     for field, valid in (
       ("distill", DISTILL_LOSSES.names()),
@@ -280,40 +251,33 @@ class AlgoConfig:
       "beta",
       "entropy_coef",
       "kl_coef",
-      "invalid_penalty",
-      "inadmissible_penalty",
-      "step_adv_coef",
     ):
       if not _is_number(getattr(self, field), low=0):
         bad(field, "must be a number >= 0", "set it to a value >= 0")
-    if not _is_number(self.clip_low, low=0) or self.clip_low >= 1:
+    if not _is_number(self.ppo.clip_low, low=0) or self.ppo.clip_low >= 1:
       bad(
-        "clip_low",
+        "ppo.clip_low",
         "must be in [0, 1) (a lower clip of 1 or more makes the ratio bound <= 0)",
         "use a value in [0, 1), the reference uses 0.2",
       )
-    if not _is_number(self.step_gamma, low=0) or self.step_gamma > 1:
-      bad("step_gamma", "a discount must be in [0, 1]", "use 0.95 (verl-agent's ALFWorld script)")
-    if self.step_anchor not in STEP_ANCHORS:
-      bad("step_anchor", "unknown", f"use one of {list(STEP_ANCHORS)}")
-    if not _is_number(self.clip_high, low=0):
-      bad("clip_high", "must be a number >= 0", "use 0.2 (the reference)")
-    if not _is_number(self.clip_c) or not self.clip_c > 1:
-      bad("clip_c", "the dual-clip bound must be > 1", "use 3.0 (the reference)")
+    if not _is_number(self.ppo.clip_high, low=0):
+      bad("ppo.clip_high", "must be a number >= 0", "use 0.2 (the reference)")
+    if not _is_number(self.ppo.clip_c) or not self.ppo.clip_c > 1:
+      bad("ppo.clip_c", "the dual-clip bound must be > 1", "use 3.0 (the reference)")
     if not _is_number(self.temperature) or not self.temperature > 0:
       bad(
         "temperature",
         "log-probs divide the logits by it; it must be > 0",
         "set rollout.temperature > 0 (algo.temperature follows it)",
       )
-    if not _is_number(self.rlsd_lam0, low=0) or self.rlsd_lam0 > 1:
+    if not _is_number(self.rlsd.lam0, low=0) or self.rlsd.lam0 > 1:
       bad(
-        "rlsd_lam0",
+        "rlsd.lam0",
         "RLSD mixes (1-λ)·A + λ·w·A, λ must be in [0, 1]",
         "use a value in [0, 1], the reference uses 0.5",
       )
-    if not _is_number(self.rlsd_clip_eps, low=0):
-      bad("rlsd_clip_eps", "must be a number >= 0", "use 0.2 (the reference)")
+    if not _is_number(self.rlsd.clip_eps, low=0):
+      bad("rlsd.clip_eps", "must be a number >= 0", "use 0.2 (the reference)")
     for field, low in (("top_k", 1), ("vocab_chunk", 0)):
       value = getattr(self, field)
       if not isinstance(value, int) or isinstance(value, bool) or value < low:
@@ -323,22 +287,20 @@ class AlgoConfig:
           else "use a positive number of response positions (64), or 0 for no chunking"
         )
         bad(field, f"must be an integer >= {low}", fix)
-    if not _is_number(self.teacher_ema_decay, low=0) or self.teacher_ema_decay >= 1:
+    if not _is_number(self.ema.decay, low=0) or self.ema.decay >= 1:
       bad(
-        "teacher_ema_decay",
+        "ema.decay",
         "an EMA decay must be in [0, 1) (1 would never move the teacher)",
         "use e.g. 0.95 (SDPO's), or teacher_weights='initial' for a teacher that never moves",
       )
     if (
-      self.teacher_weights == "ema"
-      and self.teacher_ema_every == "update"
-      and self.teacher_source != "step"
+      self.teacher_weights == "ema" and self.ema.every == "update" and self.teacher_source != "step"
     ):
       bad(
         "teacher_source",
-        "algo.teacher_ema_every='update' moves the EMA teacher inside the update, after every "
+        "algo.ema.every='update' moves the EMA teacher inside the update, after every "
         "optimizer step, so the teacher must be scored there",
-        "set --config.algo.teacher_source=step, or teacher_ema_every='iteration'",
+        "set --config.algo.teacher_source=step, or algo.ema.every='iteration'",
       )
     for name in self.hook_names:
       if name not in METHOD_HOOKS:
@@ -355,26 +317,27 @@ class AlgoConfig:
         f"{self.advantage!r}) would only cost memory",
         "set algo.distill='sdar' (or teacher=True), or teacher_weights='current'",
       )
-    if self.teacher_ema_every not in EMA_CADENCES:
+    if self.ema.every not in EMA_CADENCES:
       bad(
-        "teacher_ema_every",
+        "ema.every",
         f"must be one of {list(EMA_CADENCES)}",
         "use 'iteration' (SDPO's) or 'update'",
       )
-    if not _is_number(self.agent_opsd_v0) or not 0 < self.agent_opsd_v0 < 1:
-      bad("agent_opsd_v0", "a success belief must be in (0, 1)", "use 0.5 (no prior)")
-    if not _is_number(self.agent_opsd_eps) or not 0 < self.agent_opsd_eps < 0.5:
-      bad("agent_opsd_eps", "the clamp of V must be in (0, 0.5)", "use AgentOPSD's 1e-6")
-    if not _is_number(self.agent_opsd_lambda, low=0) or self.agent_opsd_lambda > 1:
-      bad("agent_opsd_lambda", "a mixing weight must be in [0, 1]", "use AgentOPSD's 0.5")
-    if not _is_number(self.agent_opsd_band, low=0) or self.agent_opsd_band >= 1:
+    opsd = self.agent_opsd
+    if not _is_number(opsd.v0) or not 0 < opsd.v0 < 1:
+      bad("agent_opsd.v0", "a success belief must be in (0, 1)", "use 0.5 (no prior)")
+    if not _is_number(opsd.eps) or not 0 < opsd.eps < 0.5:
+      bad("agent_opsd.eps", "the clamp of V must be in (0, 0.5)", "use AgentOPSD's 1e-6")
+    if not _is_number(opsd.lam, low=0) or opsd.lam > 1:
+      bad("agent_opsd.lam", "a mixing weight must be in [0, 1]", "use AgentOPSD's 0.5")
+    if not _is_number(opsd.band, low=0) or opsd.band >= 1:
       bad(
-        "agent_opsd_band",
+        "agent_opsd.band",
         "the multiplier's band must be in [0, 1) (1 could zero an advantage)",
         "use AgentOPSD's 0.2",
       )
-    for field in ("grsd_scale", "grsd_clip", "grsd_floor"):
-      if not _is_number(getattr(self, field), low=0):
+    for field in ("grsd.scale", "grsd.clip", "grsd.floor"):
+      if not _is_number(at(field), low=0):
         bad(field, "must be a number >= 0", "use GRSD's launchers' 0.5 / 0.2 / 0.1")
     if self.turn_advantages and self.teacher_source != "rollout":
       bad(
@@ -383,14 +346,14 @@ class AlgoConfig:
         "log-probs at θ_old over the whole iteration, before the first update",
         "set --config.algo.teacher_source=rollout",
       )
-    window = self.retire_window
+    window = self.retire.window
     if not isinstance(window, int) or isinstance(window, bool) or window < 0:
-      bad("retire_window", "must be an integer >= 0", "use 0 (never retire) or RetireOPD's 5")
+      bad("retire.window", "must be an integer >= 0", "use 0 (never retire) or RetireOPD's 5")
     elif window and self.distill == "none":
       bad(
-        "retire_window",
+        "retire.window",
         "RetireOPD retires the distillation term, and algo.distill='none' has none",
-        "set algo.distill='sdar' (preset retire_opd), or retire_window=0",
+        "set algo.distill='sdar' (preset retire_opd), or algo.retire.window=0",
       )
     elif window and self.teacher_source != "rollout":
       bad(
@@ -398,24 +361,18 @@ class AlgoConfig:
         "RetireOPD's progress reads the teacher's gap on the rollouts, scored once per iteration",
         "set --config.algo.teacher_source=rollout",
       )
-    if not _is_number(self.retire_progress):
-      bad("retire_progress", "must be a number", "use RetireOPD's 0.0")
-    if not _is_number(self.retire_competence, low=0):
-      bad("retire_competence", "must be a number >= 0", "use RetireOPD's 0.9")
-    warmdown = self.rlsd_warmdown_steps
+    if not _is_number(self.retire.progress):
+      bad("retire.progress", "must be a number", "use RetireOPD's 0.0")
+    if not _is_number(self.retire.competence, low=0):
+      bad("retire.competence", "must be a number >= 0", "use RetireOPD's 0.9")
+    warmdown = self.rlsd.warmdown_steps
     if self.advantage == "rlsd" and (not isinstance(warmdown, int) or warmdown < 1):
       bad(
-        "rlsd_warmdown_steps",
+        "rlsd.warmdown_steps",
         "the RLSD schedule λ0·(1-k/K) needs K >= 1",
         "use a positive number of steps, the reference uses 100",
       )
-    for field in (
-      "norm_adv_by_std",
-      "skills_in_student",
-      "recompute_old_logp",
-      "teacher",
-      "inadmissible_no_credit",
-    ):
+    for field in ("skills_in_student", "recompute_old_logp", "teacher"):
       value = getattr(self, field)
       if not isinstance(value, bool) and not (field == "teacher" and value is None):
         bad(field, "must be True or False", "set it to True or False")
@@ -446,8 +403,8 @@ class AlgoConfig:
     AlgoConfig, with `overrides`. An unknown key is an error naming it and the closest field."""
     if isinstance(algo, AlgoConfig):
       values = dataclasses.asdict(algo)
-    else:
-      values = dict(algo.to_dict() if hasattr(algo, "to_dict") else algo)
+    else:  # a saved section may hold keys that moved since (sdar_jax.config_keys)
+      values = translate_section("algo", algo.to_dict() if hasattr(algo, "to_dict") else algo)
     values.update(overrides)
     fields = [f.name for f in dataclasses.fields(cls)]
     unknown = [key for key in values if key not in fields]

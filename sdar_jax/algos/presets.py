@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from sdar_jax.algos.config import AlgoConfig
+from sdar_jax.algos.sections import AgentOPSD, Retire
 
 BASE = AlgoConfig()
 _SDAR = {"distill": "sdar", "lam": 0.01, "beta": 5.0, "gate": "gap", "form": "reference"}
@@ -74,13 +75,13 @@ ALGO_PRESETS: dict[str, AlgoConfig] = {
     # policy (with its skills), retired for good once the reverse KL to it stops falling and the
     # student's validation success nears the teacher's (algos.Retirement; W = 5, progress <= 0,
     # competence >= 0.9).
-    _preset("retire_opd", **{**_SDAR, "teacher_weights": "initial", "retire_window": 5}),
+    _preset("retire_opd", **{**_SDAR, "teacher_weights": "initial", "retire": Retire(window=5)}),
     # AgentOPSD as published: GRPO's advantage scaled by a bounded factor from the z-scored
     # increments of a per-episode success belief that starts at the group's success rate.
     _preset("agent_opsd", advantage="agent_opsd"),
     # Ours, after AgentOPSD's anchoring ablation: the belief increment's magnitude in place of
     # GRPO's, signed by A, scaled by the group's RMS, from V_0 = 0.5.
-    _preset("agent_opsd_rms", advantage="agent_opsd_rms", agent_opsd_eps=1e-4),
+    _preset("agent_opsd_rms", advantage="agent_opsd_rms", agent_opsd=AgentOPSD(eps=1e-4)),
     # GRSD's advantage rule as published (its launchers' G_HAT_MAX 0.2): GRPO's advantage scaled
     # by the teacher's turn-mean gap within [0.9, 1.1], in mixed groups only. Its teacher reads a
     # reflection prior; ours reads the skills.

@@ -17,7 +17,7 @@ rollouts and each validation success rate, and asks after a validation whether t
 Once progress_t ≤ `progress_at_most` and competence_t ≥ `competence_at_least` at a validation,
 the distillation is retired for the rest of the run: its weight becomes 0 and the teacher is no
 longer scored. The state (`state_dict`) goes into the checkpoint, so a resumed run retires at the
-same iteration an uninterrupted one does. `RetirementHooks` (registered for algo.retire_window
+same iteration an uninterrupted one does. `RetirementHooks` (registered for algo.retire.window
 >= 1) plugs the rule into the iteration (`algos.hooks`).
 """
 
@@ -130,8 +130,8 @@ class RetirementHooks(MethodHooks):
 
   def __init__(self, algo):
     self.lam = float(algo.lam)
-    self.window = algo.retire_window
-    self.rule = Retirement(algo.retire_window, algo.retire_progress, algo.retire_competence)
+    self.window = algo.retire.window
+    self.rule = Retirement(algo.retire.window, algo.retire.progress, algo.retire.competence)
 
   def after_teacher_scoring(self, view):
     gap = view.metrics.get("rollout/teacher_old_gap_mean")
@@ -173,7 +173,7 @@ class RetirementHooks(MethodHooks):
     """What the rule needs from the run: the frozen teacher's success rate with its skills at the
     start (train.eval_before_train) and the student's at later validations (train.eval_every >=
     1, eval.num_tasks != 0)."""
-    why = f"algo.retire_window={self.window} (RetireOPD) compares validation success rates"
+    why = f"algo.retire.window={self.window} (RetireOPD) compares validation success rates"
     problems = []
     for key, value, ok, fix in (
       (

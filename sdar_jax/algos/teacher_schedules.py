@@ -1,8 +1,8 @@
 """Whose weights the teacher branch runs (`TEACHER_WEIGHTS`, selected by algo.teacher_weights)
 and schedules that move them between iterations (`algos.hooks`): SDPO's EMA teacher moves once per
-iteration after its updates (algo.teacher_weights="ema", teacher_ema_every="iteration";
+iteration after its updates (algo.teacher_weights="ema", algo.ema.every="iteration";
 lasgroup/SDPO@0e6d510 `_update_teacher`, docs/reference.md §11.3). The per-update form
-(teacher_ema_every="update") runs inside the compiled update instead."""
+(algo.ema.every="update") runs inside the compiled update instead."""
 
 from __future__ import annotations
 
@@ -52,10 +52,10 @@ class _EmaEveryIteration(MethodHooks):
   applied (SDPO moves its teacher only if an update happened)."""
 
   def after_updates(self, view):
-    if view.updates_applied():
+    if view.algo.keeps_ema and view.updates_applied():  # (a retired algorithm scores no teacher)
       view.move_teacher_ema()
 
 
 @register_hooks("ema_teacher")
 def _ema_teacher(algo) -> MethodHooks | None:
-  return _EmaEveryIteration() if algo.keeps_ema and algo.teacher_ema_every == "iteration" else None
+  return _EmaEveryIteration() if algo.keeps_ema and algo.ema.every == "iteration" else None

@@ -6,12 +6,14 @@ episode in order), so they are registered in `TURN_ADVANTAGES` (name -> rewrite)
 their hooks after the teacher is scored (`algos.hooks`), on a `TurnTable` of the whole iteration;
 inside the update their advantage is broadcast to the turn's tokens as GRPO's (the same name is
 registered in `ADVANTAGE_ESTIMATORS`).
-A rewrite is `fn(algo, table) -> [N]` advantages; jittable, no gradient, float32.
+A rewrite is `fn(algo, table) -> [N]` advantages; no gradient, float32 (the built-in ones are
+jitted: one compilation per number of turn-samples).
 Sources and every difference from them: docs/reference.md §11.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -78,6 +80,7 @@ def _beliefs(delta: Array, starts: Array, logit0: Array, eps: float) -> tuple[Ar
   return now, jnp.where(starts, jax.nn.sigmoid(logit0), before)
 
 
+@functools.partial(jax.jit, static_argnames=("lam", "band", "eps", "v0_clamp", "num_groups"))
 def agent_opsd_advantages(
   table: TurnTable,
   *,
@@ -123,6 +126,7 @@ def agent_opsd_advantages(
   return jnp.where(mask > 0, adv * ((1.0 - lam) + lam * m), 0.0)
 
 
+@functools.partial(jax.jit, static_argnames=("v0", "eps", "norm_eps", "num_groups"))
 def agent_opsd_rms_advantages(
   table: TurnTable,
   *,
@@ -151,6 +155,7 @@ def agent_opsd_rms_advantages(
   return raw / (rms[seg] + norm_eps)
 
 
+@functools.partial(jax.jit, static_argnames=("scale", "clip", "floor", "eps", "num_groups"))
 def grsd_advantages(
   table: TurnTable,
   *,
@@ -188,9 +193,9 @@ def grsd_advantages(
 def _agent_opsd(algo, table: TurnTable, num_groups: int | None = None) -> Array:
   return agent_opsd_advantages(
     table,
-    lam=algo.agent_opsd_lambda,
-    band=algo.agent_opsd_band,
-    eps=algo.agent_opsd_eps,
+    lam=algo.agent_opsd.lam,
+    band=algo.agent_opsd.band,
+    eps=algo.agent_opsd.eps,
     num_groups=num_groups,
   )
 
@@ -198,7 +203,7 @@ def _agent_opsd(algo, table: TurnTable, num_groups: int | None = None) -> Array:
 @register_turn_advantage("agent_opsd_rms")
 def _agent_opsd_rms(algo, table: TurnTable, num_groups: int | None = None) -> Array:
   return agent_opsd_rms_advantages(
-    table, v0=algo.agent_opsd_v0, eps=algo.agent_opsd_eps, num_groups=num_groups
+    table, v0=algo.agent_opsd.v0, eps=algo.agent_opsd.eps, num_groups=num_groups
   )
 
 
@@ -206,9 +211,9 @@ def _agent_opsd_rms(algo, table: TurnTable, num_groups: int | None = None) -> Ar
 def _grsd(algo, table: TurnTable, num_groups: int | None = None) -> Array:
   return grsd_advantages(
     table,
-    scale=algo.grsd_scale,
-    clip=algo.grsd_clip,
-    floor=algo.grsd_floor,
+    scale=algo.grsd.scale,
+    clip=algo.grsd.clip,
+    floor=algo.grsd.floor,
     num_groups=num_groups,
   )
 
@@ -220,9 +225,12 @@ def turn_rewrite(algo) -> Callable[..., Array]:
 
 
 class _TurnAdvantageHooks(MethodHooks):
-  """After the teacher is scored at θ_old: every turn-sample's advantage rewritten."""
+  """After the teacher is scored at θ_old: every turn-sample's advantage rewritten (while the
+  run's algorithm still names a rewrite: a retired one does not)."""
 
   def after_teacher_scoring(self, view):
+    if view.algo.advantage not in TURN_ADVANTAGES:
+      return None
     return view.rewrite_advantages(turn_rewrite(view.algo))
 
 

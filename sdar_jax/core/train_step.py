@@ -32,7 +32,7 @@ mini-batch per iteration the two agree exactly; with several, "step" re-scores a
 `algo.teacher_weights="initial"` runs the teacher on the frozen initial policy (`ref_params`, the
 KL term's) instead of the current parameters, in either source; "ema" (teacher_source "step")
 on `TrainState.ema_params`, an EMA of the params moved once per iteration (`move_teacher_ema`,
-SDPO's cadence) or after every applied update (algo.teacher_ema_every="update").
+SDPO's cadence) or after every applied update (algo.ema.every="update").
 SDAR's forms "vocab" and "topk" compute their heads in chunks of `algo.vocab_chunk` response
 positions (scanned and rematerialised), so no [mb, R, V] array of either branch is live at once.
 SDAR's form "vocab" (ours, `algos.vocab_distill_term`) reads the teacher's whole distribution: the
@@ -272,10 +272,17 @@ def micro_loss(
     teacher_logp=teacher_logp,
     old_logp=micro_batch.old_logp,
     teacher_weight=teacher_weight,
-    clip_eps=algo.rlsd_clip_eps,
+    clip_eps=algos.advantage_clip_eps(algo),
   )
   pg, metrics = algos.policy_loss(
-    logp, micro_batch.old_logp, adv, mask, algo.clip_low, algo.clip_high, algo.clip_c, **agg
+    logp,
+    micro_batch.old_logp,
+    adv,
+    mask,
+    algo.ppo.clip_low,
+    algo.ppo.clip_high,
+    algo.ppo.clip_c,
+    **agg,
   )
   ent, ent_metrics = algos.entropy_loss(entropy, mask, **agg)
   metrics.update(ent_metrics)
@@ -629,9 +636,7 @@ class TrainStep:
       )
       # the warm-up counts training iterations (several mini-batch updates share one rate)
       lr = None if self.lr_schedule is None else self.lr_schedule(iteration - 1)
-      ema_decay = (
-        algo.teacher_ema_decay if algo.keeps_ema and algo.teacher_ema_every == "update" else None
-      )
+      ema_decay = algo.ema.decay if algo.keeps_ema and algo.ema.every == "update" else None
       state, grad_norm, skipped = apply_update(
         optimizer, state, grads, metrics["train/loss"], iteration, ema_decay
       )
@@ -688,7 +693,7 @@ class TrainStep:
 
   def move_teacher_ema(self, state: TrainState) -> TrainState:
     """The state with its EMA teacher moved once, ema ← d·ema + (1 − d)·params (d =
-    algo.teacher_ema_decay): SDPO's cadence (teacher_ema_every="iteration") calls it after an
+    algo.ema.decay): SDPO's cadence (algo.ema.every="iteration") calls it after an
     iteration's updates when at least one was applied. `state` is donated."""
     if state.ema_params is None:
       raise ValueError(
@@ -696,7 +701,7 @@ class TrainStep:
         "TrainStep.shard_state starts it from the params)."
       )
     if self._ema_fn is None:
-      decay = self.algo_config.teacher_ema_decay
+      decay = self.algo_config.ema.decay
 
       def move(state: TrainState) -> TrainState:
         return state.replace(ema_params=update_ema(state.ema_params, state.params, decay))

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from sdar_jax import config_keys
 from sdar_jax.infra import paths
 from sdar_jax.infra.errors import UserError
 from sdar_jax.observe.compare import paired_arms
@@ -210,7 +211,8 @@ def read_run(path: str, root: str | None = None) -> RunRecord:
   """The run in `path` (its config.json is required)."""
   config_path = paths.join(path, "config.json")
   try:
-    config = json.loads(paths.read_text(config_path))
+    # keys that moved since the run was written are read at their new place (sdar_jax.config_keys)
+    config = config_keys.translate(json.loads(paths.read_text(config_path)))
   except FileNotFoundError:
     raise FileNotFoundError(
       f"{path} is not a run directory: it has no config.json. Fix: pass the workdir of a "

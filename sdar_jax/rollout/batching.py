@@ -21,6 +21,7 @@ import numpy as np
 
 from sdar_jax import algos
 from sdar_jax.core.batch import TurnBatch, TurnSample, new_tokens_bucket, prompt_bucket
+from sdar_jax.rollout.shaping import STEP_ANCHORS
 from sdar_jax.rollout.trajectory import Episode, Turn
 
 
@@ -119,9 +120,9 @@ def _step_advantages(
 ) -> tuple[np.ndarray, np.ndarray]:
   """(discounted return of each row's turn, index of its state) for `_group_advantages`: two
   turns share a state when they belong to one GRPO group and have the same `anchor`."""
-  if anchor not in algos.STEP_ANCHORS:
+  if anchor not in STEP_ANCHORS:
     raise ValueError(
-      f"algo.step_anchor={anchor!r}: unknown. Fix: use one of {list(algos.STEP_ANCHORS)}"
+      f"rollout.shaping.step_anchor={anchor!r}: unknown. Fix: use one of {list(STEP_ANCHORS)}"
     )
   returns = np.asarray(
     [

@@ -23,6 +23,7 @@ import jax
 from envs.base import env_section_problems, env_start_check, families_among
 from envs.skills.retrieval import skills_section_problems
 from sdar_jax.algos import AlgoConfig
+from sdar_jax.rollout.shaping import RewardShaping
 from sdar_jax.core.sampling import SamplingParams
 from sdar_jax.core.sharding import batch_divisor, resolve_mesh_shape
 from sdar_jax.core.train_state import make_optimizer
@@ -177,6 +178,7 @@ def validate(config: Any, num_devices: int | None = None) -> ModelConfig:
   p = _Problems()
   model_config = _check_model(config, p)
   p.build(AlgoConfig.from_config, config.algo)
+  p.build(RewardShaping.from_config, config.rollout.get("shaping"))
   p.build(make_optimizer, **dict(config.optim))
   r = config.rollout  # the training sampler, and the validation one (val_temperature)
   p.build(SamplingParams, top_p=r.top_p, top_k=r.top_k, prefix="rollout.")

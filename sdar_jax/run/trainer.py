@@ -88,6 +88,7 @@ from sdar_jax.observe.metrics import (
 from sdar_jax.observe.perf import IterationClock
 from sdar_jax.observe.progress import Progress, ensure_log_handler
 from sdar_jax.rollout import ReplayQueue, episodes_to_samples
+from sdar_jax.rollout.shaping import RewardShaping
 from sdar_jax.rollout.global_batches import global_minibatches
 from sdar_jax.rollout.trajectory import Episode, RolloutTimings, episode_summaries
 from sdar_jax.rollout.worker import RolloutWorker, StoppablePool
@@ -253,6 +254,7 @@ class Trainer:
     self.sampler = Sampler(
       self.model_config, self.mesh, self.tokenizer, max_prompt_len=config.rollout.max_prompt_len
     )
+    self.shaping = RewardShaping.from_config(config.rollout.get("shaping"))
     self.group_size = config.env.group_size
     self.tasks_per_step = config.env.tasks_per_step
     loops = build_agent_loops(
@@ -734,17 +736,7 @@ class Trainer:
     self._report_search_errors(view.episodes, "training")
     if self._searches:
       metrics["rollout/search_errors"] = search_error_count(everyone)
-    shaping = self.step_fn.algo_config
-    samples = episodes_to_samples(
-      view.episodes,
-      invalid_penalty=shaping.invalid_penalty,
-      norm_adv_by_std=shaping.norm_adv_by_std,
-      inadmissible_penalty=shaping.inadmissible_penalty,
-      inadmissible_no_credit=shaping.inadmissible_no_credit,
-      step_adv_coef=shaping.step_adv_coef,
-      step_gamma=shaping.step_gamma,
-      step_anchor=shaping.step_anchor,
-    )
+    samples = episodes_to_samples(view.episodes, **self.shaping.kwargs())
     self.replay.put(samples)
     dropped = self.replay.dropped_stale
     view.samples = self.replay.take(None, current_version=it)  # none staler than max_staleness

@@ -101,7 +101,11 @@ def test_reference_hyperparameters_per_env():
   assert (w.env.history, w.env.max_turns, w.env.group_size, w.env.tasks_per_step) == (2, 15, 8, 16)
   assert (s.env.history, s.env.max_turns, s.env.group_size, s.env.tasks_per_step) == (4, 4, 8, 128)
   assert (a.algo.kl_coef, w.algo.kl_coef, s.algo.kl_coef) == (0.01, 0.01, 0.001)
-  assert (a.algo.invalid_penalty, w.algo.invalid_penalty, s.algo.invalid_penalty) == (
+  assert (
+    a.rollout.shaping.invalid_penalty,
+    w.rollout.shaping.invalid_penalty,
+    s.rollout.shaping.invalid_penalty,
+  ) == (
     0.1,
     0.1,
     0.01,
@@ -126,7 +130,7 @@ def test_reference_hyperparameters_per_env():
       "rollout",
     )
     assert (c.optim.lr, c.optim.weight_decay, c.optim.clip_norm) == (1e-6, 0.01, 1.0)
-    assert (c.algo.entropy_coef, c.algo.clip_c, c.rollout.temperature) == (0.001, 3.0, 1.0)
+    assert (c.algo.entropy_coef, c.algo.ppo.clip_c, c.rollout.temperature) == (0.001, 3.0, 1.0)
     assert c.train.total_steps == 150 and c.rollout.max_new_tokens == 512
 
 
@@ -162,7 +166,8 @@ def test_default_is_the_offline_demo():
 def test_every_algo_preset_is_selectable(name):
   config = _local(name)
   preset = dataclasses.asdict(get_preset(name))
-  assert config.algo.to_dict() == {**preset, "kl_coef": 0.01, "invalid_penalty": 0.1}
+  assert config.algo.to_dict() == {**preset, "kl_coef": 0.01}
+  assert config.rollout.shaping.invalid_penalty == 0.1  # ALFWorld's, the rollout's setting
   validate(config, num_devices=8)
 
 
@@ -300,8 +305,8 @@ def test_scoring_temperature_follows_the_rollout():
     ({"mesh.data": -1, "mesh.fsdp": -1}, ["only one axis may be -1"]),
     ({"mesh.fsdp": 3}, ["multiple of 3 devices", "8 are available"]),
     ({"algo.teacher": False}, ["algo.teacher=False", "need teacher log-probs"]),
-    ({"algo.clip_c": 1.0}, ["algo.clip_c=1.0", "> 1"]),
-    ({"algo.clip_low": 1.0}, ["algo.clip_low=1.0"]),
+    ({"algo.ppo.clip_c": 1.0}, ["algo.ppo.clip_c=1.0", "> 1"]),
+    ({"algo.ppo.clip_low": 1.0}, ["algo.ppo.clip_low=1.0"]),
     ({"env.skills.strategy": "magic"}, ["env.skills.strategy='magic'", "'bm25'"]),
     ({"eval.skills": "sometimes"}, ["eval.skills='sometimes'", "'both'"]),
     ({"env.name": "minecraft"}, ["env.name='minecraft'", "'search_qa'"]),

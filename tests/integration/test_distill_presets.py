@@ -40,7 +40,7 @@ def test_an_ema_teacher_trains_one_iteration_and_checkpoints_its_ema(tmp_path):
   _train_one_iteration(
     "sdar_vocab",
     workdir,
-    **{"algo.teacher_weights": "ema", "algo.teacher_ema_decay": 0.5, "algo.kl_coef": 0.0},
+    **{"algo.teacher_weights": "ema", "algo.ema.decay": 0.5, "algo.kl_coef": 0.0},
   )
   with CheckpointManager(os.path.join(workdir, "checkpoints"), read_only=True) as ckpt:
     state, _ = ckpt.restore()

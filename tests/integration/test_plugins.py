@@ -70,8 +70,8 @@ def test_registered_hooks_drive_one_iteration(tmp_path, plugins):
   settings = {
     "algo.advantage": "halve",  # a turn-level rewrite: the teacher is scored at θ_old
     "algo.teacher_weights": "ema",
-    "algo.teacher_ema_every": "manual",  # moved only by the schedule's hook
-    "algo.teacher_ema_decay": 0.0,  # a move makes the EMA the params
+    "algo.ema.every": "manual",  # moved only by the schedule's hook
+    "algo.ema.decay": 0.0,  # a move makes the EMA the params
     "algo.hooks": "every_other,repeat_first",
     "algo.kl_coef": 0.0,
   }
@@ -153,7 +153,7 @@ def test_imports_name_a_missing_module_and_reach_env_workers(tmp_path, monkeypat
   import envs
   from sdar_jax.infra import plugins
 
-  monkeypatch.delenv(plugins.ENV_VAR, raising=False)
+  monkeypatch.setenv(plugins.ENV_VAR, "")  # restored (unset) after the test: load() writes it
   with pytest.raises(plugins.PluginImportError, match=r"--imports=no_such_pkg.x: no module named"):
     plugins.load("no_such_pkg.x")
   (tmp_path / "my_echo_env.py").write_text(

@@ -140,7 +140,7 @@ def test_step_level_advantage_by_hand():
   s_std, x_std = np.std([2.5, 4.7, 0.0], ddof=1), np.std([5.0, 0.0], ddof=1)
   by_hand = [0.1 / s_std, 2.5 / x_std, 0.0, 2.3 / s_std, 0.0, -2.4 / s_std, -2.5 / x_std, 0.0]
   np.testing.assert_allclose(stepped - plain, by_hand, atol=1e-5)
-  with pytest.raises(ValueError, match=r"algo.step_anchor='state'.*Fix"):
+  with pytest.raises(ValueError, match=r"rollout.shaping.step_anchor='state'.*Fix"):
     episodes_to_samples(eps, step_adv_coef=1.0, step_anchor="state")
 
 

@@ -49,9 +49,9 @@ def test_retire_opd_retires_across_a_resume(tmp_path):
     "checkpoint.every": 1,
     "logging.every": 1,
     "checkpoint.export_hf": False,
-    "algo.retire_window": 1,
-    "algo.retire_progress": 1e9,
-    "algo.retire_competence": 0.0,
+    "algo.retire.window": 1,
+    "algo.retire.progress": 1e9,
+    "algo.retire.competence": 0.0,
   }
   trainer.run(tiny_run_config(1, "retire_opd", **settings), workdir)
   rows = _rows(workdir)

@@ -390,9 +390,9 @@ EXPECTED_PRESETS = {
     distill="none",
     lam=0.0,
     advantage="rlsd",
-    rlsd_lam0=0.5,
-    rlsd_warmdown_steps=100,
-    rlsd_clip_eps=0.2,
+    **{"rlsd.lam0": 0.5},
+    **{"rlsd.warmdown_steps": 100},
+    **{"rlsd.clip_eps": 0.2},
     teacher=True,
   ),
   "skill_sd": dict(distill="skill_sd", lam=0.001, advantage="grpo", teacher=True),
@@ -429,41 +429,41 @@ EXPECTED_PRESETS = {
     form="reference",
     teacher_source="rollout",
     teacher_weights="initial",
-    retire_window=5,
-    retire_progress=0.0,
-    retire_competence=0.9,
+    **{"retire.window": 5},
+    **{"retire.progress": 0.0},
+    **{"retire.competence": 0.9},
     teacher=True,
   ),
   "agent_opsd": dict(
     distill="none",
     lam=0.0,
     advantage="agent_opsd",
-    agent_opsd_lambda=0.5,
-    agent_opsd_band=0.2,
-    agent_opsd_eps=1e-6,
+    **{"agent_opsd.lam": 0.5},
+    **{"agent_opsd.band": 0.2},
+    **{"agent_opsd.eps": 1e-6},
     teacher_source="rollout",
-    retire_window=0,
+    **{"retire.window": 0},
     teacher=True,
   ),
   "agent_opsd_rms": dict(
     distill="none",
     lam=0.0,
     advantage="agent_opsd_rms",
-    agent_opsd_v0=0.5,
-    agent_opsd_eps=1e-4,
+    **{"agent_opsd.v0": 0.5},
+    **{"agent_opsd.eps": 1e-4},
     teacher_source="rollout",
-    retire_window=0,
+    **{"retire.window": 0},
     teacher=True,
   ),
   "grsd": dict(
     distill="none",
     lam=0.0,
     advantage="grsd",
-    grsd_scale=0.5,
-    grsd_clip=0.2,
-    grsd_floor=0.1,
+    **{"grsd.scale": 0.5},
+    **{"grsd.clip": 0.2},
+    **{"grsd.floor": 0.1},
     teacher_source="rollout",
-    retire_window=0,
+    **{"retire.window": 0},
     teacher=True,
   ),
 }
@@ -475,20 +475,16 @@ def test_presets_values_and_shared_keys():
     p = dataclasses.asdict(get_preset(name))
     assert tuple(p) == tuple(f.name for f in dataclasses.fields(AlgoConfig)) and p["name"] == name
     for key, value in want.items():
-      got = get_preset(name).scores_teacher if key == "teacher" else p[key]
+      section, _, leaf = key.rpartition(".")  # "rlsd.lam0": a section's setting
+      got = (
+        get_preset(name).scores_teacher
+        if key == "teacher"
+        else (p[section] if section else p)[leaf]
+      )
       assert got == value, (name, key)
-    common = dict(
-      entropy_coef=0.001,
-      kl_coef=0.01,
-      kl_kind="low_var_kl",
-      clip_low=0.2,
-      clip_high=0.2,
-      clip_c=3.0,
-      agg="token-mean",
-      norm_adv_by_std=True,
-      invalid_penalty=0.1,
-    )
+    common = dict(entropy_coef=0.001, kl_coef=0.01, kl_kind="low_var_kl", agg="token-mean")
     assert {k: p[k] for k in common} == common
+    assert p["ppo"] == dict(clip_low=0.2, clip_high=0.2, clip_c=3.0)
     assert p["skills_in_student"] == (name == "skill_grpo")
     # every name a preset selects exists in its registry
     assert p["gate"] in algos.GATES and p["form"] in algos.SDAR_FORMS
@@ -508,13 +504,15 @@ def test_presets_are_immutable_and_unknown_names_list_valid_ones():
 
 def test_algo_config_checks_itself_and_reports_every_problem():
   with pytest.raises(ValueError) as e:
-    AlgoConfig(beta=-1.0, gate="nope", clip_c=1.0)
+    AlgoConfig(beta=-1.0, gate="nope", ppo={"clip_c": 1.0})
   lines = str(e.value).splitlines()
   assert len(lines) == 3
   assert any(line.startswith("algo.beta=-1.0: must be a number >= 0. Fix:") for line in lines)
   want = f"algo.gate='nope': unknown name. Fix: use one of {algos.GATES.names()}, or register"
   assert any(line.startswith(want) and line.endswith("--imports=your.module") for line in lines)
-  assert any(line.startswith("algo.clip_c=1.0: the dual-clip bound must be > 1") for line in lines)
+  assert any(
+    line.startswith("algo.ppo.clip_c=1.0: the dual-clip bound must be > 1") for line in lines
+  )
   # the teacher is scored exactly when a term reads it, unless asked for its metrics alone
   assert (AlgoConfig().scores_teacher, AlgoConfig(advantage="rlsd").scores_teacher) == (False, True)
   assert AlgoConfig(teacher=True).scores_teacher
@@ -530,12 +528,12 @@ def test_algo_config_checks_itself_and_reports_every_problem():
     (dict(top_k=0), r"algo.top_k=0: must be an integer >= 1. Fix: use a positive number"),
     (dict(top_k=2.5), r"algo.top_k=2.5: must be an integer >= 1"),
     (dict(vocab_chunk=-1), r"algo.vocab_chunk=-1: must be an integer >= 0. Fix: .* or 0 for no"),
-    (dict(teacher_ema_decay=1.0), r"algo.teacher_ema_decay=1.0: an EMA decay must be in \[0, 1\)"),
-    (dict(teacher_ema_decay=-0.1), r"algo.teacher_ema_decay=-0.1: .*Fix: use e.g. 0.95"),
-    (dict(teacher_ema_every="step"), r"algo.teacher_ema_every='step': .*'iteration' \(SDPO's\)"),
+    (dict(ema={"decay": 1.0}), r"algo.ema.decay=1.0: an EMA decay must be in \[0, 1\)"),
+    (dict(ema={"decay": -0.1}), r"algo.ema.decay=-0.1: .*Fix: use e.g. 0.95"),
+    (dict(ema={"every": "step"}), r"algo.ema.every='step': .*'iteration' \(SDPO's\)"),
     (
-      dict(distill="sdar", lam=0.1, teacher_weights="ema", teacher_ema_every="update"),
-      r"algo.teacher_source='rollout': algo.teacher_ema_every='update' .*teacher_source=step",
+      dict(distill="sdar", lam=0.1, teacher_weights="ema", ema={"every": "update"}),
+      r"algo.teacher_source='rollout': algo.ema.every='update' .*teacher_source=step",
     ),
     (
       dict(teacher_weights="ema", teacher_source="step"),
@@ -551,6 +549,31 @@ def test_algo_config_checks_itself_and_reports_every_problem():
   assert ema.keeps_ema and not ema.needs_ref_params and not get_preset("sdar_vocab").keeps_ema
   sdar = get_preset("sdar")  # hashable and equal by value: a jit static
   assert hash(sdar) == hash(AlgoConfig.from_config(dataclasses.asdict(sdar)))
+  # a section given as a mapping becomes its dataclass; a key it lacks is refused, naming it
+  assert AlgoConfig(rlsd={"lam0": 0.3}).rlsd == algos.RLSD(lam0=0.3)
+  with pytest.raises(
+    ValueError, match=r"algo.rlsd.lamda: not a setting of algo.rlsd. Fix: use one of"
+  ):
+    AlgoConfig(rlsd={"lamda": 0.3})
+
+
+def test_a_saved_flat_algo_section_is_translated_on_load():
+  """A run config written before the sections (2026-12-06) builds the same AlgoConfig: moved keys
+  go to their sections, reward shaping (the rollout's now) is dropped from the algorithm."""
+  flat = {
+    **{k: v for k, v in dataclasses.asdict(get_preset("retire_opd")).items() if k != "retire"},
+    "retire_window": 5,
+    "retire_progress": 0.0,
+    "retire_competence": 0.9,
+    "rlsd_lam0": 0.25,
+    "teacher_ema_decay": 0.99,
+    "invalid_penalty": 0.1,
+    "clip_c": 2.5,
+  }
+  flat.pop("ppo"), flat.pop("rlsd"), flat.pop("ema")
+  algo = AlgoConfig.from_config(flat)
+  assert algo.retire == algos.Retire(window=5) and algo.rlsd.lam0 == 0.25
+  assert algo.ema.decay == 0.99 and algo.ppo.clip_c == 2.5
 
 
 # ----------------------------------------------------------------------------- no token loops

@@ -411,7 +411,7 @@ def test_skill_sd_is_zero_when_teacher_equals_student():
 def preset_loss(preset, logp, old, ref, teacher, seq_adv, ent, step=1):
   """The actor loss a preset describes, composed from the library's registered pieces."""
   p = get_preset(preset)
-  lam_k = rlsd_lambda(step, p.rlsd_lam0, p.rlsd_warmdown_steps)
+  lam_k = rlsd_lambda(step, p.rlsd.lam0, p.rlsd.warmdown_steps)
   adv = token_advantages(
     p.advantage,
     seq_adv,
@@ -419,9 +419,9 @@ def preset_loss(preset, logp, old, ref, teacher, seq_adv, ent, step=1):
     teacher_logp=teacher,
     old_logp=old,
     teacher_weight=lam_k,
-    clip_eps=p.rlsd_clip_eps,
+    clip_eps=p.rlsd.clip_eps,
   )
-  pg, _ = policy_loss(logp, old, adv, MASK, p.clip_low, p.clip_high, p.clip_c, p.agg)
+  pg, _ = policy_loss(logp, old, adv, MASK, p.ppo.clip_low, p.ppo.clip_high, p.ppo.clip_c, p.agg)
   distill, _ = distill_loss(
     p.distill,
     student_logp=logp,

@@ -289,14 +289,14 @@ def test_turn_estimators_need_the_teacher_at_theta_old():
     assert preset.scores_teacher and preset.turn_advantages
     with pytest.raises(ValueError, match="algo.teacher_source='step'.*teacher_source=rollout"):
       dataclasses.replace(preset, teacher_source="step")
-  with pytest.raises(ValueError, match="algo.agent_opsd_v0=1.0"):
-    dataclasses.replace(get_preset("agent_opsd_rms"), agent_opsd_v0=1.0)
-  with pytest.raises(ValueError, match=r"algo.agent_opsd_lambda=1.5: .*Fix: use AgentOPSD's 0.5"):
-    dataclasses.replace(get_preset("agent_opsd"), agent_opsd_lambda=1.5)
-  with pytest.raises(ValueError, match=r"algo.agent_opsd_band=1.0: .*\[0, 1\)"):
-    dataclasses.replace(get_preset("agent_opsd"), agent_opsd_band=1.0)
-  with pytest.raises(ValueError, match="algo.retire_window=5: RetireOPD retires"):
-    AlgoConfig(retire_window=5)
+  with pytest.raises(ValueError, match="algo.agent_opsd.v0=1.0"):
+    dataclasses.replace(get_preset("agent_opsd_rms"), agent_opsd={"v0": 1.0})
+  with pytest.raises(ValueError, match=r"algo.agent_opsd.lam=1.5: .*Fix: use AgentOPSD's 0.5"):
+    dataclasses.replace(get_preset("agent_opsd"), agent_opsd={"lam": 1.5})
+  with pytest.raises(ValueError, match=r"algo.agent_opsd.band=1.0: .*\[0, 1\)"):
+    dataclasses.replace(get_preset("agent_opsd"), agent_opsd={"band": 1.0})
+  with pytest.raises(ValueError, match="algo.retire.window=5: RetireOPD retires"):
+    AlgoConfig(retire={"window": 5})
   retired = get_preset("retire_opd").retired()
   assert not retired.scores_teacher and retired.lam == 0.0 and not retired.retires
 
@@ -387,5 +387,5 @@ def test_retire_opd_refuses_a_run_that_cannot_measure_the_teacher():
   bad = common.override(config, {"train.eval_before_train": False, "train.eval_every": 0})
   problems = method_problems(bad)
   assert [p.split("=")[0] for p in problems] == ["train.eval_before_train", "train.eval_every"]
-  assert all("algo.retire_window=5" in p and "Fix: set --config." in p for p in problems)
+  assert all("algo.retire.window=5" in p and "Fix: set --config." in p for p in problems)
   assert method_problems(alfworld.get_config("model=tiny,algo=sdar,local=True")) == []

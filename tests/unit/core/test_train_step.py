@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from sdar_jax import algos
 from sdar_jax.algos import AlgoConfig, get_preset
 from sdar_jax.core import sharding
 from sdar_jax.core.batch import TurnBatch
@@ -336,7 +337,7 @@ def test_vocab_and_topk_forms_in_chunks_equal_the_unchunked_update(params, prese
 @pytest.mark.slow
 def test_ema_teacher_reads_the_ema_and_each_update_moves_it_by_hand(params):
   """teacher_weights='ema': the gap the gate reads is lT(ema) − lθ(params) (full-logits forward);
-  a fresh state gets its EMA from the params (shard_state). teacher_ema_every='update': after each
+  a fresh state gets its EMA from the params (shard_state). algo.ema.every='update': after each
   applied update ema = d·ema + (1 − d)·params, worked out here in float64 from the states before
   and after. SDPO's cadence (the default, 'iteration'): an update leaves the EMA alone and
   `move_teacher_ema`, the trainer's call after an iteration's updates, moves it once."""
@@ -347,8 +348,7 @@ def test_ema_teacher_reads_the_ema_and_each_update_moves_it_by_hand(params):
     kl_coef=0.0,
     teacher_source="step",
     teacher_weights="ema",
-    teacher_ema_decay=decay,
-    teacher_ema_every="update",
+    ema={"decay": decay, "every": "update"},
   )
   batch = make_batch(params, seed=23)
   ema = jax.tree.map(lambda x: x * 1.05, params)
@@ -382,8 +382,8 @@ def test_ema_teacher_reads_the_ema_and_each_update_moves_it_by_hand(params):
     jax.tree.map(check, after, before, new)
   assert not np.array_equal(after["embed"], new["embed"])  # the EMA lags the params
 
-  sdpo = TrainStep(CONFIG, dataclasses.replace(algo, teacher_ema_every="iteration"), optimizer)
-  assert AlgoConfig().teacher_ema_every == "iteration" and AlgoConfig().teacher_ema_decay == 0.95
+  sdpo = TrainStep(CONFIG, dataclasses.replace(algo, ema={"decay": decay}), optimizer)
+  assert AlgoConfig().ema == algos.EMA(decay=0.95, every="iteration")
   state, metrics = sdpo(state, batch)
   assert float(metrics["train/skipped_update"]) == 0.0
   jax.tree.map(np.testing.assert_array_equal, to_np(state.ema_params), after)  # not moved
