@@ -80,21 +80,18 @@ def _advantages(algo, batch) -> list[float]:
   return np.asarray(out, np.float64).reshape(-1).tolist()
 
 
-_INPUTS = None
+def compute() -> dict[str, list[dict]]:
+  """{preset: [one record per batch]}, each {"loss", "terms", "grad_norm", "advantages"}: every
+  preset's loss and gradients in one compiled program (the presets share the model's forward and
+  backward passes, which XLA computes once: a third of the compile time of one program each), a
+  loop over the two stacked batches."""
+  params, ref, ema, batches = _inputs()
+  names = sorted(ALGO_PRESETS)
 
-
-def compute_preset(name: str) -> list[dict]:
-  """The records of preset `name`, one per batch: {"loss", "terms", "grad_norm", "advantages"}."""
-  global _INPUTS
-  if _INPUTS is None:
-    _INPUTS = _inputs()
-  params, ref, ema, batches = _INPUTS
-  algo = ALGO_PRESETS[name]
-
-  @jax.jit
-  def both(batches):
-    out = []
-    for batch in batches:
+  def one(batch):
+    out = {}
+    for name in names:
+      algo = ALGO_PRESETS[name]
       grads, metrics = loss_and_grads(
         TINY_CONFIG,
         algo,
@@ -104,26 +101,27 @@ def compute_preset(name: str) -> list[dict]:
         iteration=ITERATION,
         ema_params=ema if algo.keeps_ema else None,
       )
-      out.append((optax.global_norm(grads), metrics))
+      out[name] = (optax.global_norm(grads), metrics)
     return out
 
-  records = []
-  for batch, (norm, metrics) in zip(batches, jax.device_get(both(batches))):
-    terms = {k: float(v) for k, v in sorted(metrics.items()) if np.ndim(v) == 0}
-    records.append(
-      {
-        "loss": terms.pop("train/loss"),
-        "terms": terms,
-        "grad_norm": float(norm),
-        "advantages": _advantages(algo, batch),
-      }
-    )
+  stacked = jax.tree.map(lambda *xs: np.stack(xs), *batches)
+  computed = jax.device_get(jax.jit(lambda b: jax.lax.map(one, b))(stacked))
+  records = {}
+  for name in names:
+    norms, metrics_all = computed[name]
+    records[name] = []
+    for i, batch in enumerate(batches):
+      metrics = jax.tree.map(lambda x: x[i], metrics_all)  # noqa: B023 (used at once)
+      terms = {k: float(v) for k, v in sorted(metrics.items()) if np.ndim(v) == 0}
+      records[name].append(
+        {
+          "loss": terms.pop("train/loss"),
+          "terms": terms,
+          "grad_norm": float(norms[i]),
+          "advantages": _advantages(ALGO_PRESETS[name], batch),
+        }
+      )
   return records
-
-
-def compute() -> dict[str, list[dict]]:
-  """{preset: its records} of every preset."""
-  return {name: compute_preset(name) for name in sorted(ALGO_PRESETS)}
 
 
 def recorded() -> dict[str, list[dict]]:

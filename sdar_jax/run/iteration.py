@@ -41,7 +41,9 @@ class Iteration:
 
   @contextlib.contextmanager
   def phase(self, name: str) -> Iterator[None]:
-    """Times a phase into perf/phase_<name>_seconds."""
+    """Times a phase (one of `PHASES`, in that order) into perf/phase_<name>_seconds."""
+    if name not in PHASES:
+      raise ValueError(f"phase {name!r}: not one of {PHASES}")
     start = time.perf_counter()
     try:
       yield
