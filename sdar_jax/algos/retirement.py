@@ -130,7 +130,6 @@ class RetirementHooks(MethodHooks):
 
   def __init__(self, algo):
     self.lam = float(algo.lam)
-    self.window = algo.retire.window
     self.rule = Retirement(algo.retire.window, algo.retire.progress, algo.retire.competence)
 
   def after_teacher_scoring(self, view):
@@ -173,7 +172,7 @@ class RetirementHooks(MethodHooks):
     """What the rule needs from the run: the frozen teacher's success rate with its skills at the
     start (train.eval_before_train) and the student's at later validations (train.eval_every >=
     1, eval.num_tasks != 0)."""
-    why = f"algo.retire.window={self.window} (RetireOPD) compares validation success rates"
+    why = f"algo.retire.window={self.rule.window} (RetireOPD) compares validation success rates"
     problems = []
     for key, value, ok, fix in (
       (

@@ -21,23 +21,53 @@ PHASES = ("rollout", "teacher_context", "batches", "teacher_scoring", "advantage
 
 
 @dataclasses.dataclass
-class Iteration:
-  """One training iteration in progress (an `algos.IterationView`). `trainer` is the Trainer."""
+class RunView:
+  """What hooks see outside an iteration (at an evaluation, at its end, on restore): the trainer's
+  algorithm and the completed iterations (an `algos.IterationView` without samples or batches).
+  `metrics` is the caller's dict: the hooks' metrics are merged into it."""
 
   trainer: Any
   iteration: int
-  clock: IterationClock = dataclasses.field(default_factory=IterationClock)
   metrics: dict[str, float] = dataclasses.field(default_factory=dict)
-  episodes: list = dataclasses.field(default_factory=list)
   samples: list = dataclasses.field(default_factory=list)
-  batches: list = dataclasses.field(default_factory=list)
-  per_batch: list = dataclasses.field(default_factory=list)  # (update metrics, its token count)
-  rollout_seconds: float = 0.0
-  seconds: dict[str, float] = dataclasses.field(default_factory=dict)  # per phase
 
   @property
   def algo(self):
     return self.trainer.step_fn.algo_config
+
+  def hooks(self, point: str, *args) -> None:
+    """Calls every hook of the run at `point`, merging the metrics they return into `metrics`."""
+    for hooks in self.trainer.hooks.values():
+      self.metrics.update(getattr(hooks, point)(self, *args) or {})
+
+  # ------------------------------------------------------------------ what hooks may ask
+  def rewrite_advantages(self, fn: Callable[..., Any]) -> dict[str, float]:
+    raise RuntimeError("advantages can be rewritten only inside an iteration (after_* hooks)")
+
+  def updates_applied(self) -> bool:
+    return False
+
+  def move_teacher_ema(self) -> None:
+    t = self.trainer
+    with t.device_turn():
+      t.state = t.step_fn.move_teacher_ema(t.state)
+      jax.block_until_ready(t.state.ema_params)
+
+  def set_algo(self, algo) -> None:
+    self.trainer.set_algo(algo)
+
+
+@dataclasses.dataclass
+class Iteration(RunView):
+  """One training iteration in progress: `iteration` is its 0-based index; what it carries from
+  phase to phase, and the advantages and updates a hook may ask about."""
+
+  clock: IterationClock = dataclasses.field(default_factory=IterationClock)
+  episodes: list = dataclasses.field(default_factory=list)
+  batches: list = dataclasses.field(default_factory=list)
+  per_batch: list = dataclasses.field(default_factory=list)  # (update metrics, its token count)
+  rollout_seconds: float = 0.0
+  seconds: dict[str, float] = dataclasses.field(default_factory=dict)  # per phase
 
   @contextlib.contextmanager
   def phase(self, name: str) -> Iterator[None]:
@@ -53,12 +83,6 @@ class Iteration:
   def phase_metrics(self) -> dict[str, float]:
     return {f"perf/phase_{name}_seconds": s for name, s in self.seconds.items()}
 
-  def hooks(self, point: str, *args) -> None:
-    """Calls every hook of the run at `point`, merging the metrics they return."""
-    for hooks in self.trainer.hooks.values():
-      self.metrics.update(getattr(hooks, point)(self, *args) or {})
-
-  # ------------------------------------------------------------------ what hooks may ask
   def rewrite_advantages(self, fn: Callable[..., Any]) -> dict[str, float]:
     t = self.trainer
     self.batches, metrics = apply_turn_advantages(
@@ -68,42 +92,3 @@ class Iteration:
 
   def updates_applied(self) -> bool:
     return any(float(m.get("train/skipped_update", 0.0)) == 0.0 for m, _ in self.per_batch)
-
-  def move_teacher_ema(self) -> None:
-    _move_teacher_ema(self.trainer)
-
-  def set_algo(self, algo) -> None:
-    self.trainer.set_algo(algo)
-
-
-@dataclasses.dataclass
-class RunView:
-  """What hooks see outside an iteration (at an evaluation, on restore): the trainer's algorithm
-  and the completed iterations (an `algos.IterationView` without samples or batches)."""
-
-  trainer: Any
-  iteration: int
-  metrics: dict[str, float] = dataclasses.field(default_factory=dict)
-  samples: list = dataclasses.field(default_factory=list)
-
-  @property
-  def algo(self):
-    return self.trainer.step_fn.algo_config
-
-  def set_algo(self, algo) -> None:
-    self.trainer.set_algo(algo)
-
-  def rewrite_advantages(self, fn):
-    raise RuntimeError("advantages can be rewritten only inside an iteration (after_* hooks)")
-
-  def updates_applied(self) -> bool:
-    return False
-
-  def move_teacher_ema(self) -> None:
-    _move_teacher_ema(self.trainer)
-
-
-def _move_teacher_ema(trainer) -> None:
-  with trainer.device_turn():
-    trainer.state = trainer.step_fn.move_teacher_ema(trainer.state)
-    jax.block_until_ready(trainer.state.ema_params)

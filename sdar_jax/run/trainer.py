@@ -85,11 +85,10 @@ from sdar_jax.observe.metrics import (
   teacher_old_gap_metrics,
   validation_summary,
 )
-from sdar_jax.observe.perf import IterationClock
 from sdar_jax.observe.progress import Progress, ensure_log_handler
 from sdar_jax.rollout import ReplayQueue, episodes_to_samples
-from sdar_jax.rollout.shaping import RewardShaping
 from sdar_jax.rollout.global_batches import global_minibatches
+from sdar_jax.rollout.shaping import RewardShaping
 from sdar_jax.rollout.trajectory import Episode, RolloutTimings, episode_summaries
 from sdar_jax.rollout.worker import RolloutWorker, StoppablePool
 from sdar_jax.run import setup as run_setup
@@ -846,7 +845,7 @@ class Trainer:
     last: dict[str, float] = {}
     if self.validations and cfg.train.eval_before_train and not resumed:
       evaluation = self.evaluate(start=True)
-      evaluation.update(self._evaluation_hooks(evaluation, start=True))
+      RunView(self, self.loop_state.iteration, evaluation).hooks("at_evaluation", evaluation, True)
       last = self.logger.log(self.loop_state.iteration, {**self.warm_start_metrics, **evaluation})
       self.plot_metrics()
     progress = Progress(total)
@@ -867,10 +866,8 @@ class Trainer:
       if evaluated:
         with self.device_turn():  # the rollout thread keeps stepping its envs meanwhile
           metrics.update(self.evaluate())
-        metrics.update(self._evaluation_hooks(metrics, start=False))
-      view = RunView(self, it, metrics)
-      for hooks in self.hooks.values():
-        metrics.update(hooks.at_iteration_end(view) or {})
+        RunView(self, it, metrics).hooks("at_evaluation", metrics, False)
+      RunView(self, it, metrics).hooks("at_iteration_end")
       duration = progress.tick()
       log.info("%s | %s", progress.line(it, duration), self.logger.summary(metrics))
       if evaluated or _due(it, cfg.logging.every, total):
@@ -896,14 +893,6 @@ class Trainer:
     return last
 
   # --------------------------------------------------------------------------- hooks
-  def _evaluation_hooks(self, evaluation: dict[str, float], start: bool) -> dict[str, float]:
-    """Every hook's `at_evaluation` after a validation (`start`: the one before training)."""
-    out: dict[str, float] = {}
-    view = RunView(self, self.loop_state.iteration, evaluation)
-    for hooks in self.hooks.values():
-      out.update(hooks.at_evaluation(view, evaluation, start) or {})
-    return out
-
   def set_algo(self, algo: AlgoConfig) -> None:
     """Trains on with `algo` (a hook's request, e.g. RetireOPD's retired algorithm): the update
     rebuilt with the same model, optimizer, mesh and settings (one more compilation), the teacher
