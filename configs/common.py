@@ -182,6 +182,9 @@ def base(model: str = "qwen2.5-3b", algo_name: str = "sdar") -> mlc.ConfigDict:
       export_hf=True,  # write the final policy as Hugging Face safetensors
     )
   )
+  # what the run is called where runs are compared: `python -m sdar_jax.compare` and the
+  # experiments pair runs by this label ("" = the algorithm's name, algo.name)
+  config.run = mlc.ConfigDict(dict(arm=""))
   config.logging = mlc.ConfigDict(
     dict(
       dir=config_dict.placeholder(str),  # default: <workdir>

@@ -11,7 +11,7 @@ an evaluation's results directory, marked by `evaluation.json`, is not a run). F
   area under the curve `success_auc`: the trapezoid rule over the evaluation steps divided by the
   step span (last − first step), i.e. the curve's mean success over the span, in [0, 1]
   (a curve of one point: that point);
-* its wall time, from run_status.json when a launcher (launch/sweep.py --run, bench/ablation.py)
+* its wall time, from run_status.json when a launcher (launch/sweep.py --run, experiments/ablation.py)
   ran it (`run_and_record`): the sum of its attempts' durations. An attempt that was killed counts
   until its last heartbeat (`alive`, written every `HEARTBEAT_SECONDS` while it ran, so at most
   that much short); a record from before heartbeats counts it until the last write to its

@@ -12,10 +12,12 @@ columns follow its averaging rule:
   (`macro_success_rate`: the paper's 303.8 / 7 = 43.4 for SDAR 3B).
 * WebShop: "score" (mean purchase score) and "acc" (share of purchases scoring 1).
 
-`paired_arms(run_dirs)` pairs the runs of two arms (algo.name) on their common seeds and compares
-final success and the area under the success curve per (seed, game) with
+`paired_arms(run_dirs)` pairs the runs of two arms (each run's label: run.arm, default its
+algo.name) on their common seeds and the games they share (matched by game file, not task id),
+and compares final success and the area under the success curve with
 `sdar_jax.observe.stats.paired_comparison`, from each evaluation's outcomes file (or, for runs
-written before those files existed, its transcript).
+written before those files existed, its transcript). Runs it cannot tell apart (one label and
+seed, different settings) and more than two arms are refused with the fix.
 """
 
 from __future__ import annotations
@@ -215,9 +217,20 @@ def run_vs_paper(run_dir: str) -> PaperComparison:
 
 
 # ---------------------------------------------------------------------------- two arms, paired
-def eval_outcomes(run_dir: str, prefix: str = "val") -> dict[int, dict[int, float]]:
-  """{step: {task id: success}} of every evaluation of a run (a game played eval.repeats times:
-  its mean success): the outcomes files, or the transcripts of runs written before them."""
+def game_key(gamefile: str | None, task_id: int) -> str:
+  """A game's identity across machines: its file's path below the cache's `sdar_jax/` folder (the
+  game set, split, problem and trial), the path itself outside it, or "task<id>" without one."""
+  if not gamefile:
+    return f"task{int(task_id)}"
+  parts = gamefile.replace("\\", "/").split("/")
+  if "sdar_jax" in parts:
+    return "/".join(parts[len(parts) - parts[::-1].index("sdar_jax") :])
+  return gamefile
+
+
+def eval_outcomes(run_dir: str, prefix: str = "val") -> dict[int, dict[str, float]]:
+  """{step: {game: success}} of every evaluation of a run (`game_key`; a game played eval.repeats
+  times: its mean success): the outcomes files, or the transcripts of runs written before them."""
   eval_root = paths.join(run_dir, "eval")
   out: dict[int, dict[int, float]] = {}
   if not paths.isdir(eval_root):
@@ -230,13 +243,13 @@ def eval_outcomes(run_dir: str, prefix: str = "val") -> dict[int, dict[int, floa
     csv_path = paths.join(folder, f"{OUTCOMES_PREFIX}{prefix}.csv")
     jsonl_path = paths.join(folder, f"{TRANSCRIPT_PREFIX}{prefix}.jsonl")
     if paths.exists(csv_path):  # with eval.repeats, a game's outcome is its mean over them
-      sums: dict[int, list[float]] = {}
+      sums: dict[str, list[float]] = {}
       for r in read_outcomes(csv_path):
-        sums.setdefault(r["task_id"], []).append(float(r["success"]))
-      out[step] = {task: float(np.mean(values)) for task, values in sums.items()}
+        sums.setdefault(game_key(r["gamefile"], r["task_id"]), []).append(float(r["success"]))
+      out[step] = {game: float(np.mean(values)) for game, values in sums.items()}
     elif paths.exists(jsonl_path):
       out[step] = {
-        int(t["task_id"]): float(bool(t["won"]))
+        game_key(t.get("gamefile"), t["task_id"]): float(bool(t["won"]))
         for t in read_transcripts(jsonl_path)
         if t.get("env_error") is None
       }
@@ -267,17 +280,40 @@ def paired_arms(
   run_dirs: Sequence[str],
   resamples: int = stats.RESAMPLES,
   rng_seed: int = stats.RNG_SEED,
+  labels: Mapping[str, str] | None = None,
 ) -> ArmComparison | None:
-  """The two arms (algo.name) among `run_dirs` compared on their common seeds (A minus B, A the
-  arm of the first run given), or None unless there are exactly two arms with a seed in common.
-  Games are those every run evaluated at its final step (and, for the AUC, at every evaluation
-  step the runs share)."""
-  by_arm: dict[str, dict[int, dict[int, dict[int, float]]]] = {}
+  """The two arms among `run_dirs` (`arm_label`) compared on their common seeds (A minus B, A the
+  arm of the first run given); None for runs of one arm or with no seed in common. Games are those
+  every run evaluated at its final step (and, for the AUC, at every evaluation step the runs
+  share). Raises CompareError for more than two arms and for two runs of one label and seed.
+  `labels` (run folder -> arm) names the arm of runs from before run.arm was kept."""
+  labels = {os.path.normpath(k): v for k, v in (labels or {}).items()}
+  unknown = sorted(set(labels) - {os.path.normpath(d) for d in run_dirs})
+  if unknown:
+    raise CompareError(
+      f"--arm names {unknown}, not among the runs given. Fix: --arm RUN_DIR=LABEL."
+    )
+  by_arm: dict[str, dict[int, dict[int, dict[str, float]]]] = {}
+  seen: dict[tuple[str, int], tuple[str, dict[str, Any]]] = {}
   for run_dir in run_dirs:
     config, _ = read_run(run_dir)
-    arm = str((config.get("algo") or {}).get("name", "?"))
+    arm = labels.get(os.path.normpath(run_dir)) or arm_label(config)
     seed = int((config.get("train") or {}).get("seed", 0))
+    if (arm, seed) in seen:
+      other, other_config = seen[(arm, seed)]
+      what = "different settings" if _settings(config) != _settings(other_config) else "the same"
+      raise CompareError(
+        f"{other} and {run_dir} are both arm {arm!r}, seed {seed} ({what}): they cannot be told "
+        "apart. Fix: pass one run per arm and seed, or label the arms (--config.run.arm=<label> "
+        "when training; --arm RUN_DIR=LABEL here, e.g. from an experiment's runs.csv)."
+      )
+    seen[(arm, seed)] = (run_dir, config)
     by_arm.setdefault(arm, {})[seed] = eval_outcomes(run_dir)
+  if len(by_arm) > 2:
+    raise CompareError(
+      f"the runs hold {len(by_arm)} arms ({sorted(by_arm)}); a paired comparison takes two. "
+      "Fix: pass the runs of two arms (each run's arm is run.arm, default algo.name)."
+    )
   if len(by_arm) != 2:
     return None
   (arm_a, runs_a), (arm_b, runs_b) = by_arm.items()  # A: the arm of the first run given
@@ -316,6 +352,18 @@ def paired_arms(
       rng_seed,
     )
   return ArmComparison(arm_a, arm_b, seeds, final, auc)
+
+
+def arm_label(config: Mapping[str, Any]) -> str:
+  """A run's arm: run.arm where set (saved configs from before it existed have none), else the
+  algorithm's name."""
+  label = (config.get("run") or {}).get("arm") or (config.get("algo") or {}).get("name")
+  return str(label or "?")
+
+
+def _settings(config: Mapping[str, Any]) -> dict[str, Any]:
+  """What makes two runs of one arm different runs: everything but where they write."""
+  return {k: v for k, v in config.items() if k not in ("logging", "checkpoint")}
 
 
 def compare_runs(run_dirs: Sequence[str], **kwargs: Any) -> str:

@@ -49,7 +49,8 @@ __all__ = [
 TRANSCRIPT_PREFIX = "episodes_"  # episodes_<eval mode prefix>.jsonl
 OUTCOMES_PREFIX = "outcomes_"  # outcomes_<eval mode prefix>.csv
 OUTCOME_COLUMNS = (
-  "arm", "seed", "step", "split", "repeat", "task_id", "gamefile", "task_type", "success", "reward"
+  "arm", "seed", "step", "split", "repeat", "task_id", "gamefile", "task_type", "success", "reward",
+  "turns",
 )  # fmt: skip
 
 
@@ -141,7 +142,7 @@ def write_outcomes(
   for r, ep in rows:
     writer.writerow(
       [arm, int(seed), int(step), split, int(r), int(ep.task_id), ep.gamefile or ""]
-      + [ep.task_type, int(bool(ep.won)), f"{float(ep.reward):g}"]
+      + [ep.task_type, int(bool(ep.won)), f"{float(ep.reward):g}", len(ep.turns)]
     )
   path = paths.join(out_dir, f"{OUTCOMES_PREFIX}{prefix}.csv")
   paths.write_text(path, out.getvalue())
@@ -149,11 +150,13 @@ def write_outcomes(
 
 
 def read_outcomes(path: str) -> list[dict[str, Any]]:
-  """The rows of an outcomes file (`write_outcomes`), with seed, step, repeat, task_id and
-  success as ints and reward as a float."""
+  """The rows of an outcomes file (`write_outcomes`), with seed, step, repeat, task_id, success
+  and turns as ints and reward as a float; turns is None in files written before it was kept
+  (2026-12-06)."""
   rows = list(csv.DictReader(io.StringIO(paths.read_text(path))))
   for row in rows:
     for key in ("seed", "step", "repeat", "task_id", "success"):
       row[key] = int(row[key])
     row["reward"] = float(row["reward"])
+    row["turns"] = int(row["turns"]) if row.get("turns") not in (None, "") else None
   return rows

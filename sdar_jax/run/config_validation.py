@@ -38,7 +38,7 @@ ENVS = ("alfworld", "webshop", "search_qa")  # the environments that have config
 IMPLEMENTED_ENVS = families_among(ENVS)  # those the host loop can run (an `envs.EnvFamily`)
 SECTIONS = ("model", "algo", "mesh", "optim", "train", "rollout", "eval", "checkpoint", "logging")
 SECTIONS += ("env",)  # set by the environment's config; the others by configs.common.base
-OPTIONAL_SECTIONS = ("paper", "warm_start")
+OPTIONAL_SECTIONS = ("paper", "warm_start", "run")
 QWEN_TOKENIZER_SIZE = 151669  # the bundled tokenizer's ids: a model it drives needs as many rows
 
 

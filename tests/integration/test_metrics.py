@@ -245,6 +245,7 @@ def test_outcomes_file_round_trips_one_row_per_finished_episode(tmp_path):
   rows = read_outcomes(path)
   assert [(r["task_id"], r["success"], r["reward"]) for r in rows] == [(0, 0, 0.0), (1, 1, 10.0)]
   assert rows[0]["gamefile"] == "valid_seen/pick-Egg-1/game.tw-pddl"
+  assert [r["turns"] for r in rows] == [len(episodes[0].turns), len(episodes[1].turns)]
   assert {(r["arm"], r["seed"], r["step"], r["split"]) for r in rows} == {
     ("sdar", 2, 8, "valid_seen")
   }

@@ -1,6 +1,6 @@
-"""The package layers, read from the source: every import of sdar_jax/ and envs/ (module-level and
-inside functions) points to its own layer or one below, no two modules import each other (directly
-or round a longer cycle), no module-level `__getattr__` imports a module on demand, and
+"""The package layers, read from the source: every import of sdar_jax/, envs/ and experiments/
+(module-level and inside functions) points to its own layer or one below, no two modules import
+each other (directly or round a longer cycle), no module-level `__getattr__` imports a module on demand, and
 sdar_jax/ holds few modules directly. The layers are those of the README's architecture section.
 
 Pure text analysis (the `ast` of every file): nothing is imported, so the test runs in a second.
@@ -12,7 +12,7 @@ import ast
 import os
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PACKAGES = ("sdar_jax", "envs")
+PACKAGES = ("sdar_jax", "envs", "experiments")
 
 # Lowest first. A module belongs to the longest prefix listed; envs/ imports nothing of sdar_jax/.
 LAYERS: tuple[tuple[str, ...], ...] = (
@@ -23,6 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
   ("sdar_jax.run",),  # 4: the trainer and what it composes
   # 5: the commands
   ("sdar_jax.train", "sdar_jax.evaluate", "sdar_jax.aot", "sdar_jax.compare", "sdar_jax.tools"),
+  ("experiments",),  # 6: the experiments' drivers and reports (outside the package)
 )
 MAX_TOP_LEVEL_MODULES = 12
 

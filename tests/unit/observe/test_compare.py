@@ -14,7 +14,10 @@ from sdar_jax.observe.transcripts import write_outcomes
 from sdar_jax.rollout.trajectory import Episode
 
 
-def _write_run(root, name, *, env="alfworld", arm="sdar", seed=0, rows=(), paper=None, evals=None):
+def _write_run(
+  root, name, *, env="alfworld", arm="sdar", seed=0, rows=(), paper=None, evals=None, label=None,
+  games="g",
+):  # fmt: skip
   run = os.path.join(root, name)
   os.makedirs(run)
   config = {
@@ -25,6 +28,8 @@ def _write_run(root, name, *, env="alfworld", arm="sdar", seed=0, rows=(), paper
     "rollout": {"val_temperature": 0.4},
     "algo": {"name": arm},
   }
+  if label is not None:
+    config["run"] = {"arm": label}
   if paper is not None:
     config["paper"] = paper
   with open(os.path.join(run, "config.json"), "w") as f:
@@ -33,6 +38,8 @@ def _write_run(root, name, *, env="alfworld", arm="sdar", seed=0, rows=(), paper
     f.writelines(json.dumps(r) + "\n" for r in rows)
   for step, outcomes in (evals or {}).items():
     episodes = [Episode(k, task_id=k, group_id=k, won=bool(w)) for k, w in enumerate(outcomes)]
+    for k, ep in enumerate(episodes):  # a game's identity: its file below the cache's sdar_jax/
+      ep.gamefile = f"/home/u/.cache/sdar_jax/set/valid_seen/{games}{k}/game.tw-pddl"
     out = os.path.join(run, "eval", f"step_{step}")
     write_outcomes(out, "val", episodes, arm=arm, seed=seed, step=step, split="valid_seen")
   return run
@@ -68,7 +75,8 @@ def test_alfworld_avg_is_the_overall_rate_and_a_run_without_a_paper_row_still_sh
 
 def test_two_arms_are_paired_on_seeds_and_games(tmp_path):
   """Arm "sdar" beats "grpo" on game 0 of both seeds at the final step, loses game 3 of seed 1,
-  ties elsewhere: 2 wins, 1 loss; the difference is (2 - 1) / 8."""
+  ties elsewhere: the difference is (2 - 1) / 8; the seeds' mean differences are 1/4 and 0, so
+  both sign assignments reach |1/8|: the seed-level sign-flip p is 1."""
   root = str(tmp_path)
   runs = [
     _write_run(root, "a0", arm="sdar", seed=0, evals={0: [0, 0, 1, 1], 8: [1, 0, 1, 1]}),
@@ -79,9 +87,9 @@ def test_two_arms_are_paired_on_seeds_and_games(tmp_path):
   result = compare.paired_arms(runs, resamples=2000, rng_seed=3)
   assert (result.arm_a, result.arm_b, result.seeds) == ("sdar", "grpo", [0, 1])
   final = result.final  # sdar - grpo: the arm of the first run given first
-  assert (final.wins, final.losses, final.ties) == (2, 1, 5)
+  assert (final.seeds, final.games) == (2, 4)
   assert final.difference == pytest.approx(1 / 8)
-  assert final.sign_p == pytest.approx(1.0)
+  assert final.sign_flip_p == pytest.approx(1.0)
   assert final.ci_low <= final.difference <= final.ci_high
   # AUC over steps 0 and 8: each game's (first + last) / 2; differences only where final differs.
   assert result.auc.difference == pytest.approx(1 / 16)
@@ -94,6 +102,30 @@ def test_two_arms_are_paired_on_seeds_and_games(tmp_path):
 
   md = open(collect.collect_sweep(root, str(tmp_path / "table"))["md"]).read()
   assert "### sdar - grpo, paired on seeds [0, 1]" in md and "+0.125, 95% CI [" in md
+
+
+def test_arms_are_labels_games_are_files_and_ambiguity_is_refused(tmp_path):
+  """Two forms of one preset pair by their run.arm labels; games pair by file, so two runs of
+  other game sets share none; one label and seed twice, or three arms, is refused."""
+  root = str(tmp_path)
+  a = _write_run(root, "a", arm="sdar_vocab", evals={8: [1, 1, 0, 0]})
+  b = _write_run(root, "b", arm="sdar_vocab", label="sdar_vocab_noskills", evals={8: [0, 1, 0, 0]})
+  result = compare.paired_arms([a, b], resamples=200)
+  assert (result.arm_a, result.arm_b) == ("sdar_vocab", "sdar_vocab_noskills")
+  assert result.final.difference == pytest.approx(1 / 4)
+  twin = _write_run(root, "twin", arm="sdar_vocab", evals={8: [0, 0, 0, 0]})
+  with pytest.raises(compare.CompareError, match=r"a and .*twin are both arm 'sdar_vocab', seed 0"):
+    compare.paired_arms([a, twin])
+  # a run from before run.arm: its arm given on the command line (an experiment's runs.csv has it)
+  from sdar_jax.compare import main
+
+  assert main([a, twin, "--arm", f"{twin}=old_twin", "--resamples", "200"]) == 0
+  third = _write_run(root, "c", arm="grpo", evals={8: [0, 0, 0, 0]})
+  with pytest.raises(compare.CompareError, match="3 arms"):
+    compare.paired_arms([a, b, third])
+  other = _write_run(root, "o", arm="grpo", evals={8: [1, 1, 1, 1]}, games="h")
+  with pytest.raises(compare.CompareError, match="share no validation game"):
+    compare.paired_arms([a, other])
 
 
 def test_cli_refuses_a_missing_folder_naming_the_fix(tmp_path, capsys):

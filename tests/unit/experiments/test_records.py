@@ -1,0 +1,91 @@
+"""The committed tidy tables give the committed reports' rows again; the variance components and
+the detectable effect by hand; the tables' append-only format."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import math
+import os
+
+import numpy as np
+import pytest
+
+from experiments import power, records, tables_view
+from sdar_jax.observe import stats
+from tests.helpers import REPO
+
+RESULTS = os.path.join(REPO, "docs", "results")
+
+
+@pytest.fixture(scope="module")
+def tables():
+  return records.Tables(RESULTS)
+
+
+def _report_row(folder: str, comparison: str, measure: str) -> dict[str, str]:
+  with open(os.path.join(RESULTS, folder, "paired.csv")) as f:
+    rows = [
+      r for r in csv.DictReader(f) if (r["comparison"], r["measure"]) == (comparison, measure)
+    ]
+  assert len(rows) == 1, (folder, comparison, measure)
+  return rows[0]
+
+
+@pytest.mark.parametrize(
+  "stage, folder, a, b, measure",
+  [
+    (1, "powered", "sdar_vocab", "grpo", "final heldout_seen"),  # stage 1's primary comparison
+    (2, "powered_stage2", "sdar", "grpo_opsd", "final heldout_unseen"),  # the gate, stage 2
+  ],
+)
+def test_a_committed_row_is_rebuilt_from_the_tables(tables, stage, folder, a, b, measure):
+  """One row of each stage's report, recomputed from the tables alone: the same seeds, games and
+  difference, and at the report's resamples and family size the same p and intervals."""
+  from experiments.specs import powered as spec
+
+  sp = spec(stage)
+  view = tables_view.View(tables, "powered", stage, sp.arms, sp.seeds)
+  grid_a, grid_b = view.paired(a, b, measure)
+  want = _report_row(folder, f"{a} - {b}", measure)
+  with open(os.path.join(RESULTS, folder, "paired.csv")) as f:
+    family_size = sum(1 for _ in csv.DictReader(f))
+  got = stats.bootstrap(grid_a - grid_b, family_size=family_size)
+  assert (got.seeds, got.games) == (int(want["seeds"]), int(want["games"]))
+  # a mean of 0/1 outcomes over seeds x games: exact to the rounding of one sum
+  assert got.difference == pytest.approx(float(want["difference"]), abs=1e-12)
+  for key in ("ci_low", "ci_high", "sim_low", "sim_high", "p"):
+    assert getattr(got, key) == pytest.approx(float(want[key]), abs=1e-9), key
+
+
+def test_a_table_is_appended_to_and_read_back(tmp_path):
+  path = str(tmp_path / "t.csv.gz")
+  cols = ("run", "seed", "value")
+  assert records.append(path, [{"run": "a", "seed": 0, "value": 0.5}], cols) == 1
+  assert records.append(path, [{"run": "b", "seed": None, "value": float("nan")}], cols) == 1
+  with open(path, "rb") as f:  # two gzip members: the second appended, the first untouched
+    assert f.read().count(b"\x1f\x8b\x08") == 2
+  rows = records.read(path)
+  assert [(r["run"], r["seed"]) for r in rows] == [("a", 0), ("b", None)]
+  assert rows[0]["value"] == 0.5 and math.isnan(rows[1]["value"])
+  assert gzip.open(path, "rt").read().splitlines()[0] == "run,seed,value"
+  with pytest.raises(ValueError, match="has the columns"):
+    records.append(path, [], ("run", "other"))
+
+
+def test_variance_components_and_the_detectable_effect_by_hand():
+  """An additive grid d = u_s + v_g has no residual; the seed and game components are the sample
+  variances of u and v (the ANOVA estimates are exact there)."""
+  u, v = np.array([0.1, -0.2, 0.4]), np.array([0.0, 0.5, -0.5, 1.0])
+  parts = power.components(u[:, None] + v[None, :])
+  assert parts.seed == pytest.approx(np.var(u, ddof=1), abs=1e-12)
+  assert parts.game == pytest.approx(np.var(v, ddof=1), abs=1e-12)
+  assert parts.residual == pytest.approx(0.0, abs=1e-12)
+  # z_0.975 + z_0.8 = 1.959964 + 0.841621; se^2 = su/S + sv/G + se/(S G)
+  parts = power.Components(seed=0.01, game=0.1, residual=0.2)
+  se = math.sqrt(0.01 / 8 + 0.1 / 128 + 0.2 / (8 * 128))
+  assert power.detectable(parts, 8, 128) == pytest.approx(2.801585 * se, rel=1e-6)
+  # the seed term alone: 0.01 / 4 at 4 seeds leaves no room for an effect of 0.05 / 2.8
+  assert power.games_needed(parts, 4, 0.05) is None
+  need = power.games_needed(parts, 8, 0.1)
+  assert power.detectable(parts, 8, need) <= 0.1 < power.detectable(parts, 8, need - 1)
