@@ -1,6 +1,6 @@
 r"""Evaluation entry point: validation episodes only, no training.
 
-  # A training run's latest checkpoint (or --step=N): results in runs/sdar-3b/eval/step_<N>/
+  # A training run's latest checkpoint (or --step=N): results in runs/sdar-3b/evaluations/step_<N>/
   python -m sdar_jax.evaluate --config=configs/alfworld.py:model=qwen2.5-3b \
       --config.model.path=/data/Qwen2.5-3B-Instruct --config.env.data_dir=/data/alfworld \
       --config.eval.split=valid_unseen --config.eval.skills=both --workdir=runs/sdar-3b --step=40
@@ -14,11 +14,14 @@ is evaluated:
 
 * `--workdir` holds checkpoints (`<workdir>/checkpoints`, or checkpoint.dir): the parameters of
   checkpoint `--step` (default: the latest), restored alone (no optimizer state, no KL reference,
-  no training environments). Results go to `<workdir>/eval/step_<N>/` (or `--output`); the run's
-  own files (config.json, metrics.jsonl, checkpoints) are only read, and a training run still
-  going on in the workdir is not disturbed (its lock is not needed).
-* otherwise: the config's weights (model.path, or random init), results in `--workdir` itself (or
-  `--output`). A directory holding a training run's config.json is refused as the output.
+  no training environments). Results go to `<workdir>/evaluations/step_<N>/` (or `--output`),
+  beside the training's own `eval/step_<N>/`; the run's files (config.json, metrics.jsonl,
+  checkpoints, eval/) are only read, and a training run still going on in the workdir is not
+  disturbed (its lock is not needed).
+* otherwise: the weights named on the command line (`--config.model.path`, or `--initial_policy`
+  for the config's starting policy), results in `--workdir` itself (or `--output`); a workdir
+  that holds no run and no such flag is refused. A directory holding a training run's files is
+  refused as the output.
 
 The results directory gets its own config.json, metrics.jsonl (one row at the evaluated step:
 val/success_rate, per task type, valid-format ratio, env failures), metrics.png and
@@ -61,7 +64,13 @@ def _define_flags() -> None:
   flags.DEFINE_string(
     "output",
     None,
-    "Results directory. Default: <workdir>/eval/step_<N> for a checkpoint, else --workdir.",
+    "Results directory. Default: <workdir>/evaluations/step_<N> for a checkpoint, else --workdir.",
+  )
+  flags.DEFINE_bool(
+    "initial_policy",
+    False,
+    "Evaluate the config's own starting weights (its warm-start policy or model.path) when "
+    "--workdir holds no run.",
   )
 
 
@@ -92,7 +101,8 @@ def main(argv: Sequence[str]) -> None:
       "--workdir is required: a training run whose checkpoints to evaluate, or a directory for the "
       "results of evaluating model.path."
     )
-  plan = plan_evaluation(config, FLAGS.workdir, FLAGS.step, FLAGS.output)  # EvaluationError
+  named = FLAGS.initial_policy or any(a.startswith("--config.model.path") for a in sys.argv)
+  plan = plan_evaluation(config, FLAGS.workdir, FLAGS.step, FLAGS.output, weights_named=named)
   paths.check_writable_folder(plan.output, "--output" if FLAGS.output else "--workdir")
   log.info("%s", plan.describe())
   if FLAGS.dry_run:

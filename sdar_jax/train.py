@@ -100,19 +100,40 @@ def unknown_override_keys(config: mlc.ConfigDict, argv: Sequence[str]) -> list[s
   return problems
 
 
-def _check_overrides(argv: Sequence[str]) -> None:
-  """Exits with a clear message when an override names a key the config does not have (before
-  config_flags, whose error for this is a traceback)."""
-  if not any(_OVERRIDE.match(a) for a in argv):
-    return
+def _config_file_problem(spec: str) -> tuple[mlc.ConfigDict | None, str | None]:
+  """(the config, None), or (None, one line naming what is wrong with the file and the fix)."""
+  path = spec.partition(":")[0]
+  if not os.path.isfile(path):
+    where = "a folder, not a file" if os.path.isdir(path) else "no such file"
+    return None, (
+      f"--config={spec}: {where}. Fix: pass a config file such as configs/default.py or "
+      "configs/alfworld.py:model=qwen2.5-3b (the configs are listed in docs/running.md)"
+    )
   try:
-    config = _load_config(_config_spec(argv))
-  except Exception:  # a broken config file: let config_flags report it
-    return
+    return _load_config(spec), None
+  except SyntaxError as e:
+    return None, (
+      f"--config={spec}: line {e.lineno}: {e.msg} ({(e.text or '').strip()!r}). Fix: correct "
+      f"the syntax of {path}"
+    )
+  except Exception as e:  # noqa: BLE001 - get_config's own error, named with its file
+    return None, (
+      f"--config={spec}: get_config raised {type(e).__name__}: {e}. Fix: correct {path} or its "
+      "argument (after the ':')"
+    )
+
+
+def _check_overrides(argv: Sequence[str]) -> None:
+  """Exits with one message (before config_flags, whose error for these is a traceback) when the
+  config file is missing, does not parse or fails to build, or an override names a key the
+  config does not have."""
+  from sdar_jax.run.setup import ConfigError, UnknownConfigKeyError
+
+  config, problem = _config_file_problem(_config_spec(argv))
+  if problem:
+    raise ConfigError(problem)
   problems = unknown_override_keys(config, argv)
   if problems:
-    from sdar_jax.run.setup import UnknownConfigKeyError
-
     lines = "\n  ".join(problems)
     raise UnknownConfigKeyError(lines if len(problems) == 1 else "\n  " + lines)
 

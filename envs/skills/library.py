@@ -20,7 +20,7 @@ import json
 import os
 import re
 
-from envs.errors import EnvFileNotFoundError
+from envs.errors import EnvFileNotFoundError, EnvInputError
 
 __all__ = ["SkillItem", "SkillFile", "SkillLibrary", "skills_dir"]
 
@@ -120,15 +120,21 @@ class SkillLibrary:
         "folder holding skill_mapping.json and its Markdown files"
       )
     with open(mapping_path) as f:
-      mapping = json.load(f)
-    if not isinstance(mapping.get("skill_files"), dict):
-      raise ValueError(  # noqa: TRY004 (a bad file's content, not a bad argument type)
+      try:
+        mapping = json.load(f)
+      except json.JSONDecodeError as e:
+        raise EnvInputError(
+          f"{mapping_path}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg}). Fix: "
+          "correct the file (skill_mapping.json holds one object with 'skill_files')"
+        ) from None
+    if not isinstance(mapping, dict) or not isinstance(mapping.get("skill_files"), dict):
+      raise EnvInputError(  # a bad file's content, not a bad argument type
         f"{mapping_path} has no 'skill_files' object (skill name -> Markdown file). Fix: add "
         '"skill_files": {"general_skills": "general_skills.md", ...}'
       )
     general_keys = [k for k in GENERAL_KEYS if k in mapping["skill_files"]]
     if len(general_keys) > 1:
-      raise ValueError(
+      raise EnvInputError(
         f"{mapping_path}: skill_files names the general file twice ({general_keys}). Fix: keep "
         "one of them"
       )
@@ -142,11 +148,14 @@ class SkillLibrary:
           "add the file or correct its name in skill_files"
         )
       with open(path) as f:
-        files[name] = _parse_skill_file(name, f.read())
+        try:
+          files[name] = _parse_skill_file(name, f.read())
+        except ValueError as e:
+          raise EnvInputError(f"{path}: {e}. Fix: correct the file") from None
     task_to_skill = dict(mapping.get("task_to_skill", {}))
     unknown = sorted({s for s in task_to_skill.values() if s not in files or s == GENERAL})
     if unknown:
-      raise ValueError(
+      raise EnvInputError(
         f"task_to_skill in {mapping_path} names skills without a task file: {unknown}. Fix: add "
         "them to skill_files or map the task types to skills that skill_files lists"
       )
@@ -154,7 +163,7 @@ class SkillLibrary:
     for key, words in mapping.get("task_keywords", {}).items():
       skill = key if key in files and key != GENERAL else task_to_skill.get(key)
       if skill is None:
-        raise ValueError(
+        raise EnvInputError(
           f"task_keywords in {mapping_path} has the key {key!r}, which is neither a skill of "
           f"skill_files nor a task type of task_to_skill. Fix: key it by one of "
           f"{sorted(set(files) - {GENERAL}) + sorted(task_to_skill)}"

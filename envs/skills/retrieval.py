@@ -37,6 +37,7 @@ import re
 from typing import Any
 
 from envs.common import import_bm25s
+from envs.errors import EnvInputError
 from envs.skills.library import GENERAL, GENERAL_KEYS, SkillItem, SkillLibrary
 
 __all__ = [
@@ -256,6 +257,11 @@ def skills_section_problems(section: Any) -> list[str]:
     problems.append(
       f"env.skills.dir={directory!r}: no such directory. Fix: unset it to use the shipped skills"
     )
+  elif directory and section.get("strategy") != "none":  # its files read as the run will read them
+    try:
+      SkillLibrary.load(os.path.expanduser(directory))
+    except EnvInputError as e:
+      problems.append(f"env.skills.dir={directory!r}: {e}")
   return problems
 
 

@@ -249,7 +249,12 @@ def initial_step(out: str, python: str, skills: bool = False) -> Step:
     None,
     None,
     workdir,
-    (*cmd, f"--workdir={workdir}", f"--output={os.path.join(workdir, RESULTS_DIRS[kind])}"),
+    (
+      *cmd,
+      "--initial_policy",  # no run in that workdir: the config's starting policy, on purpose
+      f"--workdir={workdir}",
+      f"--output={os.path.join(workdir, RESULTS_DIRS[kind])}",
+    ),
   )
 
 

@@ -345,6 +345,14 @@ class ModelConfig:
 def _family_of(hf: dict[str, Any]) -> str:
   model_type = hf.get("model_type")
   archs = hf.get("architectures") or []
+  named = {_ARCHITECTURES[a] for a in archs if a in _ARCHITECTURES}
+  if model_type is not None and named and named != {model_type}:
+    raise ValueError(
+      f"config.json: model_type={model_type!r} contradicts architectures={archs} (a "
+      f"{'/'.join(sorted(named))} model). Fix: correct the file: a Qwen3 checkpoint has "
+      "model_type 'qwen3' and architectures ['Qwen3ForCausalLM'], a Qwen2 / Qwen2.5 one 'qwen2' "
+      "and ['Qwen2ForCausalLM']."
+    )
   if model_type in FAMILIES:
     return model_type
   for arch in archs:

@@ -42,7 +42,7 @@ import numpy as np
 from sdar_jax import config_keys
 from sdar_jax.infra import paths
 from sdar_jax.infra.errors import UserError
-from sdar_jax.observe.compare import paired_arms
+from sdar_jax.observe.compare import CompareError, paired_arms
 from sdar_jax.observe.metrics import read_history
 
 RUN_STATUS = "run_status.json"
@@ -433,9 +433,14 @@ def collect_sweep(root: str, out_dir: str | None = None, overwrite: bool = False
     ),
     markdown_table(rows, SWEEP_COLUMNS),
   ]
-  arms = paired_arms(run_dirs)  # two arms (algo.name) on common seeds: paired, with intervals
-  if arms is not None:
-    md.append("\n" + arms.markdown() + "\n")
+  try:  # two arms (run.arm, default algo.name) on common seeds: paired, with intervals
+    arms = paired_arms(run_dirs)
+  except CompareError as e:  # a sweep's settings are not two arms: said, not paired
+    said = str(e).replace(root.rstrip("/") + "/", "")  # the runs by their names in the sweep
+    md.append(f"\nNo paired comparison: {said}\n")
+  else:
+    if arms is not None:
+      md.append("\n" + arms.markdown() + "\n")
   png = plot_sweep(runs, paths.join(out_dir, "sweep.png"))
   if png:
     written["png"] = png

@@ -14,6 +14,7 @@ valid one.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from typing import Any
@@ -89,7 +90,22 @@ def _check_model(config, p: _Problems) -> ModelConfig | None:
       fix = " Fix: point model.path at a complete model directory (config.json + model.safetensors"
       fix = "" if "Fix:" in str(e) else fix + ", or the sharded index and all its shards)."
       p.append(f"model.path={m.path!r}: the weights cannot be used: {e}{fix}")
-  p.build(resolve_chat_template, m.chat_template, folder if is_dir else None, model_config.family)
+  template = p.build(
+    resolve_chat_template, m.chat_template, folder if is_dir else None, model_config.family
+  )
+  if template is not None:  # rendered once now, as every prompt will be (the sandbox's refusals)
+    probe = [{"role": "system", "content": "Act."}, {"role": "user", "content": "Go."}]
+    p.build(template.render, probe, prefix=f"model.chat_template={m.chat_template!r}: ")
+  tokenizer_json = os.path.join(folder, "tokenizer.json") if is_dir else ""
+  if tokenizer_json and os.path.isfile(tokenizer_json):
+    ids = _tokenizer_ids(tokenizer_json)
+    if ids is not None and ids > model_config.vocab_size:
+      p.append(
+        f"{'model.tokenizer_dir' if m.tokenizer_dir else 'model.path'}={folder!r}: its tokenizer "
+        f"has ids up to {ids - 1}, beyond the model's {model_config.vocab_size} embeddings (the "
+        "first sampled such id would index past them). Fix: use the tokenizer the model was "
+        "trained with, or a model whose vocab_size covers it"
+      )
   if not m.path and not m.tokenizer_dir and model_config.vocab_size < QWEN_TOKENIZER_SIZE:
     p.append(
       f"{'model.tiny.vocab_size' if m.preset == 'tiny' else 'model.preset'}="
@@ -106,6 +122,45 @@ def _check_model(config, p: _Problems) -> ModelConfig | None:
       "prompt or the responses"
     )
   return model_config
+
+
+def _tokenizer_ids(path: str) -> int | None:
+  """One past the largest id of a tokenizer.json (its vocabulary and added tokens); None when the
+  file cannot be read as one (the tokenizer's own loading then says why)."""
+  try:
+    from tokenizers import Tokenizer
+
+    vocab = Tokenizer.from_file(path).get_vocab(with_added_tokens=True)
+  except Exception:  # noqa: BLE001 - reported where the tokenizer is loaded
+    return None
+  return max(vocab.values()) + 1 if vocab else None
+
+
+def _check_finite(node: Any, p: _Problems, prefix: str = "") -> None:
+  """Every float of the config (nested sections, lists) is finite: an inf or a nan passes every
+  range check written as a comparison and then makes every update non-finite."""
+  for key, value in node.items():
+    name = f"{prefix}{key}"
+    if hasattr(value, "items"):
+      _check_finite(value, p, name + ".")
+      continue
+    for item in value if isinstance(value, (list, tuple)) else (value,):
+      if isinstance(item, float) and not math.isfinite(item):
+        p.append(f"{name}={value!r}: not a finite number. Fix: give a finite value")
+        break
+
+
+def _check_group(config, p: _Problems) -> None:
+  """Group-relative advantages need a group: with one episode per task each is its own
+  baseline and every policy-gradient advantage is 0."""
+  group, pg = config.env.get("group_size"), config.algo.get("pg_coef", 1.0)
+  if group == 1 and isinstance(pg, (int, float)) and pg != 0:
+    p.append(
+      f"env.group_size=1: algo.advantage={config.algo.get('advantage', 'grpo')!r} compares each "
+      "episode with the others of its task's group, so with one per task every advantage is 0 and "
+      "the policy gradient trains nothing. Fix: env.group_size >= 2 (the reference runs 8), or "
+      "algo.pg_coef=0 for distillation alone"
+    )
 
 
 def _check_temperatures(config, p: _Problems) -> None:
@@ -176,6 +231,7 @@ def validate(config: Any, num_devices: int | None = None) -> ModelConfig:
       f"configs.common.base(...) and set config.env; sections are {SECTIONS + OPTIONAL_SECTIONS}."
     )
   p = _Problems()
+  _check_finite(config, p)
   model_config = _check_model(config, p)
   p.build(AlgoConfig.from_config, config.algo)
   p.build(RewardShaping.from_config, config.rollout.get("shaping"))
@@ -184,6 +240,7 @@ def validate(config: Any, num_devices: int | None = None) -> ModelConfig:
   p.build(SamplingParams, top_p=r.top_p, top_k=r.top_k, prefix="rollout.")
   p.build(SamplingParams, temperature=r.val_temperature, prefix="rollout.val_")
   _check_temperatures(config, p)
+  _check_group(config, p)
   _check_batches(config, jax.device_count() if num_devices is None else num_devices, p)
   p.extend(run_setup.setting_problems(config))
   p.extend(env_section_problems(config.env, ENVS))

@@ -16,6 +16,7 @@ from sdar_jax.infra.errors import UserError
 from sdar_jax.run.checkpoint import CheckpointManager
 
 EVAL_RECORD = "evaluation.json"  # written by an evaluation into its output directory
+EVALUATIONS = "evaluations"  # <workdir>/evaluations/step_<N>: a checkpoint's evaluation results
 
 
 class EvaluationError(UserError, ValueError):
@@ -40,10 +41,17 @@ class EvalPlan:
 
 
 def plan_evaluation(
-  config, workdir: str, step: int | None = None, output: str | None = None
+  config,
+  workdir: str,
+  step: int | None = None,
+  output: str | None = None,
+  weights_named: bool = True,
 ) -> EvalPlan:
   """Resolves the checkpoint (`step`, default the latest of the workdir's checkpoints) and the
-  results directory; reads the checkpoint directory's listing only."""
+  results directory; reads the checkpoint directory's listing only. A checkpoint's results go to
+  <workdir>/evaluations/step_<N>/, beside (never into) the training's own eval/step_<N>/.
+  `weights_named`: the user named the weights to evaluate without a run (model.path, or the
+  config's starting policy on purpose); without it a workdir holding no run is refused."""
   if config.eval.num_tasks == 0:  # -1: the whole split
     raise EvaluationError(
       "eval.num_tasks=0: no validation episode to play. Fix: pass --config.eval.num_tasks=N "
@@ -70,7 +78,7 @@ def plan_evaluation(
         "pass one of them, or leave --step out for the latest."
       )
     params_from: tuple[str, int] | None = (ckpt_dir, int(step))
-    out = paths.resolve(output or paths.join(workdir, "eval", f"step_{step}"))
+    out = paths.resolve(output or paths.join(workdir, EVALUATIONS, f"step_{step}"))
     if out == workdir:
       raise EvaluationError(
         f"--output={output}: that is the training run itself; an evaluation never writes into a "
@@ -84,8 +92,22 @@ def plan_evaluation(
         "--config.checkpoint.dir) at a training run with checkpoints, or leave --step out to "
         "evaluate the config's weights (model.path)."
       )
+    if not weights_named and not paths.isdir(workdir):
+      raise EvaluationError(
+        f"--workdir={workdir}: no such run, so there is no checkpoint to evaluate; without one "
+        "the config's own weights (its starting policy) would be evaluated. Fix: point --workdir "
+        "at a training run, pass --config.model.path=<a model folder>, or pass "
+        "--initial_policy to evaluate the config's starting policy on purpose."
+      )
     params_from = None
     out = paths.resolve(output or workdir)
+  if _written_by_training(out):
+    raise EvaluationError(
+      f"--output={output or out}: that folder holds files a training run wrote (its own "
+      "evaluation's outcomes) and no evaluation record; an evaluation never writes over them. "
+      f"Fix: leave --output out (results go to <workdir>/{EVALUATIONS}/step_<N>/) or pass "
+      "another directory."
+    )
   if paths.isfile(paths.join(out, "config.json")) and not paths.isfile(
     paths.join(out, EVAL_RECORD)
   ):
@@ -95,6 +117,15 @@ def plan_evaluation(
       "results>, or evaluate the run once it has saved a checkpoint."
     )
   return EvalPlan(output=out, params_from=params_from)
+
+
+def _written_by_training(folder: str) -> bool:
+  """A training run's own evaluation folder (eval/step_<N>: outcomes or transcripts, and no
+  evaluation record)."""
+  if not paths.isdir(folder) or paths.isfile(paths.join(folder, EVAL_RECORD)):
+    return False
+  names = paths.listdir(folder)
+  return any(n.startswith(("outcomes_", "episodes_")) for n in names)
 
 
 def evaluated_source(config, params_from: tuple[str, int] | None) -> dict[str, Any]:

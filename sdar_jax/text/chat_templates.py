@@ -314,6 +314,12 @@ def _render_jinja(
       add_generation_prompt=add_generation_prompt,
       enable_thinking=enable_thinking,
     )
+  except jinja2.sandbox.SecurityError as err:
+    raise ValueError(
+      f"The chat template of {template.name} was refused by the sandbox: {str(err).rstrip('.')} "
+      "(a template may not reach Python internals). Fix: remove that construct from the "
+      f"template, or set model.chat_template to a built-in template ({list(BUILTIN_TEMPLATES)})."
+    ) from err
   except jinja2.exceptions.TemplateError as err:
     raise ValueError(
       f"The chat template of {template.name} failed: {str(err).rstrip('.')}. Fix: give it "

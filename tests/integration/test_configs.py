@@ -34,7 +34,11 @@ from sdar_jax.run.config_validation import (
 )
 from sdar_jax.run.setup import build_chat_template
 from sdar_jax.text.chat_templates import ChatTemplate
-from sdar_jax.text.tokenizer import Tokenizer, bundled_qwen_tokenizer_dir, packaged_policy_dir
+from sdar_jax.text.tokenizer import (
+  Tokenizer,
+  packaged_policy_dir,
+  packaged_tokenizer_dir,
+)
 from sdar_jax.train import unknown_override_keys
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -407,13 +411,13 @@ def test_tiny_demo_model_asks_for_random_init():
 
 
 def _tiny_model_dir(config, directory, **save_options) -> str:
-  """A Hugging Face directory (config.json, safetensors and the bundled Qwen tokenizer files,
-  written by our save_pretrained) holding the config's tiny architecture with a 256-token
-  vocabulary."""
-  common.override(config, {"model.tiny.vocab_size": 256})
+  """A Hugging Face directory (config.json, safetensors and the compact ALFWorld tokenizer's
+  files, written by our save_pretrained) holding the config's tiny architecture with a vocabulary
+  that covers the tokenizer's 1,642 ids."""
+  common.override(config, {"model.tiny.vocab_size": 1664})
   tiny = ModelConfig.tiny(**dict(config.model.tiny))
   params = init_params(tiny, jax.random.key(0))
-  tokenizer_dir = bundled_qwen_tokenizer_dir()
+  tokenizer_dir = packaged_tokenizer_dir("alfworld_compact")
   return save_pretrained(tiny, params, directory, tokenizer_dir=tokenizer_dir, **save_options)
 
 

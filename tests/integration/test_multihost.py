@@ -276,9 +276,13 @@ def test_local_sh_dry_run_prints_one_command_per_process():
   lines = proc.stdout.splitlines()
   assert lines[0] == "JAX_PLATFORMS=cpu XLA_FLAGS=--xla_force_host_platform_device_count=4"
   port = lines[1].split("--coordinator_address=localhost:")[1].split()[0]
+  # the launcher's rule (launch/python.sh; PYTHON is unset here): .venv's python, else python3
+  python = (
+    ".venv/bin/python" if os.access(os.path.join(REPO, ".venv/bin/python"), os.X_OK) else "python3"
+  )
   for i, line in enumerate(lines[1:]):
     assert shlex.split(line) == [
-      ".venv/bin/python",
+      python,
       "-m",
       "sdar_jax.train",
       "--config=configs/default.py",

@@ -200,7 +200,7 @@ def test_a_run_on_gs_writes_everything_there_and_resumes(bucket, tmp_path, monke
   config = _run_config(2)
   plan = evaluate.plan_evaluation(config, workdir)
   assert plan.params_from == (workdir + "/checkpoints", 2)
-  assert plan.output == workdir + "/eval/step_2"
+  assert plan.output == workdir + "/evaluations/step_2"
   row = trainer.run_evaluation(config, plan.output, plan.params_from)
   assert row["step"] == 2 and row["val/success_rate"] == rows[-1]["val/success_rate"]
   record = json.loads(paths.read_text(plan.output + "/evaluation.json"))

@@ -75,11 +75,12 @@ def trained(tmp_path_factory):
 
 
 def _run_files(workdir) -> dict[str, str]:
-  """sha256 of every file of the run outside eval/."""
+  """sha256 of every file the run wrote (outside eval/, and outside evaluations/, which only
+  sdar_jax.evaluate writes)."""
   out = {}
   for path in glob.glob(os.path.join(workdir, "**"), recursive=True):
     rel = os.path.relpath(path, workdir)
-    if os.path.isfile(path) and not rel.startswith("eval" + os.sep):
+    if os.path.isfile(path) and not rel.startswith(("eval" + os.sep, "evaluations" + os.sep)):
       with open(path, "rb") as f:
         out[rel] = hashlib.sha256(f.read()).hexdigest()
   return out
@@ -137,7 +138,7 @@ def test_evaluate_latest_checkpoint_reproduces_the_runs_evaluation(trained, monk
   before = _run_files(workdir)
   plan = evaluate.plan_evaluation(config, workdir)
   assert plan.params_from == (os.path.join(workdir, "checkpoints"), 3)
-  assert plan.output == os.path.join(workdir, "eval", "step_3")
+  assert plan.output == os.path.join(workdir, "evaluations", "step_3")  # beside eval/, not in it
 
   def forbidden(*args, **kwargs):
     raise AssertionError("an evaluation built training state")
@@ -221,7 +222,7 @@ def test_evaluate_a_chosen_step_and_again(trained):
 
   workdir, config, _ = trained
   plan = evaluate.plan_evaluation(config, workdir, step=2)
-  assert plan.output == os.path.join(workdir, "eval", "step_2")
+  assert plan.output == os.path.join(workdir, "evaluations", "step_2")
   for _ in range(2):  # evaluating again replaces the results
     row = trainer.run_evaluation(config, plan.output, plan.params_from)
     assert row["step"] == 2 and "val/success_rate" in row
@@ -230,6 +231,11 @@ def test_evaluate_a_chosen_step_and_again(trained):
     evaluate.plan_evaluation(config, workdir, step=1)
   with pytest.raises(evaluate.EvaluationError, match="never writes into a run's files"):
     evaluate.plan_evaluation(config, workdir, output=workdir)
+  own = os.path.join(workdir, "eval", "step_3")  # the training's own evaluation at step 3
+  with pytest.raises(evaluate.EvaluationError, match="files a training run wrote"):
+    evaluate.plan_evaluation(config, workdir, step=3, output=own)
+  with pytest.raises(evaluate.EvaluationError, match="no such run.*--initial_policy"):
+    evaluate.plan_evaluation(config, workdir + "-typo", weights_named=False)
   before = _run_files(workdir)
   with pytest.raises(FileExistsError, match="never writes into a run's files"):
     trainer.run_evaluation(config, workdir, plan.params_from)  # the library call guards too

@@ -395,3 +395,91 @@ def test_the_library_entries_check_the_config_before_building_anything(tmp_path,
   with pytest.raises(ConfigError, match=r"train\.micro_batch_size=2: not divisible by the mesh"):
     getattr(trainer, entry)(config, str(tmp_path / "run"))
   assert not (tmp_path / "run").exists()
+
+
+# ------------------------------------------------------------------------------ config values
+def _problems(**overrides) -> str:
+  from sdar_jax.run import config_validation
+  from sdar_jax.run.setup import ConfigError
+  from tests.helpers import tiny_run_config
+
+  with pytest.raises(ConfigError) as info:
+    config_validation.validate(tiny_run_config(1, **overrides))
+  return str(info.value)
+
+
+def test_non_finite_values_and_a_group_of_one_are_refused():
+  """β = inf passes a range check written as a comparison and makes every update non-finite;
+  one episode per task makes every group-relative advantage 0: both are refused at start."""
+  text = _problems(**{"algo.beta": float("inf"), "optim.lr": float("nan")})
+  assert "algo.beta=inf: not a finite number. Fix: give a finite value" in text
+  assert "optim.lr=nan: not a finite number" in text
+  text = _problems(**{"env.group_size": 1, "env.tasks_per_step": 2})
+  assert "env.group_size=1: algo.advantage='grpo' compares each episode" in text
+  assert "Fix: env.group_size >= 2" in text and "algo.pg_coef=0" in text
+
+
+def test_a_tokenizer_beyond_the_models_vocabulary_and_a_contradictory_config_json(tmp_path):
+  """The tiny model has 1,664 embeddings; the bundled Qwen tokenizer has ids up to 151,668: the
+  first sampled id past the table would fail mid-run, so validation names it. A config.json whose
+  model_type contradicts its architectures is refused, not loaded as either."""
+  from sdar_jax.models import ModelConfig
+  from sdar_jax.text.tokenizer import bundled_qwen_tokenizer_dir
+
+  qwen = str(bundled_qwen_tokenizer_dir())
+  text = _problems(**{"model.tokenizer_dir": qwen})
+  assert f"model.tokenizer_dir={qwen!r}: its tokenizer has ids up to 151668, beyond the " in text
+  assert "model's 1664 embeddings" in text
+  hf = ModelConfig(family="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64,
+                   num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
+                   qk_norm=True).to_hf_config()  # fmt: skip
+  (tmp_path / "config.json").write_text(json.dumps({**hf, "model_type": "llama"}))
+  with pytest.raises(ValueError, match=r"model_type='llama' contradicts architectures=\['Qwen3"):
+    ModelConfig.from_hf_config(str(tmp_path))
+  (tmp_path / "config.json").write_text(json.dumps({**hf, "model_type": "qwen2"}))
+  with pytest.raises(ValueError, match="Fix: correct the file"):
+    ModelConfig.from_hf_config(str(tmp_path))
+
+
+def test_a_missing_or_broken_config_file_is_one_message(tmp_path):
+  from sdar_jax import train
+  from sdar_jax.run.setup import ConfigError
+
+  with pytest.raises(ConfigError, match=r"--config=.*nope\.py: no such file\. Fix: pass a config"):
+    train._check_overrides(["train", f"--config={tmp_path}/nope.py"])
+  (tmp_path / "bad.py").write_text("def get_config(:\n")
+  with pytest.raises(ConfigError, match=r"bad\.py: line 1: invalid syntax .*Fix: correct the"):
+    train._check_overrides(["train", f"--config={tmp_path}/bad.py", "--dry_run"])
+
+
+def test_a_broken_skills_folder_is_named_with_its_file_and_position(tmp_path):
+  """A skill_mapping.json that is not JSON: the file, line and column, and the fix; --dry_run
+  reaches it through the config's checks."""
+  import shutil
+
+  from envs.skills.library import skills_dir
+  from envs.skills.retrieval import skills_section_problems
+
+  folder = tmp_path / "skills"
+  shutil.copytree(skills_dir("alfworld_brief"), folder)
+  (folder / "skill_mapping.json").write_text('{"skill_files": {"general": "a.md",\n  oops}\n')
+  section = {"dir": str(folder), "strategy": "rules", "rules_version": "post_fix"}
+  (problem,) = skills_section_problems(section)
+  assert "skill_mapping.json: not valid JSON (line 2, column 3: Expecting" in problem
+  assert problem.startswith(f"env.skills.dir={str(folder)!r}: ") and "Fix: correct" in problem
+  assert skills_section_problems({**section, "strategy": "none"}) == []  # never read
+
+
+def test_a_chat_template_the_sandbox_refuses_is_found_at_start(tmp_path):
+  import shutil
+
+  from sdar_jax.text.tokenizer import packaged_tokenizer_dir
+
+  folder = tmp_path / "tok"
+  shutil.copytree(packaged_tokenizer_dir("alfworld_compact"), folder)
+  construct = "{{ messages[0].content.__class__.__mro__[1].__subclasses__() }}"
+  (folder / "chat_template.jinja").write_text(construct)
+  text = _problems(**{"model.tokenizer_dir": str(folder)})
+  assert "model.chat_template='auto': The chat template of " in text
+  assert "chat_template.jinja was refused by the sandbox: access to attribute '__class__'" in text
+  assert "Fix: remove that construct from the template" in text
