@@ -75,7 +75,7 @@ from sdar_jax.core.train_state import create_train_state
 from sdar_jax.core.train_step import TrainStep, train_step_from_config
 from sdar_jax.infra import multihost, paths
 from sdar_jax.infra.errors import UserError
-from sdar_jax.observe import diagnostics, transcripts, wandb_log
+from sdar_jax.observe import gate_histograms, token_view, transcripts, wandb_log
 from sdar_jax.observe.metrics import (
   MetricsLogger,
   mean_over_updates,
@@ -433,8 +433,8 @@ class Trainer:
         if prefix in validation.start_only and not start:
           continue
         first = v == 0 and mode == 0
-        if first:  # the token view's episode needs its teacher prompts (observe.diagnostics)
-          loop = diagnostics.with_teacher_prompts(loop, self._view_retriever(loop))
+        if first:  # the token view's episode needs its teacher prompts (observe.token_view)
+          loop = token_view.with_teacher_prompts(loop, self._view_retriever(loop))
         key = jax.random.fold_in(self.eval_rng, mode)
         key = jax.random.fold_in(key, 1000 + v) if v else key  # another split: other keys
         episodes, everyone, repeat_of, rates = [], [], [], []
@@ -465,10 +465,10 @@ class Trainer:
           repeats=repeat_of,
         )
         if first:
-          diagnostics.write_token_view(
-            diagnostics.token_view_candidates(episodes),
-            paths.join(out_dir, diagnostics.TOKEN_VIEW_FILE),
-            diagnostics.TokenViewSource(
+          token_view.write_token_view(
+            token_view.token_view_candidates(episodes),
+            paths.join(out_dir, token_view.TOKEN_VIEW_FILE),
+            token_view.TokenViewSource(
               self.model_config,
               params,
               self.step_fn.algo_config
@@ -816,7 +816,7 @@ class Trainer:
     perf/* timings, and the compilation counts."""
     metrics, it = view.metrics, view.iteration
     # takes the gap / gate histogram counts out of per_batch (files in <workdir>/diagnostics/)
-    diagnostics.record_update_histograms(
+    gate_histograms.record_update_histograms(
       view.per_batch, it + 1, self.workdir, self.logger, self.config.logging.plots
     )
     metrics.update(mean_over_updates(view.per_batch))

@@ -21,7 +21,7 @@ import pytest
 
 from configs import alfworld, common
 from sdar_jax import aot
-from sdar_jax.core.train_step import response_logprobs
+from sdar_jax.core.scoring import response_logprobs
 from sdar_jax.models import ModelConfig, param_shapes
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
