@@ -1,6 +1,8 @@
 """The modules' size and the one implementation of each computation, read from the source: no
 module of sdar_jax/ is over MAX_LINES lines; the update's loss and the token view score through
-one function of core/scoring.py (and observe/ only renders: it compiles nothing of its own).
+one function of core/scoring.py (and observe/ only renders: it compiles nothing of its own); one
+FLOPs function serves the TPU planner and the benchmarks; each command module holds its flags and
+main and nothing else of size.
 
 Pure text analysis (the `ast` of each file): nothing is imported, so the test runs in a second.
 """
@@ -93,6 +95,43 @@ def test_observe_computes_no_scores():
   assert not found, "observe/ computes scores; call sdar_jax.core.scoring instead:\n" + "\n".join(
     found
   )
+
+
+def test_one_flops_function_serves_the_planner_and_the_benchmarks():
+  flops = "sdar_jax.models.flops"
+  assert "update_flops" in _imported("sdar_jax.run.tpu_plan", flops)
+  for bench in ("bench/train_step.py", "bench/gpu_check.py"):
+    path = os.path.join(_REPO, bench)
+    tree = ast.parse(open(path, encoding="utf-8").read(), path)
+    imports = {
+      alias.name
+      for node in ast.walk(tree)
+      if isinstance(node, ast.ImportFrom) and node.module == flops
+      for alias in node.names
+    }
+    defines = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+    assert "update_flops" in imports and not defines & {"update_flops", "forward_flops"}, bench
+  defined = [
+    module
+    for module in _modules("sdar_jax")
+    for node in ast.walk(_tree(module))
+    if isinstance(node, ast.FunctionDef) and node.name.endswith("_flops")
+  ]
+  assert set(defined) == {flops}, defined
+
+
+COMMANDS = ("sdar_jax.train", "sdar_jax.evaluate", "sdar_jax.aot")
+
+
+def test_a_command_module_holds_flags_and_main():
+  """A command module defines its flags, `main` and small helpers, no dataclass or table of its
+  own (those live in the layers below; sdar_jax/compare.py is checked by its own tests)."""
+  for module in COMMANDS:
+    tree = _tree(module)
+    names = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    assert "main" in names, module
+    classes = [n.name for n in tree.body if isinstance(n, ast.ClassDef)]
+    assert all(c.endswith("Error") for c in classes), (module, classes)
 
 
 def _modules(package: str) -> list[str]:
