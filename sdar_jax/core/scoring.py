@@ -17,6 +17,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from sdar_jax import algos
 from sdar_jax.models import ModelConfig, Params, apply, logits_from_hidden, positions_from_mask
@@ -297,8 +298,6 @@ def score_responses(
   "gate" (algo.gate at algo.beta), "top_ids" / "top_probs" [B, R, VIEW_TOP] and, for the forms
   "vocab" / "topk", "drive/<name>" (`vocab_drive`). The teacher runs on `teacher_params`
   (default: `params`)."""
-  import numpy as np
-
   with_teacher = arrays[2] is not None
   options = (
     float(algo.temperature),
