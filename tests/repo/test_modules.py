@@ -59,6 +59,22 @@ def _function(module: str, name: str) -> ast.FunctionDef:
   return found[0]
 
 
+def test_no_module_over_the_line_limit():
+  long = []
+  for root, dirs, names in os.walk(os.path.join(_REPO, "sdar_jax")):
+    dirs[:] = [d for d in dirs if d != "__pycache__"]
+    for name in names:
+      if name.endswith(".py"):
+        path = os.path.join(root, name)
+        with open(path, encoding="utf-8") as f:
+          count = sum(1 for _ in f)
+        if count > MAX_LINES:
+          long.append(f"{os.path.relpath(path, _REPO)}: {count} lines")
+  assert not long, f"modules over {MAX_LINES} lines (split them where a reader would look):\n" + (
+    "\n".join(sorted(long))
+  )
+
+
 def test_the_update_and_the_token_view_score_through_one_function():
   # the update: TrainStep (core/train_step.py) takes its loss from core/loss.py, whose student
   # branch is the two-branch head
