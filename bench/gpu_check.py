@@ -14,8 +14,8 @@ Steps (each in its own process, so each starts with the whole GPU):
    Qwen2.5-3B (`model.random_init`: nothing is downloaded), bf16 compute, fp32 master weights;
    16 turn-samples, student prompt 512 + response 512, teacher prompt 1,024 + response 512,
    micro-batch 2, attention "auto" (cuDNN). tokens/s = student + teacher positions per second;
-   MFU = model FLOPs (bench/train_step.py `update_flops`: 6 N per student token, 2 N per teacher
-   token, plus the full T^2 attention matmuls) / time / peak. Peak: 989 TFLOP/s, the dense
+   MFU = model FLOPs (`sdar_jax.models.flops.update_flops`: 6 N per student token, 2 N per
+   teacher token, plus the full T^2 attention matmuls) / time / peak. Peak: 989 TFLOP/s, the dense
    (no 2:4 sparsity) bf16 figure of the H100 / H200 SXM; other GPUs use bench/train_step.py's
    table, or --peak-tflops.
 3. sampler: `Sampler.generate` on the same model with fresh random weights, 64 prompts x 512
@@ -151,10 +151,11 @@ def run_update(sizes: Sizes, peak_tflops: float) -> tuple[str, str]:
   import jax
   import numpy as np
   from _common import median_time  # bench/ is on sys.path (main puts it there)
-  from train_step import make_batch, prepare_ours_update, update_flops  # bench/train_step.py
+  from train_step import make_batch, prepare_ours_update  # bench/train_step.py
 
   from sdar_jax.algos import get_preset
   from sdar_jax.models import init_params
+  from sdar_jax.models.flops import update_flops
 
   config = _model_config(sizes)
   B, ps, pt, r = sizes.batch, sizes.prompt, sizes.teacher_prompt, sizes.response
@@ -172,7 +173,7 @@ def run_update(sizes: Sizes, peak_tflops: float) -> tuple[str, str]:
   del params
   seconds = median_time(result["call"], sizes.repeats)
   tokens = B * (ps + r) + B * (pt + r)
-  flops = update_flops(config, B, ps + r, pt + r, r)
+  flops = sum(update_flops(config, B, ps, r, with_ref=False, teacher_prompt_len=pt).values())
   mfu = flops / seconds / (peak_tflops * 1e12)
   del result
   gc.collect()

@@ -26,12 +26,12 @@ temporaries - aliased/donated); torch: the peak process RSS during its first ste
 millisecond) minus the RSS just before it, after malloc_trim (approximate: allocator slack).
 
 MFU (--mfu): the full update of a Qwen2.5-3B-shaped model (bf16 compute, fp32 master weights,
-random init), teacher on. Model FLOPs per update =
-  3 * F(student) + F(teacher),
-  F(x) = B * [2 * N_body * T_x + 2 * D * V * R + 4 * L * H_q * d_h * T_x^2]
-(N_body: decoder-layer parameters; the lm_head is counted on the R response slots it runs on; the
-attention term counts the full T^2 score and value matmuls that the kernel computes). MFU = FLOPs /
-median time / peak bf16 FLOP/s of the device kind (table below, or --peak-tflops).
+random init), teacher on. Model FLOPs per update = `sdar_jax.models.flops.update_flops` (the TPU
+planner's): 3 * F(student) + F(teacher),
+  F(x) = B * [2 * N_matmul * T_x + 2 * D * V * R + 4 * L * H_q * d_h * T_x^2]
+(N_matmul: the decoder layers' matmul weights; the lm_head is counted on the R response slots it
+runs on; the attention term counts the full T^2 score and value matmuls that the kernel computes).
+MFU = FLOPs / median time / peak bf16 FLOP/s of the device kind (table below, or --peak-tflops).
 """
 
 from __future__ import annotations
@@ -58,7 +58,9 @@ from _common import median_time, peer_model  # noqa: E402
 from sdar_jax.algos import AlgoConfig, get_preset  # noqa: E402
 from sdar_jax.core.batch import TurnBatch  # noqa: E402
 from sdar_jax.core.train_state import create_train_state, make_optimizer  # noqa: E402
-from sdar_jax.core.train_step import TrainStep, response_logprobs  # noqa: E402
+from sdar_jax.core.scoring import response_logprobs  # noqa: E402
+from sdar_jax.core.train_step import TrainStep  # noqa: E402
+from sdar_jax.models.flops import update_flops  # noqa: E402
 from sdar_jax.models import ModelConfig, init_params  # noqa: E402
 
 # Dense bf16 peak FLOP/s per chip, by a substring of jax.Device.device_kind (first match wins).
@@ -349,21 +351,6 @@ def compare(args) -> None:
 
 
 # ----------------------------------------------------------------------------- MFU
-def update_flops(config: ModelConfig, B: int, ts: int, tt: int, r: int) -> float:
-  """Model FLOPs of one update (student fwd+bwd, teacher fwd); see the module docstring."""
-  n_body = (
-    config.num_params
-    - config.vocab_size * config.hidden_size * (1 if config.tie_word_embeddings else 2)
-    - config.hidden_size
-  )
-  attn = 4 * config.num_layers * config.num_heads * config.head_dim
-
-  def fwd(t):
-    return B * (2 * n_body * t + 2 * config.hidden_size * config.vocab_size * r + attn * t * t)
-
-  return 3 * fwd(ts) + fwd(tt)
-
-
 def peak_flops(device) -> float | None:
   kind = device.device_kind
   for key, flops in PEAK_BF16_FLOPS:
@@ -415,7 +402,7 @@ def mfu(args) -> None:
   )
   del params
   result["median"] = median_time(result["call"], args.repeats)
-  flops = update_flops(config, B, ps + r, pt + r, r)
+  flops = sum(update_flops(config, B, ps, r, with_ref=False, teacher_prompt_len=pt).values())
   achieved = flops / result["median"]
   device = jax.devices()[0]
   peak = args.peak_tflops * 1e12 if args.peak_tflops else peak_flops(device)

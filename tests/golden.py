@@ -25,7 +25,7 @@ import optax
 
 from sdar_jax import algos
 from sdar_jax.algos import ALGO_PRESETS, TurnTable
-from sdar_jax.core.train_step import loss_and_grads
+from sdar_jax.core.loss import loss_and_grads
 from sdar_jax.models import init_params
 from tests.helpers import TINY_CONFIG, make_turn_batch
 

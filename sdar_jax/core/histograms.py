@@ -1,6 +1,6 @@
 """Histograms counted inside the compiled update: the teacher-student gap and the gate over an
 update's response tokens, on fixed bins, as small integer vectors (never the [B, R] token arrays).
-The host side (sums over mini-batches, files, plots) is `sdar_jax.observe.diagnostics`."""
+The host side (sums over mini-batches, files, plots) is `sdar_jax.observe.gate_histograms`."""
 
 from __future__ import annotations
 

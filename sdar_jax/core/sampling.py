@@ -4,57 +4,18 @@
     result = generate(config, params, prompts, SamplingParams(max_new_tokens=64), jax.random.key(0))
     result.tokens[i], result.logprobs[i], result.finish_reasons[i]
 
-One call = one compiled function: prefill the distinct prompts once (left-padded), gather their
-KV cache rows to every sample (group prefix sharing: a GRPO group of 8 copies of a prompt is
-prefilled once), then a `lax.while_loop` decodes one token per step for the whole batch and exits
-as soon as every row has stopped. Nothing leaves the device per token: stop tokens are a [V]
-table and stop strings are an Aho-Corasick automaton over bytes, lifted on the host to a
-[state, token] table, so a stop string is detected inside the loop exactly (also when it spans
-several tokens; only generated text is matched, not the prompt).
-
-Shapes are bucketed so a run compiles a bounded number of times: the batch and the number of
-distinct prompts round up to a power of two (and to a multiple of the mesh's batch divisor),
-the prompt length to `batch.prompt_bucket` (a power of two of at least 16 up to 256, then a
-multiple of 64 up to 1024, then of 512), and `max_new_tokens` to a power of two (at least 16; the
-loop still stops at the exact count). Greedy vs sampling, top_k (its value), top_p on/off and stop
-strings on/off are compile-time choices; temperature, top_p's value, max_new_tokens and the stop
-sets are runtime values. `Sampler.num_compilations` counts traces.
-
-The model does the decoding: `models.qwen.prefill` runs the distinct prompts and returns their
-`KVCache` (the model owns its layout), and each loop step is one `models.qwen.decode_step`. The
-per-layer weights are sliced once per call (`unstack_layers`), which holds one extra copy of the
-decoder weights while generating (a scan over the stacked layers would copy every weight slice at
-every step on CPU).
-
-Log-probs: the log-prob of each sampled token is `log_softmax(logits / temperature)[token]` of the
-unfiltered distribution (`log_softmax(logits)` when greedy, temperature 0). That is the quantity
-the train step recomputes for the same tokens, so the importance ratio is 1 at staleness 0.
-top-k / top-p only restrict which tokens can be drawn; they do not renormalise the returned
-log-prob (training uses top_p=1, top_k off, where the two coincide).
-
-Random numbers: row i of the padded batch draws step t with one uniform from
-`fold_in(fold_in(rng, i), t)` (inverse-CDF sampling, `_categorical`), so a row's samples do not
-depend on the batch bucket or the device mesh (they do depend on the row's index in the batch).
-`generate(..., row_ids=...)` names each prompt's stream instead (`fold_in(fold_in(rng, id), t)`):
-the agent loop's overlapped mode passes each half's rows the indices they would have in the
-serial loop's one batch, so both draw the same tokens.
-
-Several processes (sdar_jax.infra.multihost): `generate` is a collective that every process calls
-with its own prompts (none is allowed); they become that process's rows of one global batch, and
-prompt i of process p draws as row (the prompts of processes 0..p-1) + i of the batch one process
-would have built, so the samples do not depend on the number of processes.
-
-Length: one compiled loop (prefill, prefix sharing, decode, sampling rules, the in-loop stop
-automaton) and its host-side tables; the model step itself is models/qwen.py's decode_step.
-
-Why one file of ~580 lines: the sampler's parts (stop-string automaton, filtered sampling, prefix
-sharing, the compiled prefill + decode loop, bucketing and compile counting) share one state and
-one set of shapes; split, each piece would need the others' internals.
+Holds `SamplingParams`, `GenerationResult` and `Sampler`: one compiled function per bucket shape
+that prefills the distinct prompts once (GRPO prefix sharing), then decodes one token per step for
+the whole batch in a `lax.while_loop` until every row has stopped; stop tokens and stop strings
+(`core.stop_strings`) are checked inside the loop, tokens are picked by `core.token_choice`. Input:
+prompt ids (per process, a collective with several); output: ids, the log-prob of each under the
+unfiltered softmax(logits / temperature) (the update's quantity) and why each row ended. Counts its
+compilations. No env, no files. docs/design.md, "The sampler", explains buckets, random streams
+and processes.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
 import logging
@@ -68,8 +29,9 @@ import numpy as np
 from jax import lax
 from jax.sharding import Mesh, NamedSharding
 
-from sdar_jax.core import sharding
-from sdar_jax.core.batch import batch_bucket, new_tokens_bucket, next_power_of_two, prompt_bucket
+from sdar_jax.core import sharding, token_choice
+from sdar_jax.core.batch import batch_bucket, new_tokens_bucket, prompt_bucket
+from sdar_jax.core.stop_strings import cached_stop_table
 from sdar_jax.infra import multihost
 from sdar_jax.models.config import ModelConfig
 from sdar_jax.models.qwen import (
@@ -83,8 +45,6 @@ from sdar_jax.models.qwen import (
 
 QWEN_STOP_TOKEN_IDS = (151645, 151643)  # <|im_end|>, <|endoftext|>
 FINISH_REASONS = ("length", "stop_token", "stop_string")  # index = the code the loop returns
-
-_MIN_STATE_BUCKET = 16
 
 
 # ------------------------------------------------------------------------------------ parameters
@@ -134,158 +94,6 @@ class GenerationResult:
   finish_reasons: list[str]
   num_prefill_rows: int = 0  # distinct prompts actually prefilled (after prefix sharing)
   shapes: dict[str, int] = dataclasses.field(default_factory=dict)  # the buckets used
-
-
-# ------------------------------------------------------------------------------- stop strings
-def _aho_corasick(patterns: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
-  """Byte automaton of several patterns: delta [S, 256] (complete transition table) and
-  accept [S] (a pattern ends at this state, directly or through a failure link). State 0 = start."""
-  goto: list[dict[int, int]] = [{}]
-  accept = [False]
-  for pattern in patterns:
-    s = 0
-    for b in pattern:
-      if b not in goto[s]:
-        goto.append({})
-        accept.append(False)
-        goto[s][b] = len(goto) - 1
-      s = goto[s][b]
-    accept[s] = True
-  delta = np.zeros((len(goto), 256), np.int32)
-  fail = [0] * len(goto)
-  queue = collections.deque()
-  for b, t in goto[0].items():
-    delta[0, b] = t
-    queue.append(t)
-  while queue:  # breadth first: a failure target is always shallower, hence already complete
-    s = queue.popleft()
-    accept[s] = accept[s] or accept[fail[s]]
-    delta[s] = delta[fail[s]]
-    for b, t in goto[s].items():
-      if s:
-        fail[t] = int(delta[fail[s], b])
-      delta[s, b] = t
-      queue.append(t)
-  return delta, np.asarray(accept, bool)
-
-
-def stop_string_table(
-  token_bytes: Sequence[bytes], stop_strings: Sequence[str], num_states: int | None = None
-) -> np.ndarray:
-  """[states, vocab] int32: `code >> 1` = automaton state after a token's bytes, `code & 1` = a
-  stop string completed while consuming them. Vectorised over the vocabulary; the Python loop
-  runs over byte positions only (tokens sorted by length, so position j touches only the tokens
-  longer than j). `num_states` pads the state axis (padding rows are never reached)."""
-  delta, accept = _aho_corasick([s.encode("utf-8") for s in stop_strings])
-  S, V = delta.shape[0], len(token_bytes)
-  num_states = S if num_states is None else num_states
-  if num_states < S:
-    raise ValueError(f"num_states={num_states} is below the automaton's {S} states.")
-  lengths = np.fromiter((len(b) for b in token_bytes), np.int64, V)
-  order = np.argsort(-lengths, kind="stable")
-  sorted_len = lengths[order]
-  width = max(1, int(sorted_len[0]) if V else 1)
-  data = np.zeros((V, width), np.uint8)
-  flat = np.frombuffer(b"".join(token_bytes[i] for i in order), np.uint8)
-  rows = np.repeat(np.arange(V), sorted_len)
-  starts = np.repeat(np.cumsum(sorted_len) - sorted_len, sorted_len)
-  data[rows, np.arange(flat.size) - starts] = flat
-
-  state = np.broadcast_to(np.arange(S, dtype=np.int32)[:, None], (S, V)).copy()
-  hit = np.zeros((S, V), bool)
-  for j in range(int(sorted_len[0]) if V else 0):
-    n = int(np.searchsorted(-sorted_len, -j, side="left"))  # tokens with length > j
-    nxt = delta[state[:, :n], data[:n, j][None, :]]
-    state[:, :n] = nxt
-    hit[:, :n] |= accept[nxt]
-  table = np.zeros((num_states, V), np.int32)
-  table[:S, order] = state * 2 + hit
-  return table
-
-
-@functools.lru_cache(maxsize=32)
-def _cached_stop_table(tokenizer, vocab_size: int, stop_strings: tuple[str, ...]) -> np.ndarray:
-  token_bytes = tokenizer.all_token_bytes(size=vocab_size)
-  states = 1 + sum(len(s.encode("utf-8")) for s in stop_strings)
-  return stop_string_table(
-    token_bytes, stop_strings, max(_MIN_STATE_BUCKET, next_power_of_two(states))
-  )
-
-
-# -------------------------------------------------------------------------------- token choice
-def _filter_top_k_top_p(
-  scaled: jax.Array, top_k: int, use_top_p: bool, top_p: jax.Array
-) -> jax.Array:
-  """Masks to -inf what top-k (then top-p over the renormalised top-k set) excludes. Ties at the
-  cut-off value are kept, so a few more than k tokens can survive on exact ties."""
-  if top_k > 0:
-    vals = lax.top_k(scaled, top_k)[0]  # [B, k], descending
-  else:
-    vals = -jnp.sort(-scaled, axis=-1)
-  cut = vals[:, -1:]
-  if use_top_p:
-    probs = jax.nn.softmax(vals, axis=-1)
-    before = jnp.cumsum(probs, axis=-1) - probs  # mass strictly above each sorted token
-    keep = before < top_p  # the smallest prefix whose mass reaches top_p (the first always kept)
-    cut = jnp.min(jnp.where(keep, vals, jnp.inf), axis=-1, keepdims=True)
-  return jnp.where(scaled >= cut, scaled, -jnp.inf)
-
-
-def _argmax(x: jax.Array) -> jax.Array:
-  """First index of the maximum along the last axis (as jnp.argmax, NaN-free input): two plain
-  reductions, several times faster on XLA:CPU than argmax's variadic (value, index) reduce."""
-  iota = lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
-  best = jnp.max(x, axis=-1, keepdims=True)
-  return jnp.min(jnp.where(x == best, iota, x.shape[-1]), axis=-1)
-
-
-_SAMPLE_BLOCK = 256
-
-
-def _categorical(keys: jax.Array, logits: jax.Array) -> jax.Array:
-  """One draw per row from softmax(logits) [B, V] (-inf = impossible) by inverting the CDF with
-  one uniform per row. Blocked: prefix sums over V/256 block masses pick the block, then over the
-  256 tokens inside it, so each row costs one exp pass over V instead of Gumbel-max's V random
-  numbers and 2V logarithms (about 5x cheaper on CPU). Never returns a zero-probability token."""
-  B, V = logits.shape
-  nb = -(-V // _SAMPLE_BLOCK)
-  probs = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))  # unnormalised, max term 1
-  probs = jnp.pad(probs, ((0, 0), (0, nb * _SAMPLE_BLOCK - V))).reshape(B, nb, _SAMPLE_BLOCK)
-  mass = jnp.sum(probs, axis=-1)  # [B, nb]
-  upto = jnp.cumsum(mass, axis=-1)
-  target = jax.vmap(jax.random.uniform)(keys) * upto[:, -1]  # in [0, total)
-
-  def last_positive(x):  # index of the last entry > 0 (rounding can overshoot past it)
-    return jnp.max(jnp.where(x > 0, lax.broadcasted_iota(jnp.int32, x.shape, 1), 0), axis=-1)
-
-  block = jnp.minimum(jnp.sum(upto <= target[:, None], axis=-1), last_positive(mass))
-  before = jnp.take_along_axis(upto - mass, block[:, None], axis=1)[:, 0]
-  inside = jnp.take_along_axis(probs, block[:, None, None], axis=1)[:, 0]  # [B, 256]
-  index = jnp.sum(jnp.cumsum(inside, axis=-1) <= (target - before)[:, None], axis=-1)
-  index = jnp.minimum(index, last_positive(inside))
-  return (block * _SAMPLE_BLOCK + index).astype(jnp.int32)
-
-
-def _choose(
-  logits: jax.Array,
-  keys: jax.Array,
-  temperature: jax.Array,
-  top_p: jax.Array,
-  greedy: bool,
-  top_k: int,
-  use_top_p: bool,
-) -> tuple[jax.Array, jax.Array]:
-  """Next token [B] and its log-prob [B] under the unfiltered softmax(logits / temperature)."""
-  scaled = logits if greedy else logits / temperature
-  if greedy:
-    token = _argmax(logits)
-  elif top_k > 0 or use_top_p:
-    token = _categorical(keys, _filter_top_k_top_p(scaled, top_k, use_top_p, top_p))
-  else:
-    token = _categorical(keys, scaled)
-  # log_softmax at the chosen token only: no [B, V] log-prob array per step.
-  picked = jnp.take_along_axis(scaled, token[:, None], axis=-1)[:, 0]
-  return token, picked - jax.nn.logsumexp(scaled, axis=-1)
 
 
 # ------------------------------------------------------------------------------------ sampler
@@ -377,7 +185,12 @@ class Sampler:
       self.num_compilations,
     )
     choose = functools.partial(
-      _choose, temperature=temperature, top_p=top_p, greedy=greedy, top_k=top_k, use_top_p=use_top_p
+      token_choice.choose,
+      temperature=temperature,
+      top_p=top_p,
+      greedy=greedy,
+      top_k=top_k,
+      use_top_p=use_top_p,
     )
 
     # Prefill the distinct prompts once, into a cache with room for the new tokens; only the
@@ -612,7 +425,7 @@ class Sampler:
     if use_strings:
       stop_table = self._device_table(
         ("stop_strings", sampling.stop_strings),
-        lambda: _cached_stop_table(self.tokenizer, V, sampling.stop_strings),
+        lambda: cached_stop_table(self.tokenizer, V, sampling.stop_strings),
       )
     else:
       stop_table = self._device_table("no_stop_strings", lambda: np.zeros((1, 1), np.int32))

@@ -14,6 +14,8 @@ from jax.sharding import Mesh
 from sdar_jax.core.sharding import Rules, param_shardings, replicated
 from sdar_jax.models import ModelConfig, Params, init_params, param_shapes
 
+Array = jax.Array
+
 
 @flax.struct.dataclass
 class TrainState:
@@ -194,3 +196,40 @@ def train_state_shardings(
     skipped_updates=scalar,
     ema_params=params if ema else None,
   )
+
+
+def apply_update(
+  optimizer: optax.GradientTransformation,
+  state: TrainState,
+  grads: Params,
+  loss: Array,
+  iteration: Array | int | None = None,
+  ema_decay: float | None = None,
+) -> tuple[TrainState, Array, Array]:
+  """One optimizer update, skipped (state bit-identical, counter +1) when the loss or the global
+  gradient norm is not finite. `iteration` (1-based training iteration) reaches the optimizer as
+  an extra argument: `make_optimizer`'s learning-rate warm-up counts iterations, not updates.
+  `ema_decay` d: the state's EMA of the params (when it has one) becomes d·ema + (1 − d)·params
+  of the updated params (left as it was by a skipped update).
+  Returns (state, grad_norm, skipped as float32)."""
+  grad_norm = optax.global_norm(grads)
+  finite = jnp.isfinite(grad_norm) & jnp.isfinite(loss)
+  grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
+  extra = {} if iteration is None else {"iteration": iteration}
+  updates, new_opt_state = optax.with_extra_args_support(optimizer).update(
+    grads, state.opt_state, state.params, **extra
+  )
+  new_params = optax.apply_updates(state.params, updates)
+  keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
+  skipped = (~finite).astype(jnp.int32)
+  ema = state.ema_params
+  if ema is not None and ema_decay is not None:
+    ema = jax.tree.map(keep, update_ema(ema, new_params, ema_decay), ema)
+  state = state.replace(
+    step=state.step + 1 - skipped,
+    params=jax.tree.map(keep, new_params, state.params),
+    opt_state=jax.tree.map(keep, new_opt_state, state.opt_state),
+    skipped_updates=state.skipped_updates + skipped,
+    ema_params=ema,
+  )
+  return state, grad_norm, skipped.astype(jnp.float32)

@@ -114,7 +114,7 @@ class MetricsLogger:
   def log_histogram(self, name: str, step: int, **fields: Any) -> None:
     """A histogram to TensorBoard and W&B (nothing without them): `fields` are tensorboardX's
     `add_histogram_raw` arguments (min, max, num, sum, sum_squares, bucket_limits, bucket_counts);
-    `sdar_jax.observe.diagnostics.Histogram.tensorboard_fields` makes them from fixed-bin counts."""
+    `sdar_jax.observe.gate_histograms.Histogram.tensorboard_fields` makes them from fixed-bin counts."""
     if self.wandb_run is not None:
       self.wandb_run.log_histogram(name, step, fields["bucket_limits"], fields["bucket_counts"])
     if self._tb is not None:
@@ -160,7 +160,7 @@ class MetricsLogger:
 def read_history(path: str) -> list[dict[str, Any]]:
   """The rows of a metrics.jsonl file by step (a later row for the same step updates an earlier
   one); lines that do not parse (a write cut by a kill) are skipped, a missing file gives [].
-  Also reads the gate histograms' histograms.jsonl (`sdar_jax.observe.diagnostics`)."""
+  Also reads the gate histograms' histograms.jsonl (`sdar_jax.observe.gate_histograms`)."""
   rows: dict[int, dict[str, Any]] = {}
   if not paths.exists(path):
     return []

@@ -1,19 +1,32 @@
-"""Evaluations of a run's checkpoints or of a model directory: what to evaluate and where its
-results go (`plan_evaluation`), and the record an evaluation leaves in its results directory
-(`evaluation.json`: what was evaluated, when, and its metrics row). The evaluation itself is an
-evaluation-only `sdar_jax.run.trainer.Trainer` (`run_evaluation` there); the command is
-`python -m sdar_jax.evaluate`."""
+"""Evaluations: what to evaluate and where its results go (`plan_evaluation`), the Trainer's
+evaluation (`EvaluationMixin`: the validation splits played per eval mode, at the same sampling
+keys every time, into metrics, transcripts, per-game outcomes and the token view), and the record
+an evaluation leaves in its results directory (`evaluation.json`: what was evaluated, when, and
+its metrics row). An evaluation-only run is an eval-only `sdar_jax.run.trainer.Trainer`
+(`run_evaluation` there); the command is `python -m sdar_jax.evaluate`."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import time
 from typing import Any
 
-from sdar_jax.infra import paths
+import jax
+import numpy as np
+
+from sdar_jax.algos import AlgoConfig
+from sdar_jax.infra import multihost, paths
 from sdar_jax.infra.errors import UserError
+from sdar_jax.observe import token_view, transcripts
+from sdar_jax.observe.metrics import rollout_metrics, search_error_count
+from sdar_jax.rollout.trajectory import Episode, episode_summaries
 from sdar_jax.run.checkpoint import CheckpointManager
+from sdar_jax.run.setup import build_retriever
+
+log = logging.getLogger(__name__)
+_UNSET = object()
 
 EVAL_RECORD = "evaluation.json"  # written by an evaluation into its output directory
 EVALUATIONS = "evaluations"  # <workdir>/evaluations/step_<N>: a checkpoint's evaluation results
@@ -173,3 +186,138 @@ def write_eval_record(out_dir: str, source: dict[str, Any], **fields: Any) -> No
 
 def now() -> str:
   return time.strftime("%Y-%m-%d %H:%M:%S %z")
+
+
+class EvaluationMixin:
+  """The Trainer's evaluations (`sdar_jax.run.trainer.Trainer`: they read the validations, the
+  policy, the logger and the loop state it builds): the validation splits played per eval mode,
+  their metrics, transcripts and per-game outcomes, and the token view of one episode."""
+
+  def evaluate(self, start: bool = False) -> dict[str, float]:
+    """Validation episodes (group size 1, one per task of each validation split, eval.repeats
+    times) per eval mode. Their sampling keys depend on `eval.seed`, the split, the mode, the
+    repeat and the batch only, not on the iteration or `train.seed`: every evaluation of a run
+    draws the same random numbers (per episode and turn), so an unchanged policy plays the same
+    episodes and a before/after difference is not blurred by fresh sampling noise. Every rate is
+    over all of a mode's episodes (batches, repeats and processes together). A mode a
+    validation marks start-only (a method hook's `start_eval_modes`) is played only when
+    `start` (the evaluation before training)."""
+    params = self.eval_params if self.state is None else self.state.params
+    out_dir = self.eval_output_dir()
+    repeats = int(self.config.eval.get("repeats", 1))
+    metrics = {}
+    for v, validation in enumerate(self.validations):
+      for mode, (prefix, loop) in enumerate(validation.loops):
+        if prefix in validation.start_only and not start:
+          continue
+        first = v == 0 and mode == 0
+        if first:  # the token view's episode needs its teacher prompts (observe.token_view)
+          loop = token_view.with_teacher_prompts(loop, self._view_retriever(loop))
+        key = jax.random.fold_in(self.eval_rng, mode)
+        key = jax.random.fold_in(key, 1000 + v) if v else key  # another split: other keys
+        episodes, everyone, repeat_of, rates = [], [], [], []
+        for r in range(repeats):
+          played = self._play_validation(
+            loop, validation.tasks, params, jax.random.fold_in(key, 2000 + r) if r else key, prefix
+          )
+          summary = episode_summaries(played)  # every process's, for the metrics
+          episodes += played
+          everyone += summary
+          repeat_of += [r] * len(summary)
+          rates.append(rollout_metrics(summary, prefix).get(f"{prefix}/success_rate", 0.0))
+        self.guards.report_env_failures(episodes, validation.games, prefix)
+        metrics.update(rollout_metrics(everyone, prefix, self.env_family.episode_metrics))
+        self.guards.report_search_errors(episodes, prefix)
+        if self._searches:
+          metrics[f"{prefix}/search_errors"] = search_error_count(everyone)
+        if repeats > 1:  # avg@k is success_rate; the spread of the k repeats' rates
+          metrics[f"{prefix}/success_rate_repeat_sd"] = float(np.std(rates, ddof=1))
+        transcripts.write_outcomes(
+          out_dir,
+          prefix,
+          everyone,
+          arm=str(self.config.algo.get("name", "")),
+          seed=int(self.config.train.seed),
+          step=self.loop_state.iteration,
+          split=validation.split,
+          repeats=repeat_of,
+        )
+        if first:
+          token_view.write_token_view(
+            token_view.token_view_candidates(episodes),
+            paths.join(out_dir, token_view.TOKEN_VIEW_FILE),
+            token_view.TokenViewSource(
+              self.model_config,
+              params,
+              self.step_fn.algo_config
+              if self.step_fn
+              else AlgoConfig.from_config(self.config.algo),
+              self.tokenizer,
+              self.pad_id,
+              initial_params=self.ref_params,
+            ),
+            step=self.loop_state.iteration,
+            run=self.workdir,
+          )
+        transcripts.write_transcripts(out_dir, prefix, episodes, self.tokenizer.decode)
+    return metrics
+
+  def _play_validation(self, loop, tasks: list[int], params, key, prefix: str) -> list[Episode]:
+    """This process's episodes of `tasks`, played eval.batch_size at a time (0: all at once);
+    batch b samples with `key` folded with b (batch 0 with `key` itself)."""
+    size = int(self.config.eval.get("batch_size", 0)) or max(len(tasks), 1)
+    starts = range(0, len(tasks), size)
+    episodes = []
+    for b, start in enumerate(starts):
+      chunk = tasks[start : start + size]
+      ids = list(range(start, start + len(chunk)))
+      mine = multihost.episode_share(len(chunk))  # all of them with one process
+      episodes += loop.run(
+        params,
+        chunk[mine],
+        ids[mine],
+        jax.random.fold_in(key, b) if b else key,
+        policy_version=self.loop_state.iteration,
+        desc=prefix if len(starts) == 1 else f"{prefix} {b + 1}/{len(starts)}",
+      )
+    return episodes
+
+  def eval_output_dir(self) -> str:
+    """Where an evaluation's files go: `<workdir>/eval/step_<N>`; an evaluation-only run: its
+    results directory (`<workdir>`)."""
+    if self.eval_only:
+      return self.workdir
+    return paths.join(self.workdir, "eval", f"step_{self.loop_state.iteration}")
+
+  def _view_retriever(self, loop):
+    """The skill retriever the token view's teacher prompts use when `loop` has none: the
+    training loop's or another evaluation loop's, else one built from env.skills (None, with a
+    warning, when that fails). Built once."""
+    if loop.with_teacher or loop.retriever is not None:
+      return None
+    if getattr(self, "_fallback_retriever", _UNSET) is _UNSET:  # not looked for yet
+      loops = [self.loop, *(l for v in self.validations for _, l in v.loops)]
+      found = [l.retriever for l in loops if l is not None and l.retriever is not None]
+      if found:
+        self._fallback_retriever = found[0]
+      else:
+        try:
+          self._fallback_retriever = build_retriever(self.config)
+        except Exception as e:  # noqa: BLE001 (the view goes on without a gate)
+          log.warning("token view: no skill retriever (%s); tokens are shown without a gate", e)
+          self._fallback_retriever = None
+    return self._fallback_retriever
+
+  def _evaluate_once(self) -> dict[str, float]:
+    """What an eval-only Trainer runs: one evaluation of its parameters (validation episodes of
+    every eval mode), a metrics row at the evaluated step, metrics.png and evaluation.json (what
+    was evaluated) in its directory."""
+    t0 = time.perf_counter()
+    metrics = self.evaluate()
+    metrics["val/seconds"] = time.perf_counter() - t0
+    row = self.logger.log(self.loop_state.iteration, metrics)
+    self.plot_metrics()
+    source = evaluated_source(self.config, self.params_from)
+    write_eval_record(self.workdir, source, finished=now(), metrics=row)
+    log.info("evaluation results in %s", self.workdir)
+    return row

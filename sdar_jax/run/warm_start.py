@@ -48,7 +48,7 @@ import optax
 
 from envs.base import EnvFamily
 from sdar_jax.core.batch import TurnSample, prompt_bucket
-from sdar_jax.core.train_step import response_logprobs
+from sdar_jax.core.scoring import response_logprobs
 from sdar_jax.infra import multihost, paths
 from sdar_jax.infra.console import show_progress_bars
 from sdar_jax.models import ModelConfig, Params, load_pretrained

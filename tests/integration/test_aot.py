@@ -1,4 +1,5 @@
-"""TPU compile-and-fit planning (sdar_jax.aot).
+"""TPU compile-and-fit planning (sdar_jax.aot, the command; sdar_jax.run.tpu_plan, the plan;
+sdar_jax.infra.tpu_slices, the slices; sdar_jax.models.flops, the FLOP formula).
 
 The FLOP formula and the slice names are checked everywhere; compiling for a TPU slice needs the
 `tpu-plan` extra (libtpu), so those tests skip where it is absent (`make test-tpu-plan` installs it
@@ -20,9 +21,10 @@ import numpy as np
 import pytest
 
 from configs import alfworld, common
-from sdar_jax import aot
-from sdar_jax.core.train_step import response_logprobs
-from sdar_jax.models import ModelConfig, param_shapes
+from sdar_jax.core.scoring import response_logprobs
+from sdar_jax.infra import tpu_slices
+from sdar_jax.models import ModelConfig, flops, param_shapes
+from sdar_jax.run import tpu_plan
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HAVE_LIBTPU = importlib.util.find_spec("libtpu") is not None
@@ -61,8 +63,8 @@ def test_forward_flops_hand_worked():
   # 2 FLOPs per weight per token: 2*120 * 2 layers * 15 tokens = 7,200.
   # Attention: q.k and p.v, 2*5 keys*2 heads*2 dims each = 40 per token per layer; x2 FLOPs/MAC,
   # 2 layers, 15 tokens: 40*2*2*15 = 2,400. lm_head: 2*4*10 per position, 3 rows x 2 = 480.
-  assert aot.forward_flops(config, rows=3, length=5, head_positions=2) == 7_200 + 2_400 + 480
-  parts = aot.update_flops(config, 3, 3, 2, with_ref=True, teacher_prompt_len=4)
+  assert flops.forward_flops(config, rows=3, length=5, head_positions=2) == 7_200 + 2_400 + 480
+  parts = flops.update_flops(config, 3, 3, 2, with_ref=True, teacher_prompt_len=4)
   assert parts["student_fwd_bwd"] == 3 * 10_080  # forward + backward (2 forwards' worth)
   assert parts["reference_fwd"] == 10_080
   # Teacher rows: 4 + 2 = 6 tokens: 2*120*2*18 + (4*6*2*2)*2*18 + 480 = 8,640 + 3,456 + 480.
@@ -91,7 +93,7 @@ def test_forward_flops_match_xla_count_of_a_one_layer_model():
   fn = jax.jit(lambda p, t, m: response_logprobs(config, p, t, m, response)[0])
   cost = fn.lower(param_shapes(config), tokens, tokens).compile().cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-  formula = aot.forward_flops(config, rows, prompt + response, response)
+  formula = flops.forward_flops(config, rows, prompt + response, response)
   assert formula <= cost["flops"] <= 1.05 * formula
 
 
@@ -105,23 +107,23 @@ def test_parse_topology_names():
     "v6e-8": ("v6e:2x4", 8),
   }
   for name, (topology, chips) in cases.items():
-    tpu_slice = aot.parse_topology(name)
+    tpu_slice = tpu_slices.parse_topology(name)
     assert (tpu_slice.topology_name, tpu_slice.num_chips) == (topology, chips), name
-  assert aot.parse_topology("v5p-8").chip.hbm_gib == 95
-  assert aot.parse_topology("v5e-16").chip.hbm_gib == 16
-  assert aot.parse_topology("v5e-16").chip.hbm_bytes == int(15.75 * 2**30)  # XLA's budget
+  assert tpu_slices.parse_topology("v5p-8").chip.hbm_gib == 95
+  assert tpu_slices.parse_topology("v5e-16").chip.hbm_gib == 16
+  assert tpu_slices.parse_topology("v5e-16").chip.hbm_bytes == int(15.75 * 2**30)  # XLA's budget
 
 
 @pytest.mark.parametrize("bad", ["v5e-3", "v7-8", "tpu", "v5p-9"])
 def test_unknown_topology_is_named_with_the_fix(bad):
   with pytest.raises(ValueError, match=rf"--topology='{bad}'.*Fix: use one of .*v5e-16"):
-    aot.parse_topology(bad)
+    tpu_slices.parse_topology(bad)
 
 
 def test_missing_libtpu_says_how_to_install_it(monkeypatch):
   monkeypatch.setitem(sys.modules, "libtpu", None)  # import fails as if it were absent
   with pytest.raises(RuntimeError, match=r"needs libtpu.*tpu-plan"):
-    aot.topology_devices(aot.parse_topology("v5e-4"))
+    tpu_slices.topology_devices(tpu_slices.parse_topology("v5e-4"))
 
 
 # ---------------------------------------------------------------------------------- with libtpu
@@ -129,7 +131,7 @@ def test_missing_libtpu_says_how_to_install_it(monkeypatch):
 def test_topology_devices_are_the_slices_chips():
   expected = {"v5e-4": (4, "TPU v5 lite"), "v5p-8": (4, "TPU v5"), "v6e-8": (8, "TPU v6 lite")}
   for name, (count, kind) in expected.items():
-    devices = aot.topology_devices(aot.parse_topology(name))
+    devices = tpu_slices.topology_devices(tpu_slices.parse_topology(name))
     assert len(devices) == count, name
     assert {d.device_kind for d in devices} == {kind}, name
     assert {d.platform for d in devices} == {"tpu"}, name
@@ -140,8 +142,8 @@ def test_topology_devices_are_the_slices_chips():
 def test_usable_hbm_is_what_xla_refuses_beyond(name):
   # A program whose temporaries (a 256 GiB cumulative sum) exceed any chip: XLA refuses it and
   # names the HBM it can use, which must be the planner's budget for that chip.
-  tpu_slice = aot.parse_topology(name)
-  mesh = jax.sharding.Mesh(aot.topology_devices(tpu_slice)[:1], ("x",))
+  tpu_slice = tpu_slices.parse_topology(name)
+  mesh = jax.sharding.Mesh(tpu_slices.topology_devices(tpu_slice)[:1], ("x",))
   one = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   columns = jax.ShapeDtypeStruct((2**28,), jnp.float32, sharding=one)
 
@@ -149,7 +151,7 @@ def test_usable_hbm_is_what_xla_refuses_beyond(name):
     return jnp.cumsum(jnp.broadcast_to(x, (2**8, 2**28)), axis=0)[:, ::100_000]
 
   fn = jax.jit(huge, in_shardings=one, out_shardings=one)
-  report = aot._compile_part("huge", lambda: fn.lower(columns), columns, 0, 0, 0)
+  report = tpu_plan._compile_part("huge", lambda: fn.lower(columns), columns, 0, 0, 0)
   assert not report.compiled and not report.fits
   assert report.temporaries >= 2**8 * 2**28 * 4  # at least the 256 GiB of the cumulative sum
   assert report.arguments == 2**28 * 4
@@ -160,7 +162,7 @@ def test_usable_hbm_is_what_xla_refuses_beyond(name):
 def tiny_plan():
   if not HAVE_LIBTPU:
     pytest.skip("needs libtpu (the tpu-plan extra): run `make test-tpu-plan`")
-  return aot.plan(tiny_config(), "v5e-4", teacher_prompt_len=TINY_TEACHER_PROMPT)
+  return tpu_plan.plan(tiny_config(), "v5e-4", teacher_prompt_len=TINY_TEACHER_PROMPT)
 
 
 @needs_libtpu
@@ -168,7 +170,7 @@ def tiny_plan():
 def test_tiny_model_compiles_every_program_for_a_2x2_v5e(tiny_plan):
   assert [r.part for r in tiny_plan.reports] == ["update", "teacher", "sampler"]
   assert tiny_plan.mesh_shape == {"data": 4, "fsdp": 1, "tensor": 1}
-  assert tiny_plan.shapes == aot.Shapes(
+  assert tiny_plan.shapes == tpu_plan.Shapes(
     mini_batch=24,
     micro_batch=8,
     prompt_len=64,
@@ -255,7 +257,7 @@ def test_splash_attention_compiles_for_a_2x2_v5e_without_t_by_t_scores():
   update = {}
   for attention, remat in (("xla", False), ("splash", False), ("splash", True)):
     config = tiny_config(**overrides, **{"model.attention": attention, "model.remat": remat})
-    plan = aot.plan(config, "v5e-4", parts=("update",), teacher_prompt_len=prompt)
+    plan = tpu_plan.plan(config, "v5e-4", parts=("update",), teacher_prompt_len=prompt)
     update[attention, remat] = plan.reports[0]
     assert plan.reports[0].compiled and plan.reports[0].fits, (attention, remat)
   T = prompt + TINY_OVERRIDES["rollout.max_new_tokens"]
@@ -270,7 +272,7 @@ def test_splash_attention_lowers_to_the_pallas_kernel():
 
   from sdar_jax.models import hidden_states
 
-  chip = aot.topology_devices(aot.parse_topology("v5e-4"))[:1]
+  chip = tpu_slices.topology_devices(tpu_slices.parse_topology("v5e-4"))[:1]
   one_chip = NamedSharding(Mesh(np.array(chip), ("x",)), PartitionSpec())
   config = ModelConfig.tiny(vocab_size=512, num_layers=1, attention="splash")
   params = jax.tree.map(

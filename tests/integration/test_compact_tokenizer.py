@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from sdar_jax.core.sampling import stop_string_table
+from sdar_jax.core.stop_strings import stop_string_table
 from sdar_jax.text.chat_templates import ChatTemplate
 from sdar_jax.text.tokenizer import Tokenizer
 from sdar_jax.tools import build_compact_tokenizer as build

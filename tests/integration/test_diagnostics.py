@@ -1,4 +1,4 @@
-"""Gate diagnostics (sdar_jax/observe/diagnostics.py): histogram counts against numpy.histogram, the
+"""Gate diagnostics (sdar_jax/observe/gate_histograms.py, token_view.py; core/scoring.py): histogram counts against numpy.histogram, the
 counts the compiled update returns against independently scored log-probs, the TensorBoard
 fields, the token view's escaping and colour scale, and a tiny run that writes every file.
 """
@@ -16,9 +16,10 @@ import jax
 import numpy as np
 import pytest
 
+from sdar_jax.core import scoring
 from sdar_jax.core.histograms import GAP_EDGES, GATE_EDGES, masked_histogram
-from sdar_jax.observe import diagnostics, transcripts
-from sdar_jax.observe.diagnostics import Histogram
+from sdar_jax.observe import gate_histograms, token_view, transcripts
+from sdar_jax.observe.gate_histograms import Histogram
 from tests.helpers import (
   RESPONSE_LEN,
   SDAR_LOSS,
@@ -80,13 +81,13 @@ def test_pop_update_histograms_sums_updates_and_leaves_scalars():
     "diag/gap_counts": np.ones(edges, np.int32),
     "diag/gate_counts": np.ones(22),
   }
-  hists = diagnostics.pop_update_histograms([(a, 1.0), (b, 2.0)])
+  hists = gate_histograms.pop_update_histograms([(a, 1.0), (b, 2.0)])
   assert a == {"train/loss": 1.0} and b == {"train/loss": 3.0}
   gap = hists["gap"]
   assert gap.below == 1 and gap.above == edges  # 0 + 1 and (edges - 1) + 1
   assert gap.counts.tolist() == (np.arange(1, edges - 1) + 1).tolist()
   assert hists["gate"].total == 44
-  assert diagnostics.pop_update_histograms([({"train/loss": 1.0}, 1.0)]) == {}
+  assert gate_histograms.pop_update_histograms([({"train/loss": 1.0}, 1.0)]) == {}
 
 
 def _edge_distance(values: np.ndarray, edges: np.ndarray) -> float:
@@ -139,17 +140,19 @@ def test_record_update_histograms_writes_rows_and_pngs(tmp_path):
   edges = len(GAP_EDGES) + 1
   for step in (1, 2, 2):  # step 2 logged again, as a resumed run does
     per_batch = [({"diag/gap_counts": np.full(edges, step), "diag/gate_counts": np.ones(22)}, 1.0)]
-    diagnostics.record_update_histograms(per_batch, step, str(tmp_path), logger=None, plots=True)
+    gate_histograms.record_update_histograms(
+      per_batch, step, str(tmp_path), logger=None, plots=True
+    )
   out = tmp_path / "diagnostics"
   assert (out / "histograms_step_1.png").stat().st_size > 0
   assert (out / "histograms_step_2.png").stat().st_size > 0
   assert (out / "histograms.png").stat().st_size > 0
-  rows = diagnostics.read_histogram_rows(str(out / "histograms.jsonl"))
+  rows = gate_histograms.read_histogram_rows(str(out / "histograms.jsonl"))
   assert [r["step"] for r in rows] == [1, 2]
   assert rows[1]["gap"]["below"] == 2 and rows[1]["gate"]["counts"] == [1] * 20
   # an algorithm without a teacher: nothing to record, nothing written
   empty = tmp_path / "grpo"
-  assert diagnostics.record_update_histograms([({"train/loss": 0.5}, 1.0)], 1, str(empty)) == {}
+  assert gate_histograms.record_update_histograms([({"train/loss": 0.5}, 1.0)], 1, str(empty)) == {}
   assert not empty.exists()
 
 
@@ -161,20 +164,20 @@ def _luminance(colour: str) -> float:
 
 def test_gate_colour_is_monotone_in_the_gate():
   grid = np.linspace(0.0, 1.0, 101)
-  colours = [diagnostics.gate_colour(g) for g in grid]
+  colours = [token_view.gate_colour(g) for g in grid]
   assert colours[0] == "#ffffff" and colours[-1] == "#2ea043"
   lum = [_luminance(c) for c in colours]
   assert all(a > b for a, b in zip(lum[:-1], lum[1:]))  # darker green as the gate rises
   for channel in (1, 3, 5):
     values = [int(c[channel : channel + 2], 16) for c in colours]
     assert all(a >= b for a, b in zip(values[:-1], values[1:]))
-  assert diagnostics.gate_colour(-3.0) == colours[0] and diagnostics.gate_colour(9.0) == colours[-1]
-  assert diagnostics.gate_colour(float("nan")) == ""
+  assert token_view.gate_colour(-3.0) == colours[0] and token_view.gate_colour(9.0) == colours[-1]
+  assert token_view.gate_colour(float("nan")) == ""
 
 
 def test_token_view_escapes_text_and_hover_titles():
   nasty = ['<script>alert("x")</script>', " & ", "'q'", "\n"]
-  turn = diagnostics.TurnScores(
+  turn = token_view.TurnScores(
     observation='You see a <fridge> & a "box".',
     action='go to "cabinet 1"',
     valid=True,
@@ -184,7 +187,7 @@ def test_token_view_escapes_text_and_hover_titles():
     gate=np.array([0.924, 0.007, 0.5, 0.777]),
     skill_block="[Privileged Skill Information]\n<b>skills</b>\n\n",
   )
-  page = diagnostics.render_token_view(
+  page = token_view.render_token_view(
     [turn], title="Token view <1>", facts=[("task", "put a <mug> in & on")], note="n < 2"
   )
   assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
@@ -194,28 +197,26 @@ def test_token_view_escapes_text_and_hover_titles():
   assert "Token view &lt;1&gt;" in page and "n &lt; 2" in page
   spans = re.findall(r'<span style="background:(#[0-9a-f]{6})" title="([^"]*)">', page)
   assert len(spans) == 4
-  assert [c for c, _ in spans] == [diagnostics.gate_colour(g) for g in turn.gate]
+  assert [c for c, _ in spans] == [token_view.gate_colour(g) for g in turn.gate]
   assert spans[0][1].startswith("gap +0.500, gate 0.924, teacher log p -0.500")
   assert spans[1][1].startswith("gap -1.000, gate 0.007")
   assert "http" not in page and "<link" not in page and "src=" not in page  # self-contained
 
 
 def test_token_view_without_teacher_is_unshaded():
-  turn = diagnostics.TurnScores(
-    "obs", "look", False, ["a", "b"], np.array([-1.0, -2.0]), None, None
-  )
-  page = diagnostics.render_token_view([turn], title="t")
+  turn = token_view.TurnScores("obs", "look", False, ["a", "b"], np.array([-1.0, -2.0]), None, None)
+  page = token_view.render_token_view([turn], title="t")
   assert page.count('<span title="student log p') == 2 and "invalid format" in page
 
 
-def _view_turn(pieces, drive=True) -> diagnostics.TurnScores:
+def _view_turn(pieces, drive=True) -> token_view.TurnScores:
   n = len(pieces)
   rng = np.random.default_rng(3)
   top = rng.dirichlet(np.ones(5), size=n)[:, :3]  # three of five probabilities: sum < 1
   top = -np.sort(-top, axis=1)
   d = None
   if drive:
-    d = diagnostics.Drive(
+    d = token_view.Drive(
       drive=np.linspace(0.05, 0.9, n),
       push=np.where(np.arange(n) % 2 == 0, 0.2, -0.4),
       sampled_weight=np.full(n, 0.1),
@@ -223,7 +224,7 @@ def _view_turn(pieces, drive=True) -> diagnostics.TurnScores:
       preferred=[" open"] * n,
       preferred_weight=np.full(n, 0.45),
     )
-  return diagnostics.TurnScores(
+  return token_view.TurnScores(
     observation="You arrive at desk 1.",
     action="go to desk 1",
     valid=True,
@@ -244,7 +245,7 @@ def test_token_view_markup_flows_inline(form):
   lists the teacher's top 3 with probabilities that sum to at most 1."""
   pieces = ["<think>", "I", " follow", " my plan", ".</think>", "\n", "<action>", "go to", " desk"]
   turn = _view_turn(pieces, drive=form != "reference")
-  page = diagnostics.render_token_view([turn, turn], title="t", form=form, top_k=32)
+  page = token_view.render_token_view([turn, turn], title="t", form=form, top_k=32)
   bodies = re.findall(r'<div class="resp">(.*?)</div>', page, flags=re.S)
   assert len(bodies) == 2
   for body in bodies:
@@ -271,23 +272,23 @@ def test_token_view_markup_flows_inline(form):
     assert len(probs) == 3 and sum(probs) <= 1.0 + 1.5e-3  # three roundings of 5e-4
     assert probs == [round(p, 3) for _, p in turn.teacher_top[i]]
     if form == "reference":
-      assert colour == diagnostics.gate_colour(0.3)
+      assert colour == token_view.gate_colour(0.3)
     else:
-      assert colour == diagnostics.drive_colour(turn.drive.drive[i], turn.drive.push[i])
+      assert colour == token_view.drive_colour(turn.drive.drive[i], turn.drive.push[i])
       verb = "raises" if turn.drive.push[i] >= 0 else "lowers"
       assert title.startswith(f"drive {turn.drive.drive[i]:.3f}: the term {verb} the sampled")
 
 
 def test_drive_colour_is_green_up_red_down():
-  assert diagnostics.drive_colour(0.0, 1.0) == diagnostics.drive_colour(0.0, -1.0) == "#ffffff"
-  assert diagnostics.drive_colour(1.0, 0.0) == diagnostics.gate_colour(1.0)
-  assert diagnostics.drive_colour(1.0, -1e-9) == "#{:02x}{:02x}{:02x}".format(
-    *diagnostics.DRIVE_DOWN_RGB
+  assert token_view.drive_colour(0.0, 1.0) == token_view.drive_colour(0.0, -1.0) == "#ffffff"
+  assert token_view.drive_colour(1.0, 0.0) == token_view.gate_colour(1.0)
+  assert token_view.drive_colour(1.0, -1e-9) == "#{:02x}{:02x}{:02x}".format(
+    *token_view.DRIVE_DOWN_RGB
   )
-  reds = [diagnostics.drive_colour(v, -0.5) for v in np.linspace(0, 1, 21)]
+  reds = [token_view.drive_colour(v, -0.5) for v in np.linspace(0, 1, 21)]
   lum = [_luminance(c) for c in reds]
   assert all(a > b for a, b in zip(lum[:-1], lum[1:]))
-  assert diagnostics.drive_colour(float("nan"), 1.0) == diagnostics.drive_colour(0.5, np.nan) == ""
+  assert token_view.drive_colour(float("nan"), 1.0) == token_view.drive_colour(0.5, np.nan) == ""
 
 
 @pytest.mark.parametrize(
@@ -315,7 +316,7 @@ def test_vocab_drive_is_the_terms_gradient(top_k, gate):
     return algos.topk_distill_term(ls, lt, top_k=top_k, **kw).sum()
 
   grad = np.asarray(jax.jit(jax.grad(term))(z), np.float64)  # one compile: faster than eager
-  drive = jax.jit(lambda ls, y: diagnostics.vocab_drive(ls, lt, y, top_k=top_k, **kw))
+  drive = jax.jit(lambda ls, y: scoring.vocab_drive(ls, lt, y, top_k=top_k, **kw))
   got = drive(jax.nn.log_softmax(z), targets)
   got = {k: np.asarray(v) for k, v in got.items()}
   np.testing.assert_allclose(got["drive"], 0.5 * np.abs(grad).sum(-1), atol=1e-6)
@@ -339,15 +340,12 @@ def test_vocab_drive_is_the_terms_gradient(top_k, gate):
   assert (got["drive"] <= got["total_weight"] + 1e-6).all()
 
 
-def test_score_turns_against_float64_truth(tiny_params, monkeypatch):
+def test_score_turns_against_float64_truth(tiny_params):
   """The view's one scoring pass over both branches against float64 NumPy from the full logits
   of `forward`: the log-probs the update takes, the teacher's top 3, and the vocab form's drive
   (d = w − W·pθ); positions in chunks of 3, so a chunk boundary and a padded last chunk occur."""
   from sdar_jax.algos import get_preset
   from sdar_jax.models import forward
-
-  monkeypatch.setattr(diagnostics, "VIEW_CHUNK", 3)
-  monkeypatch.setattr(diagnostics, "_SCORE_FNS", {})
 
   @dataclasses.dataclass
   class Turn:
@@ -365,7 +363,7 @@ def test_score_turns_against_float64_truth(tiny_params, monkeypatch):
       Turn(prompt, rng.integers(1, TINY_CONFIG.vocab_size, n_r).tolist(), block + prompt)
     )
   algo = get_preset("sdar_vocab")
-  got = diagnostics.score_turns(TINY_CONFIG, tiny_params, turns, algo)
+  got = token_view.score_turns(TINY_CONFIG, tiny_params, turns, algo, chunk=3)
 
   # float64 log-softmax of every sequence's positions from one `forward` call: the sequences
   # right-padded to one length (causal attention: the padding never reaches a real position)
@@ -407,7 +405,7 @@ def test_token_pieces_join_to_the_decoded_text():
   tokenizer = Tokenizer.bundled_qwen()
   text = "café ✓ 日本語 <|im_end|> go to cabinet 1"
   ids = tokenizer.encode(text)
-  pieces = diagnostics.token_pieces(tokenizer, ids)
+  pieces = token_view.token_pieces(tokenizer, ids)
   assert len(pieces) == len(ids)
   assert "".join(pieces) == tokenizer.decode(ids) == text
 
@@ -424,9 +422,9 @@ def test_pick_episode_prefers_a_won_one():
     turns: list
 
   failed, lost, won = E(True, "boom", [T([1])]), E(False, None, [T([1])]), E(True, None, [T([2])])
-  assert diagnostics.pick_episode([failed, lost, won]) is won
-  assert diagnostics.pick_episode([failed, lost]) is lost
-  assert diagnostics.pick_episode([failed, E(False, None, [T([])])]) is None
+  assert token_view.pick_episode([failed, lost, won]) is won
+  assert token_view.pick_episode([failed, lost]) is lost
+  assert token_view.pick_episode([failed, E(False, None, [T([])])]) is None
 
 
 # ------------------------------------------------------------------------------ a tiny run
@@ -462,7 +460,7 @@ def test_a_tiny_run_writes_the_diagnostics(tmp_path, monkeypatch):
   diag = os.path.join(run, "diagnostics")
   for name in ("histograms_step_1.png", "histograms.png", "histograms.jsonl"):
     assert os.path.getsize(os.path.join(diag, name)) > 0, name
-  (row,) = diagnostics.read_histogram_rows(os.path.join(diag, "histograms.jsonl"))
+  (row,) = gate_histograms.read_histogram_rows(os.path.join(diag, "histograms.jsonl"))
   gap_total = sum(row["gap"]["counts"]) + row["gap"]["below"] + row["gap"]["above"]
   assert gap_total > 0 and sum(row["gate"]["counts"]) == gap_total  # every gate is in [0, 1]
   assert _tb_histogram_tags(run) == {"diagnostics/gap", "diagnostics/gate"}

@@ -20,6 +20,8 @@ from sdar_jax.infra.errors import UserError
 from sdar_jax.models import init_params, load_pretrained, save_pretrained
 from sdar_jax.models.hf_io import NonFiniteWeightsError, all_finite, first_non_finite
 from sdar_jax.run import trainer
+from sdar_jax.run.guards import RunGuards, SkippedUpdatesError
+from sdar_jax.run.resume import LoopState
 from sdar_jax.run.checkpoint import CheckpointManager, abstract_train_state, export_hf
 from tests.helpers import SMALL_QWEN3
 
@@ -143,12 +145,11 @@ def test_restoring_a_non_finite_checkpoint_names_it(params, tmp_path):
 
 
 def _counter(limit: int, latest: int | None = 4):
-  """What `Trainer._count_skipped` reads: the config's limit, the loop state, the checkpoints."""
-  config = types.SimpleNamespace(train={"max_skipped_updates": limit})
-  ckpt = types.SimpleNamespace(latest_step=lambda: latest)
-  fake = types.SimpleNamespace(config=config, loop_state=trainer.LoopState(), ckpt=ckpt)
-  return fake, lambda skipped, it=5, k=1, n=2: trainer.Trainer._count_skipped(
-    fake, {"train/skipped_update": np.float32(skipped)}, it, k, n
+  """What `RunGuards.count_skipped` reads: the config's limit, the loop state, the checkpoints."""
+  guards = RunGuards({"max_skipped_updates": limit})
+  fake = types.SimpleNamespace(loop_state=LoopState())
+  return fake, lambda skipped, it=5, k=1, n=2: guards.count_skipped(
+    fake.loop_state, {"train/skipped_update": np.float32(skipped)}, it, k, n, lambda: latest
   )
 
 
@@ -157,7 +158,7 @@ def test_skipped_updates_in_a_row_stop_the_run():
   for skipped in (1, 1, 0, 1, 1):  # a good update resets the count
     update(skipped)
   assert fake.loop_state.skipped_in_a_row == 2
-  with pytest.raises(trainer.SkippedUpdatesError) as e:
+  with pytest.raises(SkippedUpdatesError) as e:
     update(1, it=6, k=2, n=3)
   assert isinstance(e.value, UserError)
   msg = str(e.value)
@@ -227,7 +228,7 @@ def test_a_run_whose_updates_keep_failing_stops_and_keeps_its_checkpoints(tmp_pa
 
   run.train_iteration = failing_from_the_second
   try:
-    with pytest.raises(trainer.SkippedUpdatesError, match="max_skipped_updates=1") as e:
+    with pytest.raises(SkippedUpdatesError, match="max_skipped_updates=1") as e:
       run.run()
     stopped_at = run.loop_state.iteration + 1  # the iteration that raised
   finally:

@@ -197,7 +197,7 @@ def test_failed_searches_are_counted_and_warned_about_once_per_kind(server, dead
   from sdar_jax.observe.metrics import search_error_count
   from sdar_jax.rollout.agent_loop import AgentLoop
   from sdar_jax.rollout.trajectory import Episode
-  from sdar_jax.run.trainer import Trainer
+  from sdar_jax.run.guards import RunGuards
 
   envs_ = [
     SearchQAEnv(RECORDS, RetrievalServerClient(url, max_attempts=1, retry_delay_s=0.0))
@@ -221,10 +221,10 @@ def test_failed_searches_are_counted_and_warned_about_once_per_kind(server, dead
     ["unreachable"] * 2,
   ]
   assert search_error_count(episodes) == 6.0
-  fake = types.SimpleNamespace(_search_error_kinds=set())
+  guards = RunGuards()
   with caplog.at_level(logging.WARNING, logger="sdar_jax"):
     for _ in range(2):  # two iterations: still one warning per kind
-      Trainer._report_search_errors(fake, episodes, "training")
+      guards.report_search_errors(episodes, "training")
   warned = [r.getMessage() for r in caplog.records if "a search failed" in r.getMessage()]
   assert len(warned) == 2
   assert "(unreachable)" in warned[0] and dead_url in warned[0]

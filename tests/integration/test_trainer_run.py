@@ -132,7 +132,7 @@ def test_evaluate_latest_checkpoint_reproduces_the_runs_evaluation(trained, monk
   """The run's own evaluation at step 3 and an eval-only run of checkpoint 3 play the same
   episodes with the same parameters; the run's files are not touched, no optimizer is built."""
   from sdar_jax.run import evaluation as evaluate
-  from sdar_jax.run import trainer
+  from sdar_jax.run import resume, trainer
 
   workdir, config, _ = trained
   before = _run_files(workdir)
@@ -145,7 +145,7 @@ def test_evaluate_latest_checkpoint_reproduces_the_runs_evaluation(trained, monk
 
   monkeypatch.setattr(trainer, "create_train_state", forbidden)
   monkeypatch.setattr(trainer, "train_step_from_config", forbidden)
-  monkeypatch.setattr(trainer, "abstract_train_state", forbidden)
+  monkeypatch.setattr(resume, "abstract_train_state", forbidden)
   from sdar_jax.run.workdir_lock import WorkdirLock
 
   with WorkdirLock(workdir):  # a training run holding its workdir does not block evaluation
@@ -323,13 +323,14 @@ def _broken(total_steps: int, data: str, **overrides):
 
 def test_every_env_failing_stops_the_run(broken_data, tmp_path, caplog):
   from sdar_jax.run import trainer
+  from sdar_jax.run.guards import EnvFailureError
   from sdar_jax.run.workdir_lock import WorkdirLock
 
   workdir = str(tmp_path / "run")
   config = _broken(5, broken_data, **{"train.max_failed_iterations": 2})
   with (
     caplog.at_level(logging.INFO, logger="sdar_jax"),
-    pytest.raises(trainer.EnvFailureError) as e,
+    pytest.raises(EnvFailureError) as e,
   ):
     trainer.run(config, workdir)
   msg = str(e.value)

@@ -100,7 +100,7 @@ def test_missing_package_fails_the_dry_run_with_one_message(tmp_path):
 
 
 def test_offline_row_and_histogram_read_back(tmp_path, monkeypatch):
-  from sdar_jax.observe.diagnostics import Histogram
+  from sdar_jax.observe.gate_histograms import Histogram
   from sdar_jax.observe.metrics import MetricsLogger
   from sdar_jax.observe.wandb_log import RUN_ID_FILE, WandbRun
 

@@ -13,12 +13,12 @@ from sdar_jax.core import sharding
 from sdar_jax.core.sampling import (
   Sampler,
   SamplingParams,
-  _categorical,
   generate,
   get_sampler,
   num_compilations,
-  stop_string_table,
 )
+from sdar_jax.core.stop_strings import stop_string_table
+from sdar_jax.core.token_choice import categorical
 from sdar_jax.models import forward, load_pretrained
 from sdar_jax.text.tokenizer import Tokenizer
 from tests import hf_fixtures
@@ -247,7 +247,7 @@ def test_blocked_inverse_cdf_draws_the_distribution():
   with np.errstate(divide="ignore"):
     logits = np.log(probs).astype(np.float32)
   keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(4), i))(np.arange(n))
-  samples = np.asarray(jax.jit(_categorical)(keys, np.broadcast_to(logits, (n, V))))
+  samples = np.asarray(jax.jit(categorical)(keys, np.broadcast_to(logits, (n, V))))
   assert set(samples.tolist()) <= set(np.flatnonzero(probs).tolist())
   assert _chi2_pvalue(samples, probs) > 1e-3
   swapped = probs.copy()

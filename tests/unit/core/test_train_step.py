@@ -13,13 +13,10 @@ from sdar_jax import algos
 from sdar_jax.algos import AlgoConfig, get_preset
 from sdar_jax.core import sharding
 from sdar_jax.core.batch import TurnBatch
+from sdar_jax.core.loss import loss_and_grads
+from sdar_jax.core.scoring import response_logprobs
 from sdar_jax.core.train_state import make_optimizer
-from sdar_jax.core.train_step import (
-  TrainStep,
-  loss_and_grads,
-  response_logprobs,
-  train_step_from_config,
-)
+from sdar_jax.core.train_step import TrainStep, train_step_from_config
 from sdar_jax.models import forward
 from tests.helpers import RESPONSE_LEN as R
 from tests.helpers import SDAR_LOSS as SDAR

@@ -19,7 +19,7 @@ import pytest
 
 from sdar_jax.core import sharding
 from sdar_jax.core.sampling import Sampler, SamplingParams
-from sdar_jax.core.train_step import response_logprobs
+from sdar_jax.core.scoring import response_logprobs
 from sdar_jax.models import ModelConfig, attention, forward, init_params
 from sdar_jax.run import config_validation
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 import transformers
 
-from sdar_jax.core.train_step import response_logprobs
+from sdar_jax.core.scoring import response_logprobs
 from sdar_jax.models import (
   ModelConfig,
   forward,
