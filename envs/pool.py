@@ -41,6 +41,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import multiprocessing.connection as mp_connection
 import os
+import signal
 import threading
 import time
 import traceback
@@ -172,11 +173,17 @@ class _EnvSlot:
 def _worker_main(
   conn: mp_connection.Connection, name: str, kwargs_list: list[dict[str, Any]]
 ) -> None:
-  """Worker process loop: answers ("reset"|"step", [(local_index, argument), ...]) one env at a time."""
+  """Worker process loop: answers ("reset"|"step", [(local_index, argument), ...]) one env at a time.
+
+  Ctrl-C reaches every process of the terminal's group: a worker ignores it and plays on, so the
+  trainer can finish its iteration and save (it closes the workers itself). SIGTERM (a scheduler
+  stopping the whole job) ends the worker quietly; the trainer then abandons the iteration."""
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+  signal.signal(signal.SIGTERM, _quiet_exit)
   import_user_modules()  # the command's --imports: an env registered in the user's package
   slots = [_EnvSlot(name, kwargs) for kwargs in kwargs_list]
-  conn.send(_READY)
   try:
+    conn.send(_READY)
     while True:
       try:
         command, payload = conn.recv()
@@ -188,9 +195,15 @@ def _worker_main(
         slot = slots[local_index]
         result = slot.reset(argument) if command == "reset" else slot.step(argument)
         conn.send((local_index, result))
+  except (BrokenPipeError, ConnectionResetError, SystemExit):
+    pass  # the trainer is gone or stopping: nothing to answer, nothing to report
   finally:
     for slot in slots:
       slot.close()
+
+
+def _quiet_exit(signum: int, frame: Any) -> None:
+  raise SystemExit(0)
 
 
 class _Worker:

@@ -18,6 +18,7 @@ expert (`envs.alfworld.expert`) as warm-start data.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Sequence
 
 from envs import datasets
@@ -28,6 +29,7 @@ from envs.alfworld.projection import project_action, project_actions
 from envs.alfworld.prompts import build_prompt
 from envs.alfworld.tasks import SHORT_NAMES, TASK_TYPES, extract_task, success_rates
 from envs.base import EnvFamily, register, register_family
+from envs.errors import EnvInputError
 
 __all__ = [
   "ALFWORLD_FAMILY",
@@ -88,6 +90,34 @@ def config_problems(section: Any) -> list[str]:
   return []
 
 
+def start_check(section: Any) -> None:
+  """The folders ALFWorld and the offline games write to can be written: the alfworld package
+  creates its cache (ALFWORLD_DATA, default ~/.cache/alfworld) when imported, in every env worker,
+  and the generated games go to SDAR_DATA_CACHE (default ~/.cache/sdar_jax). Raises
+  EnvInputError naming HOME, the variable and the fix; writes only an empty probe file."""
+  home = os.path.expanduser("~")
+  folders = [
+    ("ALFWORLD_DATA", os.environ.get("ALFWORLD_DATA") or os.path.join(home, ".cache", "alfworld"))
+  ]
+  if not section.get("data_dir"):
+    default = os.path.join(home, ".cache", "sdar_jax")
+    folders.append(("SDAR_DATA_CACHE", os.environ.get("SDAR_DATA_CACHE") or default))
+  for variable, folder in folders:
+    try:
+      os.makedirs(folder, exist_ok=True)
+      probe = os.path.join(folder, f".write_probe_{os.getpid()}")
+      with open(probe, "w"):
+        pass
+      os.remove(probe)
+    except OSError as e:
+      raise EnvInputError(
+        f"{variable}={folder!r} (HOME={home!r}) cannot be written: {e.strerror or e}. ALFWorld "
+        "writes its cache there when imported and the offline games are generated there, so every "
+        f"environment would fail to start. Fix: point HOME at a writable folder, or set {variable} "
+        "(and ALFWORLD_DATA / SDAR_DATA_CACHE alike) to writable folders."
+      ) from None
+
+
 ALFWORLD_FAMILY = register_family(
   EnvFamily(
     name="alfworld",
@@ -98,5 +128,6 @@ ALFWORLD_FAMILY = register_family(
     expert_modes=expert.MODES,
     play_expert=expert.play_episodes,
     config_problems=config_problems,
+    start_check=start_check,
   )
 )

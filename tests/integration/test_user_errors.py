@@ -483,3 +483,26 @@ def test_a_chat_template_the_sandbox_refuses_is_found_at_start(tmp_path):
   assert "model.chat_template='auto': The chat template of " in text
   assert "chat_template.jinja was refused by the sandbox: access to attribute '__class__'" in text
   assert "Fix: remove that construct from the template" in text
+
+
+def test_an_unwritable_home_is_caught_at_start(tmp_path, monkeypatch):
+  """ALFWorld creates ~/.cache/alfworld on import, in every env worker: a HOME that cannot hold
+  it is named at start (HOME under a file: refused even for root)."""
+  from envs.alfworld import start_check
+  from envs.errors import EnvInputError
+
+  (tmp_path / "a_file").write_text("x")
+  home = str(tmp_path / "a_file" / "home")
+  monkeypatch.setenv("HOME", home)
+  monkeypatch.delenv("ALFWORLD_DATA", raising=False)
+  monkeypatch.delenv("SDAR_DATA_CACHE", raising=False)
+  with pytest.raises(EnvInputError) as info:
+    start_check({"name": "alfworld", "data_dir": None})
+  message = str(info.value)
+  assert message.startswith(f"ALFWORLD_DATA='{home}/.cache/alfworld' (HOME={home!r}) cannot be")
+  assert "Fix: point HOME at a writable folder, or set ALFWORLD_DATA" in message
+  monkeypatch.setenv("ALFWORLD_DATA", str(tmp_path / "alf"))  # a writable one: the next folder
+  with pytest.raises(EnvInputError, match=r"^SDAR_DATA_CACHE="):
+    start_check({"name": "alfworld", "data_dir": None})
+  monkeypatch.setenv("SDAR_DATA_CACHE", str(tmp_path / "games"))
+  start_check({"name": "alfworld", "data_dir": None})
