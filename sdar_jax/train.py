@@ -302,7 +302,13 @@ def main(argv: Sequence[str]) -> None:
     use_xla_cache(config.train.xla_cache_dir)
   from sdar_jax.run import trainer  # the workdir is created only now, after validation passed
 
-  trainer.run(config, workdir, validated=True)
+  from sdar_jax.run.preemption import Preempted
+
+  try:
+    trainer.run(config, workdir, validated=True)
+  except Preempted as stopped:  # SIGTERM / Ctrl-C: the last finished iteration is saved
+    print(stopped, file=sys.stderr)
+    sys.exit(stopped.exit_code)
 
 
 @exit_on_user_error(extra_types=(EnvInputError,))

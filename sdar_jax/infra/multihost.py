@@ -166,6 +166,14 @@ def allgather(value: Any) -> list[Any]:
   return [pickle.loads(everyone[i, : int(n)].tobytes()) for i, n in enumerate(sizes)]
 
 
+def sync(name: str) -> None:
+  """Waits until every process reaches this point (nothing with one process)."""
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+
+    multihost_utils.sync_global_devices(name)
+
+
 def any_process(flag: bool) -> bool:
   """Whether `flag` holds on any process (a collective: every process must ask)."""
   if jax.process_count() == 1:

@@ -316,6 +316,13 @@ def paired_arms(
     )
   if len(by_arm) != 2:
     return None
+  blind = [d for d in run_dirs if not eval_outcomes(d)]
+  if blind:
+    raise CompareError(
+      f"{', '.join(blind)}: no per-game outcomes (eval/step_<N>/outcomes_val.csv or "
+      "episodes_val.jsonl), so the arms cannot be paired game by game. Fix: evaluate those runs "
+      "again (python -m sdar_jax.evaluate writes the outcomes), or compare runs that have them."
+    )
   (arm_a, runs_a), (arm_b, runs_b) = by_arm.items()  # A: the arm of the first run given
   seeds = sorted(s for s in set(runs_a) & set(runs_b) if runs_a[s] and runs_b[s])
   if not seeds:

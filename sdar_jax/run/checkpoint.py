@@ -255,6 +255,36 @@ def _json_safe(value: Any, what: str) -> Any:
     ) from None
 
 
+class CheckpointUnreadableError(UserError):
+  """A checkpoint whose files cannot be read (truncated, partly deleted): the message names the
+  step, what failed and the fix."""
+
+  heading = "Unreadable checkpoint"
+
+
+# What the storage layer says of files that are truncated, missing or corrupt (TensorStore's
+# status codes, orbax's missing item), as opposed to a checkpoint of another model or optimizer.
+_UNREADABLE_MARKS = (
+  "OUT_OF_RANGE", "DATA_LOSS", "FAILED_PRECONDITION", "NOT_FOUND", "Truncated",
+  "was not found in the checkpoint", "No such file", "Unexpected end",
+)  # fmt: skip
+
+
+def unreadable_reason(error: BaseException) -> str | None:
+  """The first line of what made a checkpoint's files unreadable, from `error` or the errors it
+  was raised from; None for any other failure (a checkpoint of another model, a bug)."""
+  seen: set[int] = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    text = str(error).strip().strip("'\"")
+    if isinstance(error, (FileNotFoundError, json.JSONDecodeError)) or any(
+      mark in text for mark in _UNREADABLE_MARKS
+    ):
+      return (text.splitlines() or [type(error).__name__])[0][:300]
+    error = error.__cause__ or error.__context__
+  return None
+
+
 class CheckpointManager:
   """Keep-N, optionally asynchronous, atomic checkpoints of a TrainState and its metadata.
 
@@ -504,6 +534,20 @@ class CheckpointManager:
         f"this run has {ours}. Point checkpoint.dir at a checkpoint of this model, or set the "
         f"model config (model.preset / model.path / model.tiny.*) to the checkpoint's."
       )
+
+  def set_aside(self, step: int) -> str:
+    """Moves checkpoint `step` out of the directory into <directory>.unreadable/<step> (kept, not
+    deleted: its files may be recovered); returns where it went."""
+    if self.read_only:
+      raise PermissionError(f"CheckpointManager({self.directory}) is read-only: nothing moves.")
+    aside = epath.Path(f"{self.directory}.unreadable")
+    aside.mkdir(parents=True, exist_ok=True)
+    target, n = aside / str(step), 2
+    while target.exists():
+      target, n = aside / f"{step}-{n}", n + 1
+    (epath.Path(self.directory) / str(step)).rename(target)
+    self._manager.reload()
+    return str(target)
 
   # ------------------------------------------------------------------------------------ lifecycle
   def wait_until_finished(self) -> None:

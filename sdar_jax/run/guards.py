@@ -2,7 +2,8 @@
 failed search of each kind logged once (the rest counted in metrics), and the two limits that stop
 a run: every environment failed in `train.max_failed_iterations` consecutive iterations
 (`EnvFailureError`), `train.max_skipped_updates` updates skipped in a row for a non-finite loss or
-gradient (`SkippedUpdatesError`, raised before another checkpoint or the export is written). The
+gradient (`SkippedUpdatesError`, raised before another checkpoint or the export is written); and
+a run that ends without one applied update (`NothingTrainedError`, before the export). The
 counters live in the run's `LoopState` (checkpointed); `RunGuards` keeps which kinds were logged.
 """
 
@@ -28,6 +29,12 @@ class SkippedUpdatesError(UserError):
   was not finite: the run stops before another checkpoint or the export is written."""
 
 
+class NothingTrainedError(UserError):
+  """A run's iterations ended without one update that changed the policy: nothing exported."""
+
+  heading = "Nothing trained"
+
+
 def error_kind(error: str) -> str:
   """'env raised during reset: JSONDecodeError: Expecting ...' -> its first two ': ' fields."""
   return ": ".join(error.split(": ")[:2])
@@ -43,6 +50,8 @@ class RunGuards:
     self.max_skipped_updates = int(train.get("max_skipped_updates", 3))
     self.failure_kinds: dict[str, str] = {}  # first error of each kind, with its env and game
     self.search_error_kinds: set[str] = set()  # kinds of failed searches already warned about
+    self.updates_applied = 0  # updates of this process's run that changed the parameters
+    self.updates_skipped = 0  # and those skipped for a non-finite loss or gradient
 
   def report_env_failures(self, episodes: Sequence[Any], games: Sequence[str], prefix: str) -> None:
     """Logs the first failure of each kind with its env and game file; the rest are counted."""
@@ -113,8 +122,10 @@ class RunGuards:
     none) holds the last good state."""
     if float(metrics.get("train/skipped_update", 0.0)) > 0:
       loop_state.skipped_in_a_row += 1
+      self.updates_skipped += 1
     else:
       loop_state.skipped_in_a_row = 0
+      self.updates_applied += 1
     limit = self.max_skipped_updates
     if limit > 0 and loop_state.skipped_in_a_row >= limit:
       saved = latest_checkpoint()
@@ -132,3 +143,27 @@ class RunGuards:
         "lower optim.lr or keep optim.clip_norm on, and read train/grad_norm in metrics.jsonl; "
         "--config.train.max_skipped_updates=0 never stops."
       )
+
+  def check_trained(self, iterations: int) -> None:
+    """After a run that trained `iterations` iterations: NothingTrainedError when not one update
+    changed the parameters (every env failed, or every update was skipped), so that nothing is
+    exported and the command does not exit 0 on an untrained policy."""
+    if iterations <= 0 or self.updates_applied > 0:
+      return
+    if self.updates_skipped:
+      why = (
+        f"all {self.updates_skipped} updates were skipped because the loss or the gradient was "
+        "not finite. Fix: check the weights the run started from (model.path), lower optim.lr, "
+        "and read train/grad_norm in metrics.jsonl"
+      )
+    else:
+      first = "\n  - ".join(self.failure_kinds.values()) or "no turn-sample to train on"
+      why = (
+        "no iteration had a turn-sample to train on (every environment failed). First error of "
+        f"each kind:\n  - {first}\nFix the environment or its data (env.data_dir, the generated "
+        "games, a writable HOME)"
+      )
+    raise NothingTrainedError(
+      f"{iterations} iteration(s) ran and not one update changed the policy: {why}. Nothing was "
+      "exported."
+    )

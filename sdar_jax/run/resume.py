@@ -12,8 +12,12 @@ import json
 import logging
 from typing import Any
 
-from sdar_jax.infra import paths
-from sdar_jax.run.checkpoint import abstract_train_state
+from sdar_jax.infra import multihost, paths
+from sdar_jax.run.checkpoint import (
+  CheckpointUnreadableError,
+  abstract_train_state,
+  unreadable_reason,
+)
 from sdar_jax.run.iteration import RunView
 
 log = logging.getLogger(__name__)
@@ -46,18 +50,46 @@ class ResumeMixin:
   checkpoint manager, the logger, the task sampler, the replay queue and the hooks it builds)."""
 
   def maybe_restore(self) -> bool:
-    """Restores the latest checkpoint if there is one; either way drops the metric rows of
-    iterations after it (a run killed between a row and its checkpoint logs that step again)."""
-    if self.ckpt.latest_step() is None:
-      self._drop_metric_rows_after(-1)
-      return False
+    """Restores the latest readable checkpoint if there is one; either way drops the metric rows
+    of iterations after it (a run killed between a row and its checkpoint logs that step again).
+    A checkpoint whose files cannot be read is said, moved aside (`CheckpointManager.set_aside`)
+    and the one before it tried; CheckpointUnreadableError when none is readable."""
     target = abstract_train_state(
       self.model_config,
       self.step_fn.optimizer,
       self.mesh,
       ema=self.step_fn.algo_config.keeps_ema,
     )
-    state, meta = self.ckpt.restore(target=target, model_config=self.model_config)
+    restored, unreadable = None, []
+    while restored is None and self.ckpt.latest_step() is not None:
+      step = self.ckpt.latest_step()
+      try:
+        restored = self.ckpt.restore(step, target=target, model_config=self.model_config)
+      except Exception as error:
+        reason = unreadable_reason(error)
+        if reason is None:
+          raise
+        aside = self.ckpt.set_aside(step) if paths.is_primary_process() else "(by process 0)"
+        multihost.sync("checkpoint set aside")
+        log.warning(
+          "checkpoint %s/%d cannot be read (%s); moved aside to %s, resuming from the one "
+          "before it",
+          self.ckpt.directory,
+          step,
+          reason,
+          aside,
+        )
+        unreadable.append(f"step {step} ({reason}), moved to {aside}")
+    if restored is None:
+      if unreadable:
+        raise CheckpointUnreadableError(
+          f"no checkpoint of {self.ckpt.directory} can be read: "
+          + "; ".join(unreadable)
+          + ". Fix: restore those files from a copy, or start the run afresh in a new workdir."
+        )
+      self._drop_metric_rows_after(-1)
+      return False
+    state, meta = restored
     self.state = state
     extra = meta.get("extra") or {}
     self.loop_state = LoopState.from_saved(extra.get("loop", {}))

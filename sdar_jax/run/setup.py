@@ -230,9 +230,21 @@ def restore_policy(config, mesh, checkpoint_dir: str, step: int) -> tuple[ModelC
   parameters alone, read without writing into the directory (no optimizer state is built)."""
   from sdar_jax.run.checkpoint import CheckpointManager
 
+  from sdar_jax.run.checkpoint import CheckpointUnreadableError, unreadable_reason
+
   model_config = model_config_from(config)
   with CheckpointManager(checkpoint_dir, read_only=True) as ckpt:
-    params, _ = ckpt.restore_params(model_config, mesh, step)
+    try:
+      params, _ = ckpt.restore_params(model_config, mesh, step)
+    except Exception as error:
+      reason = unreadable_reason(error)
+      if reason is None:
+        raise
+      others = [s for s in ckpt.all_steps() if s != step]
+      raise CheckpointUnreadableError(
+        f"checkpoint {checkpoint_dir}/{step} cannot be read: {reason}. Fix: evaluate another "
+        f"step (--step=N; the others are {others}), or restore that checkpoint's files."
+      ) from None
   return model_config, params
 
 

@@ -15,8 +15,10 @@ gs://); outputs: the workdir's files and the last metrics row. docs/design.md, "
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
+import signal
 import time
 
 import jax
@@ -53,6 +55,7 @@ from sdar_jax.run.config_validation import validate
 from sdar_jax.run.evaluation import EvaluationMixin, evaluated_source, start_eval_record
 from sdar_jax.run.guards import RunGuards
 from sdar_jax.run.iteration import Iteration, RunView
+from sdar_jax.run.preemption import Preempted, StopRequest
 from sdar_jax.run.resume import LoopState, ResumeMixin
 from sdar_jax.run.rollouts import Queued, RolloutsMixin
 from sdar_jax.run.setup import (
@@ -228,12 +231,26 @@ class Trainer(RolloutsMixin, EvaluationMixin, ResumeMixin):
   def _latest_checkpoint(self) -> int | None:
     return self.ckpt.latest_step() if self.ckpt is not None else None
 
-  def train_iteration(self) -> dict[str, float]:
+  def train_iteration(self, stop: StopRequest | None = None) -> dict[str, float] | None:
     """One iteration as its phases in order (each timed: perf/phase_<name>_seconds), the run's
-    method hooks between them (`algos.hooks`); returns its metrics."""
+    method hooks between them (`algos.hooks`); returns its metrics, or None when `stop` was
+    requested during its rollout: the iteration is abandoned before any update, the task
+    sampler and the replay queue as they were before it."""
     view = Iteration(self, self.loop_state.iteration)
+    queued = self._queued.get(view.iteration)
+    before = (
+      queued.task_rng if queued else self.task_rng.bit_generator.state,
+      self.replay.state_dict(),
+      dataclasses.replace(self.loop_state),  # the failure counters the rollout may move
+    )
     with view.phase("rollout"):
       self._rollout_phase(view)
+    if stop is not None and stop.requested():
+      self._stop_rollouts()
+      self._queued.clear()  # later iterations' draws: the resumed run draws them again
+      self.task_rng.bit_generator.state, replay, self.loop_state = before
+      self.replay.load_state_dict(replay)
+      return None
     with view.phase("teacher_context"):
       view.hooks("after_rollout")
       self._teacher_context_metrics(view)
@@ -395,6 +412,7 @@ class Trainer(RolloutsMixin, EvaluationMixin, ResumeMixin):
       last = self.logger.log(self.loop_state.iteration, {**self.warm_start_metrics, **evaluation})
       self.plot_metrics()
     progress = Progress(total)
+    started = self.loop_state.iteration
     if self.loop_state.iteration < total:
       log.info(
         "training iterations %d..%d of %d (the first one compiles the sampler and the update)",
@@ -402,8 +420,39 @@ class Trainer(RolloutsMixin, EvaluationMixin, ResumeMixin):
         total,
         total,
       )
+    stop = StopRequest()
+    with stop:
+      last = self._train_loop(total, progress, last, stop)
+    if stop.signum is not None:
+      self._preempted(stop.signum)
+    self._stop_rollouts()  # idle by now: no rollout is queued past the last iteration
+    self.ckpt.wait_until_finished()
+    self.guards.check_trained(self.loop_state.iteration - started)
+    if cfg.checkpoint.export_hf:
+      out = export_hf(
+        self.model_config,
+        self.state.params,
+        paths.join(self.workdir, "hf_export"),
+        tokenizer_dir=self.tokenizer.path,
+        source_dir=self.config.model.get("path"),  # its generation_config.json, when it has one
+      )
+      if out:
+        log.info("final policy exported to %s", out)
+    summary = validation_summary(self.logger.path) if self.logger.path else None
+    if summary:
+      log.info("%s", summary)
+    return last
+
+  def _train_loop(
+    self, total: int, progress: Progress, last: dict[str, float], stop: StopRequest
+  ) -> dict[str, float]:
+    """Iterations until `total`, or until `stop` is requested at a safe point (the last finished
+    iteration then saved); returns the last metrics row logged."""
+    cfg = self.config
     while self.loop_state.iteration < total:
-      metrics = self.train_iteration()
+      metrics = self.train_iteration(stop)
+      if metrics is None:  # stopped during the rollout: nothing of this iteration is kept
+        break
       self.loop_state.iteration += 1
       it = self.loop_state.iteration
       evaluated = bool(self.validations and cfg.train.eval_every) and _due(
@@ -421,22 +470,28 @@ class Trainer(RolloutsMixin, EvaluationMixin, ResumeMixin):
         self.plot_metrics()
       if _due(it, cfg.checkpoint.every, total):
         self.save(force=True)
-    self._stop_rollouts()  # idle by now: no rollout is queued past the last iteration
-    self.ckpt.wait_until_finished()
-    if cfg.checkpoint.export_hf:
-      out = export_hf(
-        self.model_config,
-        self.state.params,
-        paths.join(self.workdir, "hf_export"),
-        tokenizer_dir=self.tokenizer.path,
-        source_dir=self.config.model.get("path"),  # its generation_config.json, when it has one
-      )
-      if out:
-        log.info("final policy exported to %s", out)
-    summary = validation_summary(self.logger.path) if self.logger.path else None
-    if summary:
-      log.info("%s", summary)
+      if stop.requested():
+        break
+    if stop.signum is not None and self.ckpt.latest_step() != self.loop_state.iteration:
+      self.save(force=True)
     return last
+
+  def _preempted(self, signum: int) -> None:
+    """Stops the rollouts and the env workers, waits for the checkpoint, raises Preempted."""
+    self._stop_rollouts()
+    self.ckpt.wait_until_finished()
+    saved = self.ckpt.latest_step()
+    what = (
+      f"iteration {saved} is saved in {self.ckpt.directory}"
+      if saved is not None
+      else "no iteration had finished, nothing is saved"
+    )
+    raise Preempted(
+      signum,
+      f"stopped by {signal.Signals(signum).name} after {self.loop_state.iteration} of "
+      f"{self.config.train.total_steps} iterations: {what}. Run the same command again to "
+      "resume from there.",
+    )
 
   # --------------------------------------------------------------------------- hooks
   def set_algo(self, algo: AlgoConfig) -> None:

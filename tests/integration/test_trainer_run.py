@@ -21,6 +21,8 @@ import sys
 import numpy as np
 import pytest
 
+from sdar_jax.run.guards import NothingTrainedError
+
 from tests.helpers import (
   tiny_run_config,
   wandb_history,
@@ -352,7 +354,8 @@ def test_checkpoint_every_zero_saves_at_the_end(broken_data, tmp_path):
   from sdar_jax.run.checkpoint import CheckpointManager
 
   workdir = str(tmp_path / "run")
-  trainer.run(_broken(2, broken_data, **{"checkpoint.every": 0}), workdir)
+  with pytest.raises(NothingTrainedError):  # every env failed: no update, nothing exported
+    trainer.run(_broken(2, broken_data, **{"checkpoint.every": 0}), workdir)
   with CheckpointManager(os.path.join(workdir, "checkpoints"), read_only=True) as ckpt:
     assert ckpt.all_steps() == [2]
 
@@ -374,7 +377,8 @@ def test_kill_between_row_and_checkpoint_logs_each_step_once(broken_data, tmp_pa
     trainer.run(config, workdir)
   assert [r["step"] for r in _rows(os.path.join(workdir, "metrics.jsonl"))] == [1, 2, 3]
   monkeypatch.undo()
-  trainer.run(config, workdir)  # resumes at checkpoint 2 and runs iteration 3 again
+  with pytest.raises(NothingTrainedError):  # resumes at checkpoint 2 and runs iteration 3 again
+    trainer.run(config, workdir)
   assert [r["step"] for r in _rows(os.path.join(workdir, "metrics.jsonl"))] == [1, 2, 3]
 
 
@@ -389,10 +393,12 @@ def test_wandb_offline_gets_every_row_and_the_config_and_resume_continues_it(
   workdir = str(tmp_path / "run")
   on = {"logging.wandb": True, "logging.wandb_tags": "test", "checkpoint.every": 1}
   on["train.max_failed_iterations"] = 10  # every env fails: rows without an update
-  trainer.run(_broken(2, broken_data, **on), workdir)
+  with pytest.raises(NothingTrainedError):  # every env failed: still logged, nothing exported
+    trainer.run(_broken(2, broken_data, **on), workdir)
   with open(os.path.join(workdir, "wandb_run_id")) as f:
     run_id = f.read().strip()
-  trainer.run(_broken(3, broken_data, **on), workdir)  # resumes at checkpoint 2
+  with pytest.raises(NothingTrainedError):
+    trainer.run(_broken(3, broken_data, **on), workdir)  # resumes at checkpoint 2
   with open(os.path.join(workdir, "wandb_run_id")) as f:
     assert f.read().strip() == run_id
 

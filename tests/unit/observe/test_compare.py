@@ -126,6 +126,9 @@ def test_arms_are_labels_games_are_files_and_ambiguity_is_refused(tmp_path):
   other = _write_run(root, "o", arm="grpo", evals={8: [1, 1, 1, 1]}, games="h")
   with pytest.raises(compare.CompareError, match="share no validation game"):
     compare.paired_arms([a, other])
+  blind = _write_run(root, "blind", arm="grpo")  # no outcome files: not silently left out
+  with pytest.raises(compare.CompareError, match=r"blind: no per-game outcomes"):
+    compare.paired_arms([a, blind])
 
 
 def test_cli_refuses_a_missing_folder_naming_the_fix(tmp_path, capsys):

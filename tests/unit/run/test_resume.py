@@ -42,3 +42,24 @@ def test_save_restore_continue_is_bit_identical(tmp_path, tiny_config, tiny_para
   assert step.num_traces == traces  # the restored state has the step's exact shardings
   jax.tree.map(np.testing.assert_array_equal, to_np(state), uninterrupted)
   assert not np.array_equal(uninterrupted.params["embed"], np.asarray(params["embed"]))
+
+
+def test_a_run_that_applied_no_update_is_refused_before_the_export():
+  """Every env failed (no turn-sample: no update ran) or every update was skipped: the run does
+  not end as if it had trained (NothingTrainedError, which the command turns into exit 2)."""
+  from sdar_jax.run.guards import NothingTrainedError, RunGuards
+
+  guards = RunGuards()
+  guards.failure_kinds["x"] = "OSError: HOME is read-only (env 0, game g)"
+  with pytest.raises(NothingTrainedError, match=r"2 iteration\(s\) ran and not one update"):
+    guards.check_trained(2)
+  guards.count_skipped(_State(), {"train/skipped_update": 1.0}, 1, 1, 1)
+  with pytest.raises(NothingTrainedError, match="all 1 updates were skipped"):
+    guards.check_trained(1)
+  guards.count_skipped(_State(), {"train/skipped_update": 0.0}, 2, 1, 1)
+  guards.check_trained(2)  # one applied update: trained
+  RunGuards().check_trained(0)  # a resumed run with nothing left to train
+
+
+class _State:
+  skipped_in_a_row = 0
