@@ -46,7 +46,7 @@ log = logging.getLogger("sdar_jax.evaluate")  # not __name__: it is "__main__" u
 
 # Applied to the config (and so to the evaluation's config.json): nothing trains, nothing exports.
 EVAL_ONLY = (
-  "--config.train.total_steps=0",
+  "--config.train.iterations=0",
   "--config.train.eval_before_train=True",
   "--config.warm_start.steps=0",
   "--config.checkpoint.export_hf=False",

@@ -133,7 +133,8 @@ class RunRecord:
   status: dict[str, Any] | None = None
 
   def get(self, dotted: str, default: Any = None) -> Any:
-    return config_value(self.config, dotted, default)
+    """The setting at `dotted`; a key that was renamed is read at its new place."""
+    return config_value(self.config, config_keys.new_key(dotted) or dotted, default)
 
   def curve(self, key: str = SUCCESS_KEY) -> list[tuple[int, float]]:
     return [(int(r["step"]), float(r[key])) for r in self.rows if key in r]
@@ -143,16 +144,16 @@ class RunRecord:
     return int(self.rows[-1]["step"]) if self.rows else None
 
   @property
-  def total_steps(self) -> int | None:
-    total = self.get("train.total_steps")
+  def iterations(self) -> int | None:
+    total = self.get("train.iterations")
     return None if total is None else int(total)
 
   @property
   def finished(self) -> bool:
-    """The run record says it finished, or the metrics reached train.total_steps."""
+    """The run record says it finished, or the metrics reached train.iterations."""
     if self.status and self.status.get("finished"):
       return True
-    total, last = self.total_steps, self.last_step
+    total, last = self.iterations, self.last_step
     return total is not None and last is not None and last >= total
 
   @property
@@ -301,7 +302,7 @@ def sweep_rows(runs: Sequence[RunRecord]) -> list[dict[str, Any]]:
     for dotted, name in SWEEP_KEYS:  # settings as written in the config (5.0, 0.01)
       value = run.get(dotted)
       row[name] = None if value is None else str(value)
-    row["steps"] = f"{run.last_step if run.last_step is not None else 0}/{run.total_steps}"
+    row["steps"] = f"{run.last_step if run.last_step is not None else 0}/{run.iterations}"
     row["val_success_before"] = run.initial_success
     row["val_success_final"] = run.final_success
     row["val_success_auc"] = run.auc
@@ -457,7 +458,7 @@ def _write_status(run_dir: str, status: Mapping[str, Any]) -> None:
 
 def run_state(run_dir: str) -> str:
   """What a launcher finds in `run_dir`: "finished" (the run record says so, or its metrics
-  reached train.total_steps), "partial" (something was started there: the trainer resumes it from
+  reached train.iterations), "partial" (something was started there: the trainer resumes it from
   its latest checkpoint) or "new"."""
   if not paths.isdir(run_dir):
     return "new"

@@ -14,7 +14,7 @@ uses is committed in sdar_jax/assets/policies/alfworld_demo; its README.md lists
 that built it.
 
 Each stage is the demo config's own warm start (`configs/default.py` with `warm_start.steps` =
---steps and `train.total_steps=0`) run by the trainer on more train games (128 per task type),
+--steps and `train.iterations=0`) run by the trainer on more train games (128 per task type),
 continuing from the previous stage's weights (a fresh AdamW state each stage); stages after the
 first reuse the first one's expert games. After every stage the folder is rewritten whole: the
 policy (Hugging Face safetensors), the tokenizer files, `warm_start_metrics.json` (the expert's
@@ -48,7 +48,7 @@ BUILD_OVERRIDES = {
   # The expert plays both task types of the small rooms, 10 turns at most.
   "env.task_types": "pick_and_place_simple,look_at_obj_in_light",
   "env.max_turns": 10,
-  "train.total_steps": 0,
+  "train.iterations": 0,
   "warm_start.steps": 300,
   "env.offline.num_train": 128,
   "eval.num_tasks": 24,
