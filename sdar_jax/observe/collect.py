@@ -1,26 +1,14 @@
 """Reads the training runs under a directory into one table and plots (sweeps and ablations), and
 keeps each run's run record (`run_status.json`: attempts, wall time, whether it finished).
 
-A run is a directory holding `config.json` and `metrics.jsonl` (what `sdar_jax.train` writes;
-an evaluation's results directory, marked by `evaluation.json`, is not a run). From each run:
-
-* its settings, read from config.json by dotted key ("algo.gate", "train.seed", ...);
-* its validation curve: (step, val/success_rate) of every metrics row that has one (a later row
-  of a step replaces an earlier one, a torn last line is skipped);
-* final success (the curve's last point), success before training (its first point) and the
-  area under the curve `success_auc`: the trapezoid rule over the evaluation steps divided by the
-  step span (last − first step), i.e. the curve's mean success over the span, in [0, 1]
-  (a curve of one point: that point);
-* its wall time, from run_status.json when a launcher (launch/sweep.py --run, experiments/ablation.py)
-  ran it (`run_and_record`): the sum of its attempts' durations. An attempt that was killed counts
-  until its last heartbeat (`alive`, written every `HEARTBEAT_SECONDS` while it ran, so at most
-  that much short); a record from before heartbeats counts it until the last write to its
-  metrics.jsonl or the next attempt's start, whichever is first (an upper bound where the next
-  attempt rewrote metrics.jsonl). The work redone after resuming is in the next attempt.
-
-`collect_sweep(root)` writes `<out>/sweep.csv`, `<out>/sweep.md` (one row per run) and
-`<out>/sweep.png` (final validation success against β and against λ, one line per gate, the mean
-over the runs at each value with a min-max bar).
+A run is a directory with `config.json` and `metrics.jsonl` (an evaluation's folder, marked by
+`evaluation.json`, is not). `read_run` gives a `RunRecord`: its settings by dotted key (saved
+configs translated to today's keys, `sdar_jax.config_keys`; an old key is read at its new place),
+its validation curve (step, val/success_rate), final and initial success, `success_auc` (the
+curve's mean over its span) and its wall time from the run record. `collect_sweep(root)` writes
+`sweep.csv`, `sweep.md` and `sweep.png`; `run_and_record` runs a command and keeps the run record.
+Reads runs, writes only into its output folder (local or gs://). How wall time is counted:
+docs/design.md, "Sweeps".
 """
 
 from __future__ import annotations
@@ -102,7 +90,7 @@ def _last_activity(run_dir: str) -> float | None:
 
 
 def wall_seconds(run_dir: str, status: Mapping[str, Any] | None = None) -> float | None:
-  """Total wall time of the run's attempts (see the module doc); None without a run record."""
+  """Total wall time of the run's attempts (docs/design.md, "Sweeps"); None without a run record."""
   status = read_status(run_dir) if status is None else status
   if not status or not status.get("attempts"):
     return None
