@@ -160,7 +160,7 @@ def run_update(sizes: Sizes, peak_tflops: float) -> tuple[str, str]:
   config = _model_config(sizes)
   B, ps, pt, r = sizes.batch, sizes.prompt, sizes.teacher_prompt, sizes.response
   batch = make_batch(np.random.default_rng(0), config.vocab_size, B, ps, pt, r, r)
-  algo = dataclasses.replace(get_preset("sdar"), kl_coef=0.0, teacher_source="step")
+  algo = dataclasses.replace(get_preset("sdar"), kl_coef=0.0, teacher_source="update")
   params = jax.jit(init_params, static_argnums=0)(config, jax.random.key(0))
   result = prepare_ours_update(
     config,

@@ -62,7 +62,7 @@ MODES: dict[str, dict[str, object]] = {
 def mode_command(config: str, workdir: str, iterations: int, overrides: dict) -> list[str]:
   """The `python -m sdar_jax.train` command line of one mode's run."""
   flags = {
-    "train.total_steps": iterations,
+    "train.iterations": iterations,
     "train.eval_every": 0,
     "train.eval_before_train": False,
     "checkpoint.every": 0,

@@ -74,7 +74,7 @@ def bench_config(args, data_dir: str):
     config,
     {
       "env.data_dir": data_dir,
-      "env.tasks_per_step": args.games,
+      "env.tasks_per_iteration": args.games,
       "env.group_size": args.group,
       "env.max_turns": args.turns,
       "env.num_workers": args.workers,

@@ -280,7 +280,7 @@ def compare(args) -> None:
   t1_on = prepare_torch(hf, batch, True, threads=1)
   o_on = prepare_ours_grad(config, params, batch, True)
   o_off = prepare_ours_grad(config, params, batch, False)
-  sdar = dataclasses.replace(get_preset("sdar"), kl_coef=0.0, teacher_source="step")
+  sdar = dataclasses.replace(get_preset("sdar"), kl_coef=0.0, teacher_source="update")
   u_on = prepare_ours_update(config, params, batch, sdar)
   u_off = prepare_ours_update(
     config, params, batch, dataclasses.replace(get_preset("grpo"), kl_coef=0.0)
@@ -387,7 +387,7 @@ def mfu(args) -> None:
   config = config.replace(remat=args.remat)
   B, ps, pt, r = args.batch, args.prompt, args.teacher_prompt, args.response
   batch = make_batch(np.random.default_rng(0), config.vocab_size, B, ps, pt, r, r)
-  algo = dataclasses.replace(get_preset("sdar"), kl_coef=0.0, teacher_source="step")
+  algo = dataclasses.replace(get_preset("sdar"), kl_coef=0.0, teacher_source="update")
   if args.compile_only:
     compile_only(config, batch, algo, args.micro_batch)
     return

@@ -1,7 +1,7 @@
 r"""ALFWorld (text): the reference setup of the paper's ALFWorld column (docs/reference.md §6.1).
 
-16 tasks x 8 episodes per step, up to 50 turns, history 2, KL 0.01, invalid-format penalty 0.1,
-150 steps, validation on valid_seen every 5 steps at temperature 0.4.
+16 tasks x 8 episodes per iteration, up to 50 turns, history 2, KL 0.01, invalid-format penalty
+0.1, 150 iterations, validation on valid_seen every 5 iterations at temperature 0.4.
 
   python -m sdar_jax.train --config=configs/alfworld.py:model=qwen2.5-3b,algo=sdar \
       --config.model.path=/data/Qwen2.5-3B-Instruct --config.env.data_dir=/data/alfworld \
@@ -17,7 +17,7 @@ from configs import common
 def get_config(arg: str = "model=qwen2.5-3b,algo=sdar,local=False"):
   arg = common.parse_arg(arg, model="qwen2.5-3b", algo="sdar", local=False)
   config = common.base(model=arg.model, algo_name=arg.algo)
-  config.env = common.alfworld(history=2, max_turns=50, group_size=8, tasks_per_step=16)
+  config.env = common.alfworld(history=2, max_turns=50, group_size=8, tasks_per_iteration=16)
   config.algo.kl_coef = 0.01
   config.rollout.shaping.invalid_penalty = 0.1
   config.rollout.max_prompt_len = 2048

@@ -96,12 +96,12 @@ def base(model: str = "qwen2.5-3b", algo_name: str = "sdar") -> mlc.ConfigDict:
   config.mesh = mlc.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
   config.optim = mlc.ConfigDict(
     dict(  # AdamW, docs/reference.md §1.3
-      lr=1e-6, warmup_steps=0, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.01, clip_norm=1.0
+      lr=1e-6, warmup_iterations=0, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.01, clip_norm=1.0
     )
   )
   config.train = mlc.ConfigDict(
     dict(
-      total_steps=150,  # rollout + update iterations (reference: 150 epochs x 1 step)
+      iterations=150,  # rollouts, each with its updates (reference: 150 epochs x 1 step)
       mini_batch_size=256,  # turn-samples per optimizer update (ppo_mini_batch_size)
       micro_batch_size=32,  # turn-samples per forward/backward (memory knob; same result)
       # mini-batches filled in rollout order (the reference) or "length" order (similar lengths
@@ -123,7 +123,7 @@ def base(model: str = "qwen2.5-3b", algo_name: str = "sdar") -> mlc.ConfigDict:
   )
   config.warm_start = mlc.ConfigDict(
     dict(  # expert SFT before RL (sdar_jax/run/warm_start.py)
-      steps=0,  # 0 = off (the reference starts from instruction-tuned checkpoints)
+      steps=0,  # supervised updates; 0 = off (the reference starts from instruction-tuned checkpoints)
       lr=1e-5,
       batch_size=16,
       split="train",  # walkthroughs/<split>.jsonl of the (generated) data directory
@@ -222,7 +222,7 @@ def _skills(rules_version: str = "post_fix") -> mlc.ConfigDict:
 
 
 def _env(
-  name: str, history: int, max_turns: int, group_size: int, tasks_per_step: int, **extra: Any
+  name: str, history: int, max_turns: int, group_size: int, tasks_per_iteration: int, **extra: Any
 ) -> mlc.ConfigDict:
   section = mlc.ConfigDict(
     dict(
@@ -231,7 +231,7 @@ def _env(
       history=history,  # (observation, action) pairs shown in the prompt
       max_turns=max_turns,
       group_size=group_size,  # GRPO group: episodes per task
-      tasks_per_step=tasks_per_step,  # distinct tasks per training step
+      tasks_per_iteration=tasks_per_iteration,  # distinct tasks per training iteration
       num_workers=8,  # env processes; 0 plays the envs in the trainer's process (no isolation)
       seed=0,
       skills=_skills(),
@@ -247,13 +247,13 @@ def _env(
 
 
 def alfworld(
-  history: int = 2, max_turns: int = 50, group_size: int = 8, tasks_per_step: int = 16
+  history: int = 2, max_turns: int = 50, group_size: int = 8, tasks_per_iteration: int = 16
 ) -> mlc.ConfigDict:
   """ALFWorld text games (docs/reference.md §6.1). offline.num_train / num_eval are games per task
   type; task_types is "all" or a comma-separated subset of envs.alfworld.TASK_TYPES;
   offline.rooms is "full" (the catalog's room sizes) or "small" (one receptacle per class)."""
   section = _env(
-    "alfworld", history, max_turns, group_size, tasks_per_step, split="train", task_types="all"
+    "alfworld", history, max_turns, group_size, tasks_per_iteration, split="train", task_types="all"
   )
   section.offline.rooms = "full"
   # Held-out panels (eval splits heldout_seen / heldout_unseen): fresh games per task type, drawn
@@ -264,7 +264,7 @@ def alfworld(
 
 
 def webshop(
-  history: int = 2, max_turns: int = 15, group_size: int = 8, tasks_per_step: int = 16
+  history: int = 2, max_turns: int = 15, group_size: int = 8, tasks_per_iteration: int = 16
 ) -> mlc.ConfigDict:
   """WebShop (docs/reference.md §6.2): the small catalogue, synthetic goals; eval on goals < 500.
 
@@ -276,7 +276,7 @@ def webshop(
     history,
     max_turns,
     group_size,
-    tasks_per_step,
+    tasks_per_iteration,
     use_small=True,  # items_shuffle_1000.json / items_ins_v2_1000.json (verl-agent's default)
     human_goals=False,  # synthetic goals (verl-agent's default)
     num_products=1000,  # generated catalogue size (data_dir None)
@@ -288,7 +288,7 @@ def webshop(
 
 
 def search_qa(
-  history: int = 4, max_turns: int = 4, group_size: int = 8, tasks_per_step: int = 128
+  history: int = 4, max_turns: int = 4, group_size: int = 8, tasks_per_iteration: int = 128
 ) -> mlc.ConfigDict:
   """Search-R1 QA (docs/reference.md §6.3): train on NQ + HotpotQA, BM25 top-3 passages per search.
 
@@ -299,7 +299,7 @@ def search_qa(
     history,
     max_turns,
     group_size,
-    tasks_per_step,
+    tasks_per_iteration,
     train_sources="nq,hotpotqa",  # data sources of the "train" split
     eval_sources="nq,triviaqa,popqa,hotpotqa,2wikimultihopqa,musique,bamboogle",  # other splits
     retriever="bm25",  # "bm25" (corpus) | "server" (a Search-R1 retrieval server at search_url)
@@ -324,7 +324,7 @@ def override(config: mlc.ConfigDict, values: Mapping[str, Any]) -> mlc.ConfigDic
   """Sets dotted keys ("algo.beta": 2.0), as sweeps and `local_overrides` do; an unknown key is an
   error naming it and the valid keys at that level."""
   for dotted, value in values.items():
-    moved = config_keys.renamed_problem(dotted)
+    moved = config_keys.renamed_problem(dotted, value)
     if moved:
       raise KeyError(f"config key {moved}")
     node = config
@@ -350,7 +350,7 @@ _LOCAL_TURNS = {"alfworld": 6, "webshop": 6, "search_qa": 4}
 
 def local_overrides(env: str) -> dict[str, Any]:
   """The same experiment shrunk to a 2-core CPU: the tiny model, 2 tasks x 4 episodes, short
-  turns, a handful of steps. Keys are dotted paths for `override`."""
+  turns, a handful of iterations. Keys are dotted paths for `override`."""
   if env not in ENVS:
     raise ValueError(f"unknown env {env!r}; valid envs: {ENVS}")
   return {
@@ -358,7 +358,7 @@ def local_overrides(env: str) -> dict[str, Any]:
     "model.random_init": True,  # the tiny model has no published weights
     "model.dtype": "float32",
     "model.remat": False,
-    "env.tasks_per_step": 2,
+    "env.tasks_per_iteration": 2,
     "env.group_size": 4,
     "env.max_turns": _LOCAL_TURNS[env],
     "env.num_workers": 2,
@@ -367,7 +367,7 @@ def local_overrides(env: str) -> dict[str, Any]:
     "env.skills.rules_version": "pre_fix",  # general skills: what the paper ran, shorter prompts
     "eval.num_tasks": 4,
     "rollout.max_new_tokens": 48,
-    "train.total_steps": 3,
+    "train.iterations": 3,
     "train.mini_batch_size": 24,
     "train.micro_batch_size": 8,
     "train.eval_every": 3,

@@ -16,7 +16,7 @@ hidden objects lie where the skill text says objects of their kind are kept.
    plain student prompt) and once visiting first the receptacles the skills name for the object's
    kind (its turns get the teacher's prompt with the skill block). Its warm_start/* metrics (the
    expert's success with and without skills, the teacher-student gap on held-out skill-following
-   turns) are logged at step 0. `--config.model.path=<folder>` starts from another build, and
+   turns) are logged at iteration 0. `--config.model.path=<folder>` starts from another build, and
    `--config.model.path=None --config.model.random_init=True --config.warm_start.steps=N` runs the
    warm start inside the run instead.
 2. Validation before RL: 64 valid_seen games at temperature 0.4, no skills (the sampler pads a
@@ -80,7 +80,7 @@ def demo_overrides() -> dict:
     "env.offline.rooms": "small",
     "env.max_turns": 15,
     "env.history": 2,
-    "env.tasks_per_step": 2,
+    "env.tasks_per_iteration": 2,
     "env.group_size": 8,
     # The teacher's skills: the three search habits of the general ALFWorld skills, with the
     # "Places by type:" list cut to the task's objects (~240 tokens instead of ~1,900).
@@ -104,7 +104,7 @@ def demo_overrides() -> dict:
     # wasted turns (27% -> 53% on seed 1) and success fell (docs/results.md).
     "rollout.shaping.inadmissible_no_credit": True,
     "optim.lr": 5e-4,
-    "train.total_steps": 16,
+    "train.iterations": 16,
     "train.mini_batch_size": 32,
     "train.micro_batch_size": 16,
     "train.minibatch_order": "length",

@@ -10,7 +10,7 @@ kept), or the real row with overrides, as tests/integration/test_paper_rows_smal
 Search-QA row:
 
   python -m sdar_jax.train --config=configs/paper.py:row=sdar,env=webshop,local=True \
-      --config.train.total_steps=1 --workdir=runs/paper-small
+      --config.train.iterations=1 --workdir=runs/paper-small
   python -m sdar_jax.train --config=configs/paper.py:row=sdar,env=search_qa \
       --config.model.preset=tiny --config.model.random_init=True --dry_run
 
@@ -24,7 +24,7 @@ column is the macro mean over the seven data sets (val/macro_success_rate), ALFW
 success rate.
 
 Rows, as the reference ran them (docs/reference.md §2):
-- vanilla / skill_prompt: no training (total_steps 0), one validation without / with skills in
+- vanilla / skill_prompt: no training (iterations 0), one validation without / with skills in
   the student prompt.
 - opsd, grpo, grpo_opsd, skill_sd, rlsd, sdar: the presets of the same names.
 - skill_grpo and skill_grpo_star: ONE training run (skills in the student prompt) validated both
@@ -251,7 +251,7 @@ def get_config(arg: str = "row=sdar,model=qwen2.5-3b,env=alfworld,local=False"):
   config.env.skills.rules_version = _SKILLS_RULES[arg.env]
   config.eval.skills = eval_skills
   if not trained:
-    config.train.total_steps = 0
+    config.train.iterations = 0
     config.train.eval_before_train = True
   if arg.env == "search_qa" and not arg.local:  # the whole test split, 512 at a time
     config.eval.num_tasks = -1

@@ -1,8 +1,8 @@
 r"""Search-QA (Search-R1 protocol): the reference setup of the paper's Search-QA column (docs/reference.md §6.3).
 
-128 questions x 8 episodes per step, up to 4 turns, history 4, prompts up to 4096 tokens
-(left-truncated), KL 0.001, invalid-format penalty 0.01, lr warm-up over the first 15 of 150 steps,
-one greedy validation at the end (512 questions per batch, 7 data sets).
+128 questions x 8 episodes per iteration, up to 4 turns, history 4, prompts up to 4096 tokens
+(left-truncated), KL 0.001, invalid-format penalty 0.01, lr warm-up over the first 15 of 150
+iterations, one greedy validation at the end (512 questions per batch, 7 data sets).
 
   python -m sdar_jax.train --config=configs/search_qa.py:model=qwen2.5-7b,algo=sdar \
       --config.model.path=/data/Qwen2.5-7B-Instruct --config.env.data_dir=/data/search_r1
@@ -23,10 +23,10 @@ from configs import common
 def get_config(arg: str = "model=qwen2.5-3b,algo=sdar,local=False"):
   arg = common.parse_arg(arg, model="qwen2.5-3b", algo="sdar", local=False)
   config = common.base(model=arg.model, algo_name=arg.algo)
-  config.env = common.search_qa(history=4, max_turns=4, group_size=8, tasks_per_step=128)
+  config.env = common.search_qa(history=4, max_turns=4, group_size=8, tasks_per_iteration=128)
   config.algo.kl_coef = 0.001
   config.rollout.shaping.invalid_penalty = 0.01
-  config.optim.warmup_steps = 15  # warm-up ratio 0.1 of 150 steps
+  config.optim.warmup_iterations = 15  # warm-up ratio 0.1 of 150 iterations
   config.rollout.max_prompt_len = 4096
   config.rollout.prompt_truncation = "left"
   config.rollout.val_temperature = 0.0  # greedy validation

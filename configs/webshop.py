@@ -1,7 +1,8 @@
 r"""WebShop: the reference setup of the paper's WebShop column (docs/reference.md §6.2).
 
-16 goals x 8 episodes per step, up to 15 turns, history 2, prompts up to 4096 tokens, KL 0.01,
-invalid-format penalty 0.1, 150 steps, validation on 128 goals (index < 500) every 5 steps at T 0.4.
+16 goals x 8 episodes per iteration, up to 15 turns, history 2, prompts up to 4096 tokens, KL
+0.01, invalid-format penalty 0.1, 150 iterations, validation on 128 goals (index < 500) every 5
+iterations at T 0.4.
 Reward 10 only for a purchase with WebShop score 1.0; the score itself is the table's "Score".
 
   python -m sdar_jax.train --config=configs/webshop.py:model=qwen2.5-7b,algo=sdar \
@@ -20,7 +21,7 @@ from configs import common
 def get_config(arg: str = "model=qwen2.5-3b,algo=sdar,local=False"):
   arg = common.parse_arg(arg, model="qwen2.5-3b", algo="sdar", local=False)
   config = common.base(model=arg.model, algo_name=arg.algo)
-  config.env = common.webshop(history=2, max_turns=15, group_size=8, tasks_per_step=16)
+  config.env = common.webshop(history=2, max_turns=15, group_size=8, tasks_per_iteration=16)
   config.algo.kl_coef = 0.01
   config.rollout.shaping.invalid_penalty = 0.1
   config.rollout.max_prompt_len = 4096

@@ -2,7 +2,7 @@ r"""The ablation: GRPO vs GRPO+OPSD vs SDAR (and other gates) on the demo setup,
 
     .venv/bin/python experiments/ablation.py                      # grpo, grpo_opsd, sdar x seeds 0,1,2
     .venv/bin/python experiments/ablation.py --arms grpo,grpo_opsd,sdar,sdar_entropy,sdar_soft_or,skill_grpo
-    .venv/bin/python experiments/ablation.py --set train.eval_every=5 --set train.total_steps=40
+    .venv/bin/python experiments/ablation.py --set train.eval_every=5 --set train.iterations=40
     .venv/bin/python experiments/ablation.py --collect-only       # the table and figure from what ran
     nohup .venv/bin/python experiments/ablation.py > runs/ablation.log 2>&1 &   # in the background
 
@@ -224,7 +224,7 @@ def table_rows(arms: Sequence[ArmResult], planned_seeds: int) -> list[dict[str, 
     auc = collect.mean_std(r.auc for r in done)
     before = collect.mean_std(r.initial_success for r in done)
     walls = [r.wall_seconds for r in done if r.wall_seconds is not None]
-    steps = {r.total_steps for r in arm.runs}
+    steps = {r.iterations for r in arm.runs}
     episodes = {
       r.get("train.total_steps", 0) * r.get("env.tasks_per_step", 0) * r.get("env.group_size", 0)
       for r in arm.runs
@@ -257,7 +257,7 @@ def seed_rows(arms: Sequence[ArmResult]) -> list[dict[str, object]]:
         {
           "arm": arm.label,
           "seed": seed,
-          "steps": f"{r.last_step if r.last_step is not None else 0}/{r.total_steps}",
+          "steps": f"{r.last_step if r.last_step is not None else 0}/{r.iterations}",
           "val before": r.initial_success,
           "val final": r.final_success,
           "AUC": r.auc,

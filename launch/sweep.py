@@ -16,7 +16,7 @@ points are run once (`distinct_points`): β with a gate that ignores it (the con
 β and form when the distillation term is off (algo.distill "none", or λ = 0) or is Skill-SD's
 (which has no gate). `--run` executes them one after another on this machine, each one's
 output in `<workdir>/train.log`, its attempts and wall time in `<workdir>/run_status.json`; a
-finished run (run_status.json says so, or its metrics reached train.total_steps) is skipped, an
+finished run (run_status.json says so, or its metrics reached train.iterations) is skipped, an
 interrupted one resumes from its latest checkpoint; the sweep is collected at the end.
 
 `--emit=slurm|tpu` prints one job per run instead, to run side by side: `slurm` an sbatch

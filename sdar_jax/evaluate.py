@@ -1,4 +1,4 @@
-r"""Evaluation entry point: validation episodes only, no training.
+r"""The evaluation command: validation episodes only, no training.
 
   # A training run's latest checkpoint (or --step=N): results in runs/sdar-3b/evaluations/step_<N>/
   python -m sdar_jax.evaluate --config=configs/alfworld.py:model=qwen2.5-3b \
@@ -8,26 +8,11 @@ r"""Evaluation entry point: validation episodes only, no training.
   python -m sdar_jax.evaluate --config=configs/default.py \
       --config.model.path=runs/demo/hf_export --workdir=runs/demo-eval
 
-The same config files and overrides as `sdar_jax.train` (pass the config the run was trained with:
-the checkpoint's architecture must match it; eval.* and rollout.val_temperature may differ). What
-is evaluated:
-
-* `--workdir` holds checkpoints (`<workdir>/checkpoints`, or checkpoint.dir): the parameters of
-  checkpoint `--step` (default: the latest), restored alone (no optimizer state, no KL reference,
-  no training environments). Results go to `<workdir>/evaluations/step_<N>/` (or `--output`),
-  beside the training's own `eval/step_<N>/`; the run's files (config.json, metrics.jsonl,
-  checkpoints, eval/) are only read, and a training run still going on in the workdir is not
-  disturbed (its lock is not needed).
-* otherwise: the weights named on the command line (`--config.model.path`, or `--initial_policy`
-  for the config's starting policy), results in `--workdir` itself (or `--output`); a workdir
-  that holds no run and no such flag is refused. A directory holding a training run's files is
-  refused as the output.
-
-The results directory gets its own config.json, metrics.jsonl (one row at the evaluated step:
-val/success_rate, per task type, valid-format ratio, env failures), metrics.png and
-evaluation.json (what was evaluated); evaluating again replaces them. The episodes are those the
-training run's own evaluation at that step plays (same seeds, same rollout keys). `--dry_run`
-validates and prints what would be evaluated, writing nothing.
+Flags: the config and overrides of `sdar_jax.train`, --workdir, --step, --output,
+--initial_policy, --dry_run. Plans what to evaluate (`run.evaluation.plan_evaluation`) and runs an
+evaluation-only Trainer; the results folder gets its own config.json, metrics.jsonl, metrics.png
+and evaluation.json, and a training run's files are only read. What is evaluated and where the
+results go: docs/running.md, "Evaluation only".
 """
 
 from __future__ import annotations
@@ -46,7 +31,7 @@ log = logging.getLogger("sdar_jax.evaluate")  # not __name__: it is "__main__" u
 
 # Applied to the config (and so to the evaluation's config.json): nothing trains, nothing exports.
 EVAL_ONLY = (
-  "--config.train.total_steps=0",
+  "--config.train.iterations=0",
   "--config.train.eval_before_train=True",
   "--config.warm_start.steps=0",
   "--config.checkpoint.export_hf=False",

@@ -79,7 +79,7 @@ def unknown_override_keys(config: mlc.ConfigDict, argv: Sequence[str]) -> list[s
     if not match:
       continue
     path = match.group(1)
-    moved = config_keys.renamed_problem(path)
+    moved = config_keys.renamed_problem(path, arg.split("=", 1)[1] if "=" in arg else None)
     if moved:
       problems.append(f"--config.{moved}")
       continue

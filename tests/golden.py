@@ -67,7 +67,7 @@ def _advantages(algo, batch) -> list[float]:
   if algo.turn_advantages:
     rewrite = jax.jit(lambda table: algos.TURN_ADVANTAGES.get(algo.advantage)(algo, table))
     return np.asarray(rewrite(_turn_table(batch)), np.float64).tolist()
-  weight = algos.rlsd_lambda(ITERATION, algo.rlsd.lam0, algo.rlsd.warmdown_steps)
+  weight = algos.rlsd_lambda(ITERATION, algo.rlsd.lam0, algo.rlsd.warmdown_iterations)
   out = algos.token_advantages(
     algo.advantage,
     batch.advantages,

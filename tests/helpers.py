@@ -75,7 +75,7 @@ SMALL_QWEN3 = ModelConfig.tiny(
 # One bucket of a turn batch: student prompt, teacher prompt and response slots.
 STUDENT_PROMPT_LEN, TEACHER_PROMPT_LEN, RESPONSE_LEN = 7, 12, 6
 # The SDAR preset as a loss config, teacher scored inside the update step, no KL term.
-SDAR_LOSS = dict(dataclasses.asdict(get_preset("sdar")), kl_coef=0.0, teacher_source="step")
+SDAR_LOSS = dict(dataclasses.asdict(get_preset("sdar")), kl_coef=0.0, teacher_source="update")
 
 
 # The splits of the run-wide ALFWorld game set (conftest.alfworld_games): split -> task types.
@@ -223,7 +223,7 @@ def small_run_overrides() -> dict:
     "mesh.data": 2,
     "mesh.fsdp": 1,
     "mesh.tensor": 4,
-    "env.tasks_per_step": 1,
+    "env.tasks_per_iteration": 1,
     "env.group_size": 2,
     "env.max_turns": 2,
     "env.num_workers": 0,
@@ -247,7 +247,7 @@ ONE_ITERATION = {
 }
 
 
-def tiny_run_config(total_steps: int, algo: str = "sdar", **overrides):
+def tiny_run_config(iterations: int, algo: str = "sdar", **overrides):
   """A whole ALFWorld run config for the real host loop, as small as it goes
   (`small_run_overrides`) on one generated game per task type and split. `overrides`: dotted
   config keys, e.g. `**{"train.eval_every": 2}`."""
@@ -264,7 +264,7 @@ def tiny_run_config(total_steps: int, algo: str = "sdar", **overrides):
     # prompt is the skill block plus the student's, and the general skills are about 1,900.
     "env.skills.dir": skills_dir("alfworld_brief"),
     "env.skills.places": "task",
-    "train.total_steps": total_steps,
+    "train.iterations": iterations,
   }
   return common.override(config, {**tiny, **overrides})
 

@@ -71,7 +71,7 @@ def run_config(steps: int, skills_dir: str, eval_every: int = 2):
     "env.name": "dummy",
     "env.max_turns": 2,
     "env.history": 1,
-    "env.tasks_per_step": 4,
+    "env.tasks_per_iteration": 4,
     "env.group_size": 2,
     "env.num_workers": 0,
     "env.skills.dir": skills_dir,

@@ -448,7 +448,7 @@ def has_final_checkpoint(run: str) -> bool:
 
   folder = os.path.join(run, "checkpoints")
   total = (
-    collect.read_run(run).total_steps if os.path.isfile(os.path.join(run, "config.json")) else None
+    collect.read_run(run).iterations if os.path.isfile(os.path.join(run, "config.json")) else None
   )
   if total is None or not os.path.isdir(folder):
     return False

@@ -108,17 +108,18 @@ def grpo_advantages(
   return adv
 
 
-def rlsd_lambda(step: ArrayLike, lam0: float = 0.5, warmdown_steps: int = 100) -> Array:
-  """RLSD mixing weight: lam0 * (1 - step / K) for step < K, else 0 (docs/reference.md §2.4).
+def rlsd_lambda(iteration: ArrayLike, lam0: float = 0.5, warmdown_iterations: int = 100) -> Array:
+  """RLSD mixing weight: lam0 * (1 - k / K) at training iteration k < K, else 0 (docs/reference.md
+  §2.4; the reference's global step is our iteration).
 
-  `step` may be traced. Steps start at 1 in the reference, so the first update uses
-  lam0 * (1 - 1/K). `warmdown_steps <= 0` means no warm-down (constant lam0; our choice).
+  `iteration` may be traced. It starts at 1, as the reference's steps do, so the first iteration
+  uses lam0 * (1 - 1/K). `warmdown_iterations <= 0` means no warm-down (constant lam0; ours).
   """
-  step = jnp.asarray(step, jnp.float32)
-  if warmdown_steps <= 0:
-    return jnp.full_like(step, lam0)
-  k = float(warmdown_steps)
-  return jnp.where(step < k, lam0 * (1.0 - step / k), 0.0)
+  iteration = jnp.asarray(iteration, jnp.float32)
+  if warmdown_iterations <= 0:
+    return jnp.full_like(iteration, lam0)
+  k = float(warmdown_iterations)
+  return jnp.where(iteration < k, lam0 * (1.0 - iteration / k), 0.0)
 
 
 def rlsd_token_advantages(
@@ -196,7 +197,7 @@ def _grpo_token_advantages(
 
 @ADVANTAGE_SCHEDULES.register("rlsd")
 def _rlsd_schedule(algo, iteration) -> Array:
-  return rlsd_lambda(iteration, algo.rlsd.lam0, algo.rlsd.warmdown_steps)
+  return rlsd_lambda(iteration, algo.rlsd.lam0, algo.rlsd.warmdown_iterations)
 
 
 @ADVANTAGE_ESTIMATORS.register("rlsd")

@@ -1,27 +1,13 @@
 """Masked aggregation of per-token values, as verl's `agg_loss`, plus masked-mean metrics.
 
-Every per-token array is [B, R] (turn-samples x response slots, any leading shape works:
-the last axis is tokens, all others are sequences); `mask` is bool or float of the same shape.
-
-Modes (`AGG_MODES`):
-- "token-mean":          sum(v*m) / denom,                 denom defaults to sum(m)
-- "seq-mean-token-sum":  sum_rows(sum_t v*m) / num_seqs
-- "seq-mean-token-mean": sum_rows(sum_t v*m / sum_t m) / num_seqs
-  num_seqs defaults to the number of rows holding at least one masked token.
-
-Combining micro-batches exactly. The train step splits a batch into micro-batches and sums
-their gradients. Pass `denom` = the token count of the WHOLE batch (and, for the seq modes,
-`num_seqs` = its non-empty row count) to every micro-batch: each micro-batch loss is then
-its share of the whole-batch loss, and the shares SUM to the whole-batch value. Metrics follow
-the same rule: `masked_mean(x, mask, denom)` is sum(x*m)/denom, a plain masked mean when
-`denom` is None and an additive share when `denom` is the global count. So every metric
-returned by the losses in this package (all token-weighted) is summed over micro-batches by
-the caller, never averaged, and the result is exactly the metric over the whole batch.
-
-Guards: an all-masked batch gives 0 (not NaN); a fully masked row contributes 0 and is not
-counted as a sequence. Positions where mask == 0 are zeroed with `where`, so NaN/inf in
-padding cannot leak into the value or its gradient. The last guard differs from verl only
-when a row has no response token at all (impossible in verl, common for our bucket padding).
+Per-token arrays are [..., R] (the last axis tokens, the others sequences) with a bool or float
+`mask` of the same shape. Modes (`AGG_MODES`): "token-mean" sum(v·m) / denom (default sum(m)),
+"seq-mean-token-sum" Σ_rows Σ_t v·m / num_seqs, "seq-mean-token-mean" Σ_rows (Σ_t v·m / Σ_t m) /
+num_seqs (num_seqs defaults to the rows with a masked token). Given the whole mini-batch's `denom`
+and `num_seqs`, each micro-batch's value and metric (`masked_mean`) is its additive share, so the
+caller sums them over micro-batches and gets the whole batch's exactly. An all-masked batch gives
+0, a fully masked row counts as no sequence, and padding never leaks NaN or inf into a value or
+its gradient (docs/design.md, "The update").
 """
 
 from __future__ import annotations

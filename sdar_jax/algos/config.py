@@ -28,9 +28,9 @@ from sdar_jax.algos.losses import KL_PENALTIES
 from sdar_jax.algos.sections import EMA, GRSD, RLSD, SECTIONS, AgentOPSD, PPOClip, Retire
 from sdar_jax.algos.teacher_schedules import TEACHER_WEIGHTS
 from sdar_jax.algos.turn_credit import TURN_ADVANTAGES
-from sdar_jax.config_keys import translate_section
+from sdar_jax.config_keys import MOVED_ON, RENAMED_VALUES, translate_section
 
-TEACHER_SOURCES = ("rollout", "step")
+TEACHER_SOURCES = ("rollout", "update")
 EMA_CADENCES = ("iteration", "update", "manual")
 
 
@@ -67,7 +67,7 @@ class AlgoConfig:
   form: str = "reference"
   """SDAR per-token form (`SDAR_FORMS`): "reference" g·(sg(lT) − lθ), "reverse_kl" −g·sg(Δ)·lθ
   (sampled tokens), "vocab" Σ_v sg(pT(v)·g_v)·(sg(lT(v)) − lθ(v)) (every vocabulary entry gated
-  by its own gap; needs teacher_source="step", `algos.vocab_distill_term`), "topk" the same sum
+  by its own gap; needs teacher_source="update", `algos.vocab_distill_term`), "topk" the same sum
   over the teacher's `top_k` most likely tokens (`algos.topk_distill_term`)."""
   top_k: int = 32
   """Form "topk": how many of the teacher's most likely tokens each response position sums over
@@ -95,7 +95,7 @@ class AlgoConfig:
   ppo: PPOClip = dataclasses.field(default_factory=PPOClip)
   """PPO's ratio clip (`algo.ppo.clip_low`, `.clip_high`, `.clip_c`)."""
   rlsd: RLSD = dataclasses.field(default_factory=RLSD)
-  """RLSD's settings (advantage "rlsd": `algo.rlsd.lam0`, `.warmdown_steps`, `.clip_eps`)."""
+  """RLSD's settings (advantage "rlsd": `algo.rlsd.lam0`, `.warmdown_iterations`, `.clip_eps`)."""
   grsd: GRSD = dataclasses.field(default_factory=GRSD)
   """GRSD's settings (advantage "grsd": `algo.grsd.scale`, `.clip`, `.floor`)."""
   agent_opsd: AgentOPSD = dataclasses.field(default_factory=AgentOPSD)
@@ -113,7 +113,7 @@ class AlgoConfig:
   teacher/* metrics alone; False is refused when a term needs them."""
   teacher_source: str = "rollout"
   """"rollout": teacher log-probs scored once per iteration at θ_old and kept through every
-  mini-batch (the reference); "step": re-scored inside each update at the current weights."""
+  mini-batch (the reference); "update": re-scored inside each update at the current weights."""
   teacher_weights: str = "current"
   """Whose weights the teacher branch runs: "current" (the policy being trained, given the skills:
   the reference) or "initial" (the frozen initial policy, the one the KL term reads, given the
@@ -238,7 +238,11 @@ class AlgoConfig:
       ("teacher_source", sorted(TEACHER_SOURCES)),
       ("teacher_weights", sorted(TEACHER_WEIGHTS)),
     ):
-      if getattr(self, field) not in valid:
+      renamed = RENAMED_VALUES.get(f"algo.{field}", {})
+      if getattr(self, field) in renamed:  # an old name of a value
+        new = renamed[getattr(self, field)]
+        bad(field, f"this value is now {new!r} ({MOVED_ON})", f"use algo.{field}={new!r}")
+      elif getattr(self, field) not in valid:
         bad(
           field,
           "unknown name",
@@ -294,13 +298,15 @@ class AlgoConfig:
         "use e.g. 0.95 (SDPO's), or teacher_weights='initial' for a teacher that never moves",
       )
     if (
-      self.teacher_weights == "ema" and self.ema.every == "update" and self.teacher_source != "step"
+      self.teacher_weights == "ema"
+      and self.ema.every == "update"
+      and self.teacher_source != "update"
     ):
       bad(
         "teacher_source",
         "algo.ema.every='update' moves the EMA teacher inside the update, after every "
-        "optimizer step, so the teacher must be scored there",
-        "set --config.algo.teacher_source=step, or algo.ema.every='iteration'",
+        "optimizer update, so the teacher must be scored there",
+        "set --config.algo.teacher_source=update, or algo.ema.every='iteration'",
       )
     for name in self.hook_names:
       if name not in METHOD_HOOKS:
@@ -365,10 +371,10 @@ class AlgoConfig:
       bad("retire.progress", "must be a number", "use RetireOPD's 0.0")
     if not _is_number(self.retire.competence, low=0):
       bad("retire.competence", "must be a number >= 0", "use RetireOPD's 0.9")
-    warmdown = self.rlsd.warmdown_steps
+    warmdown = self.rlsd.warmdown_iterations
     if self.advantage == "rlsd" and (not isinstance(warmdown, int) or warmdown < 1):
       bad(
-        "rlsd.warmdown_steps",
+        "rlsd.warmdown_iterations",
         "the RLSD schedule λ0·(1-k/K) needs K >= 1",
         "use a positive number of steps, the reference uses 100",
       )
@@ -382,12 +388,12 @@ class AlgoConfig:
         f"algo.distill={self.distill!r} / algo.advantage={self.advantage!r} need teacher log-probs",
         "set --config.algo.teacher=True",
       )
-    if self.vocab_distill and self.teacher_source != "step":
+    if self.vocab_distill and self.teacher_source != "update":
       bad(
         "teacher_source",
         f"algo.form={self.form!r} reads the teacher's whole [B, R, V] distribution, which is "
         "computed inside the update and never stored with the rollout",
-        "set --config.algo.teacher_source=step",
+        "set --config.algo.teacher_source=update",
       )
     if self.distill == "none" and _is_number(self.lam) and self.lam > 0:
       bad(

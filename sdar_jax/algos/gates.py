@@ -1,61 +1,19 @@
-"""SDAR token gates g_t in [0, 1], all detached (docs/reference.md §1.1, §1.5).
+"""SDAR token gates g_t in [0, 1], all detached (docs/reference.md §1.1, §1.5), by name (`GATES`).
 
-Inputs per response token: the gap Δ_t = lT_t − sg(lθ_t) (teacher minus current student log-prob
-of the sampled token; in practice about [−10, 2]), the student's entropy h_t in nats over the
-model's V logits (0 ≤ h ≤ ln V), and the sharpness β ≥ 0 (the reference uses 5). σ is the logistic
-sigmoid, H0 = ENTROPY_SCALE_NATS = 1 nat and u_t = h_t / ln V ∈ [0, 1] the normalised entropy.
+Inputs per response token: the gap Δ = lT − sg(lθ) (teacher minus current student log-prob of the
+sampled token), the student's entropy h in nats, the sharpness β ≥ 0 (the reference: 5); σ is the
+logistic sigmoid, H0 = ENTROPY_SCALE_NATS = 1 nat, u = h / ln V (clipped to [0, 1]).
 
-- "gap":            σ(β·Δ)                              the teacher endorses the token (the
-                                                        paper's gate, the authors' only one)
+- "gap":            σ(β·Δ)                              the paper's gate, the authors' only one
 - "entropy":        σ(β·(h/H0 − 1))                     the student is uncertain
 - "soft_or":        1 − (1 − σ(β·Δ))·(1 − σ(β·(h/H0 − 1)))  teacher endorses OR student uncertain
 - "constant":       0.5                                 (= "gap" with β = 0: GRPO+OPSD)
-- "entropy_lnv":    σ(β·(2u − 1))                       "entropy" until 2026-12-04
-- "soft_or_lnv":    1 − (1 − σ(β·Δ))·(1 − σ(β·(2u − 1)))  "soft_or" until 2026-12-04
-- "entropy_paper":  σ(β·h)                              the paper's formula, taken literally
-- "soft_or_paper":  σ(β·[1 − (1 − h)(1 − Δ)])           the paper's formula, taken literally
+- "entropy_lnv", "soft_or_lnv":  the same with 2u − 1 for h/H0 − 1 ("entropy", "soft_or" until
+                                 2026-12-04; they need `vocab_size`, the others ignore it)
+- "entropy_paper":  σ(β·h),  "soft_or_paper": σ(β·[1 − (1 − h)(1 − Δ)])   the paper's, literally
 
-The entropy and soft-OR gates exist only in the paper; the authors' code has the gap gate alone.
-Taken literally, their formulas do not gate (kept as "entropy_paper" and "soft_or_paper" for
-comparison):
-- σ(β·h) ≥ 0.5 for every token because h ≥ 0: it never closes (at β = 5 it is above 0.92 once
-  h > 0.5 nats), so it is an almost constant weight, not a selection.
-- In σ(β·[1 − (1 − h)(1 − Δ)]) the argument's slope in Δ is (1 − h), negative once h > 1 nat:
-  for uncertain tokens the gate grows as the teacher rejects the token more strongly (β = 5, h = 2:
-  Δ = −5 gives g ≈ 1.0, Δ = +1 gives 0.993), the opposite of a gate. h and Δ are not
-  probabilities, so 1 − (1 − h)(1 − Δ) is not an OR of anything.
-
-Our designs keep the paper's intent with inputs of the right scale.
-
-"entropy" measures the entropy on a fixed scale in nats, H0 = 1 nat, independent of the
-vocabulary: the gate is half open at h = H0 (the spread of e ≈ 2.7 equally likely tokens) and β is
-its sharpness, as in the gap gate. Why a fixed scale: a language model's token entropy is set by how
-many continuations are plausible, not by how many logits the head has; confident tokens sit below
-0.1 nat and the positions where the model hesitates ("forking" tokens) at about 1-3 nats, whatever
-V is. At β = 5 (the values are the same at every V, since V does not enter):
-    h (nats)   0      0.05    0.5     0.8     1.0    1.2     1.5     2.0    4.0
-    g          0.007  0.009   0.076   0.269   0.5    0.731   0.924   0.993  1.000
-so a confident token (h ≤ 0.05) gets g < 0.01 and the gate is above 0.7 from h = 1.2 nats on, at
-Qwen's V = 151,936 (ln V = 11.93) as at the demo's V = 1,664 (ln V = 7.42). A statistic of the
-batch (e.g. the entropy's quantile) would also be V-free, but it has to be taken over the whole
-mini-batch so that gradient accumulation over micro-batches still equals one batch, and it makes a
-token's weight depend on its neighbours in the batch; a fixed scale has neither cost.
-
-The gates until 2026-12-04 ("entropy_lnv", "soft_or_lnv", kept so earlier sweeps reproduce)
-normalised by ln V: u = h / ln V, g = σ(β·(2u − 1)). At β = 5 they are half open at h = ln V / 2,
-i.e. 5.97 nats at V = 151,936 and 3.71 nats at V = 1,664: for h = 1-3 nats, g = 0.015-0.077 at
-V = 151,936 (0.025-0.28 at V = 1,664), and g ≤ 0.16 for every h ≤ 4 nats at V = 151,936. On real
-rollouts they are therefore almost always closed, and closed at a point that moves with V.
-
-"soft_or" is the probabilistic OR 1 − (1 − a)(1 − b) of two probabilities, a = σ(β·Δ) (the gap
-gate) and b the entropy gate ("soft_or": b = σ(β·(h/H0 − 1)); "soft_or_lnv": b = σ(β·(2u − 1))).
-It lies in [max(a, b), 1], rises with Δ for every entropy and with h for every Δ, opens when either
-the teacher endorses the token or the student is uncertain, and closes only when the teacher
-rejects a token the student is sure of (β = 5, Δ = −1, h = 0.5 nat: g = 0.082). At β = 0 it is 0.75.
-
-"entropy" and "soft_or" do not read V (`vocab_size` is accepted and ignored); the "_lnv" variants
-need it (the number of logits the entropy is taken over); u is clipped to [0, 1] and h to h ≥ 0
-against float rounding.
+Pure functions of arrays, traceable. Why each design, and why the paper's formulas taken
+literally do not gate: docs/design.md, "Gates".
 """
 
 from __future__ import annotations
@@ -111,7 +69,7 @@ def gap_gate(
   return jax.nn.sigmoid(beta * gap)
 
 
-ENTROPY_SCALE_NATS = 1.0  # H0: the entropy at which "entropy" is half open (module doc)
+ENTROPY_SCALE_NATS = 1.0  # H0: the entropy at which "entropy" is half open
 
 
 def _entropy_on_scale(name: str, entropy: Array | None) -> Array:

@@ -1,27 +1,13 @@
-"""Hook points of a training iteration, which a method registers for.
+"""Hook points of a training iteration, which a method registers for (`METHOD_HOOKS`).
 
-A method that acts once per iteration (a turn-level advantage rewrite, a teacher-weight schedule,
-a rule that retires a term, a builder of the teacher's context) is a `MethodHooks` subclass,
-returned by a factory registered in `METHOD_HOOKS` for the `AlgoConfig`s it applies to (None for
-the others). The trainer builds every registered factory's hooks once per run and calls them in
-registration order at these points of each iteration:
-
-  after_rollout(view)          the finished episodes and their turn-samples (`view.samples`, which
-                               a hook may replace: e.g. the teacher's prompt ids of each sample)
-  after_teacher_scoring(view)  the mini-batches scored by the teacher at θ_old; a hook may rewrite
-                               the advantages (`view.rewrite_advantages`)
-  after_updates(view)          the iteration's optimizer updates done (`view.updates_applied`,
-                               `view.move_teacher_ema`)
-  at_evaluation(view, evaluation, start)
-                               after each validation (`start`: the one before training)
-  at_iteration_end(view)       the iteration's last metrics
-  state_dict() / load_state_dict(state, view)
-                               the hook's state, saved in each checkpoint and restored on resume
-  run_problems(config)         what the method cannot run with in a run config (checked before
-                               anything is built, one "<key>=<value>: ... Fix: ..." line each)
-
-Each returns a dict of metrics to log (or None). The `view` is the trainer's (sdar_jax.run); what
-it offers is the `IterationView` protocol below. Nothing here imports the layers above.
+A method that acts once per iteration is a `MethodHooks` subclass returned by a factory
+registered for the `AlgoConfig`s it applies to. The trainer builds each run's hooks once and calls
+them in registration order: `after_rollout(view)`, `after_teacher_scoring(view)` (may rewrite the
+advantages), `after_updates(view)`, `at_evaluation(view, evaluation, start)`,
+`at_iteration_end(view)`; `state_dict` / `load_state_dict` go into each checkpoint and
+`run_problems(config)` refuses a run config before anything is built. Each returns metrics to
+log (or None). The `view` is the trainer's; what it offers is the `IterationView` protocol below.
+Nothing here imports the layers above. Writing one: docs/extending.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,13 @@
 """RetireOPD's retirement rule: distil from a frozen teacher until the distillation stops helping.
 
-Host-side bookkeeping, no arrays: the host loop reports each iteration's reverse KL on the student's
-rollouts and each validation success rate, and asks after a validation whether to retire.
-
-- K_t: the mean over the last W iterations of the token-mean reverse KL −(lT − lθ) on the
-  student's rollouts (lT the frozen teacher's log-prob of a sampled token, lθ the student's at
-  sampling time).
-- progress_t = (K_{t−W} − K_t) / K_{t−W}: how much the student's distance to the teacher shrank
-  over the last W iterations (K_{t−W} is the same mean over the W iterations before those).
-  Defined once 2W iterations are recorded and K_{t−W} ≠ 0.
-- competence_t = (SR_t + SR_{t−1}) / (2·SR_teacher): the mean of the last two validation success
-  rates over the teacher's (the frozen teacher evaluated with its skills at the start). A teacher
-  that never succeeds makes any success of the student competent (the ratio is taken against
-  1e-9 instead of 0).
-
-Once progress_t ≤ `progress_at_most` and competence_t ≥ `competence_at_least` at a validation,
-the distillation is retired for the rest of the run: its weight becomes 0 and the teacher is no
-longer scored. The state (`state_dict`) goes into the checkpoint, so a resumed run retires at the
-same iteration an uninterrupted one does. `RetirementHooks` (registered for algo.retire.window
->= 1) plugs the rule into the iteration (`algos.hooks`).
+Host-side bookkeeping, no arrays: `Retirement` takes each iteration's reverse KL −(lT − lθ) on
+the student's rollouts and each validation success rate, and after a validation says whether to
+retire: once progress_t = (K_{t−W} − K_t) / K_{t−W} ≤ `progress_at_most` (K: the mean KL of the
+last W iterations) and competence_t = (SR_t + SR_{t−1}) / (2·SR_teacher) ≥ `competence_at_least`,
+the distillation's weight becomes 0 for the rest of the run and the teacher is no longer scored.
+Its state (`state_dict`) is checkpointed, so a resumed run retires at the same iteration.
+`RetirementHooks` (registered for algo.retire.window >= 1) plugs the rule into the iteration
+(`algos.hooks`). The README's `retire_opd` row and docs/reference.md §11 give the source.
 """
 
 from __future__ import annotations

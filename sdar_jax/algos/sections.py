@@ -26,7 +26,7 @@ class RLSD:
 
   lam0: float = 0.5
   """The initial teacher weight λ0 in [0, 1]; it decays linearly to 0."""
-  warmdown_steps: int = 100
+  warmdown_iterations: int = 100
   """Training iterations over which λ decays from lam0 to 0."""
   clip_eps: float = 0.2
   """The teacher weight exp(sign(A)·(lT − lold)) is clipped to [1 − eps, 1 + eps]."""
@@ -88,7 +88,7 @@ class EMA:
   every: str = "iteration"
   """When it moves (`EMA_CADENCES`): "iteration" (SDPO's: once per training iteration, after its
   updates, if at least one was applied), "update" (after every applied optimizer update; needs
-  teacher_source="step") or "manual" (only when a method hook asks,
+  teacher_source="update") or "manual" (only when a method hook asks,
   `IterationView.move_teacher_ema`)."""
 
 

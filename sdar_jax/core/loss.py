@@ -223,7 +223,7 @@ def loss_and_grads(
   if algo.scores_teacher and algo.teacher_source == "rollout" and batch.teacher_logp is None:
     raise ValueError(
       "algo.teacher_source='rollout' reads batch.teacher_logp, which is None: score it with "
-      "TrainStep.score_teacher(params, batch) first, or use teacher_source='step'."
+      "TrainStep.score_teacher(params, batch) first, or use teacher_source='update'."
     )
   B = batch.batch_size
   micro = B if micro_batch_size is None else micro_batch_size
@@ -232,7 +232,7 @@ def loss_and_grads(
   num_seqs = algos.seq_count(batch.response_mask)
   teacher_weight, schedule_metrics = algos.advantage_teacher_weight(algo, iteration)
   teacher_params = jax.lax.stop_gradient(params)
-  if algo.scores_teacher and algo.teacher_source == "step":  # whose weights: algo.teacher_weights
+  if algo.scores_teacher and algo.teacher_source == "update":  # whose weights: algo.teacher_weights
     teacher_params = jax.lax.stop_gradient(
       algos.TEACHER_WEIGHTS.get(algo.teacher_weights)(params, ref_params, ema_params)
     )
@@ -242,7 +242,7 @@ def loss_and_grads(
 
   def one(micro: TurnBatch):  # one micro-batch
     teacher_logp = teacher = None
-    if algo.vocab_distill:  # teacher_source "step" (AlgoConfig checks it)
+    if algo.vocab_distill:  # teacher_source "update" (AlgoConfig checks it)
       teacher = (teacher_params, teacher_branch_hidden(config, teacher_params, micro))
     elif algo.scores_teacher:
       teacher_logp = (

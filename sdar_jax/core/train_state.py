@@ -33,23 +33,23 @@ class TrainState:
   ema_params: Params | None = None  # the EMA teacher's weights (teacher_weights="ema"), or None
 
 
-def make_lr_schedule(lr: float, warmup_steps: int = 0) -> optax.Schedule:
+def make_lr_schedule(lr: float, warmup_iterations: int = 0) -> optax.Schedule:
   """The learning rate of 0-based training iteration k (one rollout + its updates): linear warm-up
-  lr·k/K over K = `warmup_steps` iterations (iteration 0 uses 0), then constant. It counts
+  lr·k/K over K = `warmup_iterations` iterations (iteration 0 uses 0), then constant. It counts
   iterations, not optimizer updates: every mini-batch update of one iteration uses the same rate,
   as the reference steps its scheduler once per iteration (docs/reference.md §4.8)."""
-  if warmup_steps > 0:
-    return optax.linear_schedule(0.0, lr, warmup_steps)
+  if warmup_iterations > 0:
+    return optax.linear_schedule(0.0, lr, warmup_iterations)
   return optax.constant_schedule(lr)
 
 
 def scale_by_iteration_lr(
-  lr: float, warmup_steps: int = 0
+  lr: float, warmup_iterations: int = 0
 ) -> optax.GradientTransformationExtraArgs:
-  """Scales updates by −lr_k with lr_k = make_lr_schedule(lr, warmup_steps)(iteration − 1), where
-  the 1-based training `iteration` is passed as `optimizer.update(..., iteration=...)` (the train
-  step does). Without a warm-up the rate is constant and `iteration` may be left out."""
-  schedule = make_lr_schedule(lr, warmup_steps)
+  """Scales updates by −lr_k with lr_k = make_lr_schedule(lr, warmup_iterations)(iteration − 1),
+  where the 1-based training `iteration` is passed as `optimizer.update(..., iteration=...)` (the
+  train step does). Without a warm-up the rate is constant and `iteration` may be left out."""
+  schedule = make_lr_schedule(lr, warmup_iterations)
 
   def init(params):
     del params
@@ -58,11 +58,11 @@ def scale_by_iteration_lr(
   def update(updates, state, params=None, *, iteration=None, **extra_args):
     del params, extra_args
     if iteration is None:
-      if warmup_steps > 0:
+      if warmup_iterations > 0:
         raise ValueError(
-          f"optim.warmup_steps={warmup_steps} counts training iterations: pass the 1-based "
-          "iteration to optimizer.update(..., iteration=k) (TrainStep does), or set "
-          "warmup_steps=0."
+          f"optim.warmup_iterations={warmup_iterations} counts training iterations: pass the "
+          "1-based iteration to optimizer.update(..., iteration=k) (TrainStep does), or set "
+          "warmup_iterations=0."
         )
       rate = jnp.asarray(lr, jnp.float32)
     else:
@@ -72,7 +72,7 @@ def scale_by_iteration_lr(
   return optax.GradientTransformationExtraArgs(init, update)
 
 
-def _optimizer_problems(lr, warmup_steps, b1, b2, weight_decay, clip_norm, eps) -> list[str]:
+def _optimizer_problems(lr, warmup_iterations, b1, b2, weight_decay, clip_norm, eps) -> list[str]:
   """One "optim.<key>=<value>: <problem>. Fix: <fix>" line per invalid `make_optimizer` argument."""
   problems = []
 
@@ -85,9 +85,9 @@ def _optimizer_problems(lr, warmup_steps, b1, b2, weight_decay, clip_norm, eps) 
 
   require(number(lr) and lr >= 0, "lr", lr, "must be a number >= 0", "the reference uses 1e-6")
   require(
-    number(warmup_steps) and warmup_steps >= 0,
-    "warmup_steps",
-    warmup_steps,
+    number(warmup_iterations) and warmup_iterations >= 0,
+    "warmup_iterations",
+    warmup_iterations,
     "must be a number >= 0 (training iterations)",
     "use 0 for no warm-up",
   )
@@ -114,7 +114,7 @@ def _optimizer_problems(lr, warmup_steps, b1, b2, weight_decay, clip_norm, eps) 
 
 def make_optimizer(
   lr: float = 1e-6,
-  warmup_steps: int = 0,
+  warmup_iterations: int = 0,
   b1: float = 0.9,
   b2: float = 0.999,
   weight_decay: float = 0.01,
@@ -126,7 +126,7 @@ def make_optimizer(
   iterations). The warm-up matches the reference's scheduler: iteration k (0-based) of K uses
   lr·k/K, so the first uses 0; `update` takes the 1-based `iteration=` keyword for it (see
   `scale_by_iteration_lr`). Without warm-up it is exactly `optax.adamw` after the clipping."""
-  problems = _optimizer_problems(lr, warmup_steps, b1, b2, weight_decay, clip_norm, eps)
+  problems = _optimizer_problems(lr, warmup_iterations, b1, b2, weight_decay, clip_norm, eps)
   if problems:
     raise ValueError("\n".join(problems))
   parts = []
@@ -137,7 +137,7 @@ def make_optimizer(
   adamw = optax.chain(
     optax.scale_by_adam(b1=b1, b2=b2, eps=eps),
     optax.add_decayed_weights(weight_decay),
-    scale_by_iteration_lr(lr, warmup_steps),
+    scale_by_iteration_lr(lr, warmup_iterations),
   )
   return optax.chain(*parts, adamw)
 

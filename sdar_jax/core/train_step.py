@@ -153,16 +153,16 @@ class TrainStep:
         f"student_tokens shape {batch.student_tokens.shape} must be [B={B}, Ps+R] "
         f"with a prompt of at least one token before R={R} response slots."
       )
-    teacher_in_step = algo.scores_teacher and algo.teacher_source == "step"
+    teacher_in_update = algo.scores_teacher and algo.teacher_source == "update"
     if for_update and algo.scores_teacher and algo.teacher_source == "rollout":
       if batch.teacher_logp is None:
         raise ValueError(
           "algo.teacher_source='rollout' needs batch.teacher_logp: score it once "
           "per iteration with TrainStep.score_teacher(params, batch) before the "
-          "first update, or set algo.teacher_source='step'."
+          "first update, or set algo.teacher_source='update'."
         )
       expect["teacher_logp"] = (B, R)
-    if teacher_in_step or not for_update:
+    if teacher_in_update or not for_update:
       if batch.teacher_tokens is None or batch.teacher_mask is None:
         raise ValueError(
           f"algo (distill={algo.distill!r}, advantage={algo.advantage!r}) scores the "
@@ -174,7 +174,9 @@ class TrainStep:
           f"[B={B}, Pt+R] with Pt >= 1 before R={R} response slots."
         )
       expect["teacher_mask"] = batch.teacher_tokens.shape
-    if teacher_in_step and for_update and algo.teacher_weights == "initial" and ref_params is None:
+    if (
+      teacher_in_update and for_update and algo.teacher_weights == "initial" and ref_params is None
+    ):
       raise ValueError(
         "algo.teacher_weights='initial' scores the teacher with the frozen initial policy inside "
         "the update: pass ref_params= (the initial params), or set teacher_weights='current'."
@@ -373,15 +375,15 @@ def _without_logps(batch: TurnBatch) -> TurnBatch:
 def lr_schedule_from_optim(optim: Mapping[str, Any]) -> Callable[[Array], Array]:
   """The learning-rate schedule `train_state.make_optimizer` builds from the same settings, a
   function of the 0-based training iteration (for the train/lr metric)."""
-  return make_lr_schedule(float(optim["lr"]), int(optim.get("warmup_steps", 0)))
+  return make_lr_schedule(float(optim["lr"]), int(optim.get("warmup_iterations", 0)))
 
 
 def train_step_from_config(
   model_config: ModelConfig, config, mesh: Mesh | None = None, histograms: bool = True
 ) -> TrainStep:
   """From a run config: `config.algo` (every `AlgoConfig` field), `config.optim` (lr,
-  warmup_steps, b1, b2, eps, weight_decay, clip_norm), `config.train.micro_batch_size`. The update
-  the trainer runs: with the diagnostics' histogram counts (`histograms`, see `TrainStep`)."""
+  warmup_iterations, b1, b2, eps, weight_decay, clip_norm), `config.train.micro_batch_size`. The
+  update the trainer runs: with the diagnostics' histogram counts (`histograms`, see `TrainStep`)."""
   optim = dict(config.optim)
   optimizer = make_optimizer(**optim)
   micro = config.train.get("micro_batch_size") if hasattr(config.train, "get") else None

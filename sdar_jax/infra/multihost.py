@@ -1,32 +1,13 @@
 """Multi-process runs: JAX's multi-controller runtime, each process's share of an iteration, its
 rows of the global arrays, and the small host-side exchanges between the processes.
 
-A run over several processes (the hosts of a TPU slice, the nodes of a GPU cluster, or local CPU
-processes from `launch/local.sh -n N`) runs the same program in every process, and every jitted
-computation over the mesh is entered by all of them with arrays of the same global shapes:
-
-* Tasks. Every process draws the same tasks (the task sampler is seeded alike) and plays its own
-  contiguous share of whole GRPO groups (`episode_share`) on its own env pool, with the global
-  parameters: the sampler is one jitted computation over the whole mesh, each process's prompts
-  sit in its own rows of the global batch (`put_rows`) and it reads back those rows
-  (`get_rows`). A row draws its random numbers by its index in the batch one process would have
-  built (the prompts of the lower processes first), so the episodes do not depend on the number
-  of processes.
-* Samples. Turn-samples stay with the process that played them (a group's advantages need only
-  its own episodes). `sdar_jax.rollout.global_batches` packs them into one global block and gathers,
-  inside a jitted function, exactly the mini-batches a single process would pack from all of them in
-  process order: the same updates, whatever the number of processes.
-* Metrics. Those of the episodes come from every process's episode summaries
-  (`sdar_jax.rollout.trajectory.episode_summaries`), sums over batch rows from every process's rows
-  (`sum_over_processes`), and the update's own metrics are replicated outputs of the update: every
-  process computes the row a single process would log, and the primary process writes it
-  (sdar_jax.infra.paths). The perf/* timings are each process's own (the primary's are logged).
-* Checkpoints are saved and restored by all processes together (orbax: each writes its shards).
-
-Requirements: every process has the same number of devices, and each row of a batch lives on the
-devices of one process only (the mesh axes that span processes shard the batch: the 'batch' rule,
-data and fsdp); `process_rows` says what to change otherwise. One process: every function here is
-the identity or the single-process code path, and no collective runs.
+`initialize` starts the runtime; `episode_share` is a process's contiguous share of whole GRPO
+groups; `put_rows` / `get_rows` / `host_rows` move a process's rows into and out of a global
+batch; `sum_over_processes`, `allgather`, `total` and `max_share_size` exchange small host values.
+Requirements: every process has the same number of devices and each row of a batch lives on the
+devices of one process (`process_rows` says what to change otherwise). With one process every
+function is the identity or the single-process path and no collective runs. How a run spreads
+tasks, samples, metrics and checkpoints over processes: docs/design.md, "Scale".
 """
 
 from __future__ import annotations

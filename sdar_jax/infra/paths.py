@@ -1,22 +1,12 @@
 """Where a run writes: local folders or gs:// ones, and which process writes.
 
-Every write of a run (checkpoints, metrics, plots, config.json, exports) goes through this module
-or through orbax, so a workdir may be a local path or a Google Cloud Storage URL
-(`gs://bucket/runs/name`). Remote paths are reached through `etils.epath` (which uses fsspec,
-i.e. gcsfs, for gs://); orbax writes a checkpoint's arrays with TensorStore's own GCS driver.
-Writers that only know local files (matplotlib's `savefig`, TensorBoard's event writer,
-`save_pretrained`) write into a local temporary folder that is copied up
-(`staged_output`, `LocalMirror`); readers of such files get a local copy (`local_copy`).
-
-Who writes: files that describe the whole run (metrics.jsonl, plots, TensorBoard events,
-config.json, diagnostics, exports, evaluation.json) are written by the primary process only
-(`is_primary_process`: process 0 of a multi-controller run, the only process otherwise);
-checkpoints are written by all processes together (every process calls orbax's save, which
-coordinates them: each writes its own shards, process 0 the metadata).
-
-GCS has no rename and no append: a file written here appears whole when it is closed (so a
-reader never sees half a metrics.jsonl), an append rewrites the object, and a directory copied up
-(an export) is not atomic; its config.json goes last, so a folder with a config.json is complete.
+Every write of a run (checkpoints aside: orbax) goes through this module, so a workdir may be a
+local path or `gs://bucket/runs/name` (through `etils.epath`, i.e. gcsfs). Writers that only know
+local files write into a local temporary folder copied up (`staged_output`, `LocalMirror`);
+readers get a local copy (`local_copy`). Files that describe the whole run are written by the
+primary process only (`is_primary_process`); checkpoints by all processes together. On GCS a file
+appears whole when closed, an append rewrites the object, and a copied-up directory is not atomic
+(its config.json goes last, so a folder with a config.json is complete).
 """
 
 from __future__ import annotations

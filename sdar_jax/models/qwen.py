@@ -1,33 +1,13 @@
 """One decoder for Qwen2 / Qwen2.5 and Qwen3, as pure functions of a parameter pytree.
 
-The parameters are a nested dict of arrays; the decoder layers are stacked on a leading `layers`
-axis and run with `lax.scan` on TPU / GPU, so compile time does not grow with depth, and unrolled
-on CPU, where that is faster (`config.layer_loop`, `layer_loop_implementation`). Nothing here
-holds state: `jax.jit` sees plain functions of (params, tokens), which is what the sampler and the
-train step compile (no module graph traversal in any per-step hot path).
-
-One layer function serves the three uses: `apply` / `forward` (a whole sequence), `prefill`
-(prompts, returning a `KVCache`) and `decode_step` (one token per row against that cache). The
-model owns the cache layout; the sampler only threads the cache through its loop.
-
-Parameter layout (D hidden, N q heads, K kv heads, H head_dim, F mlp, V vocab, L layers):
-
-    embed [V, D]                       final_norm [D]              lm_head [D, V] (untied only)
-    layers/attn_norm [L, D]            layers/mlp_norm [L, D]
-    layers/q_proj [L, D, N, H]         layers/q_bias [L, N, H]     (qkv_bias)
-    layers/k_proj [L, D, K, H]         layers/k_bias [L, K, H]     (qkv_bias)
-    layers/v_proj [L, D, K, H]         layers/v_bias [L, K, H]     (qkv_bias)
-    layers/o_proj [L, N, H, D]         layers/o_bias [L, D]        (o_bias)
-    layers/q_norm [L, H]               layers/k_norm [L, H]        (qk_norm, Qwen3)
-    layers/gate_proj [L, D, F]         layers/up_proj [L, D, F]    layers/down_proj [L, F, D]
-
-Numerics follow transformers' Qwen2/Qwen3 modules: RMSNorm in float32 then cast back, rotate-half
-RoPE with float32 tables, softmax in float32, logits in float32.
-
-Attention over a whole sequence (`apply`, hence the update and the sampler's prefill) is one of
-`config.attention`, implemented in `sdar_jax.models.attention` ("xla", "chunked", "cudnn",
-"splash"; "auto" resolved per backend and length). A decode step (one query token against the
-cache) always uses the "xla" product: its scores are [B, N, 1, S], small for any cache.
+`apply` / `forward` (a whole sequence), `prefill` (prompts, returning a `KVCache`) and
+`decode_step` (one token per row against that cache) share one layer function; `init_params`,
+`param_shapes` and `param_logical_axes` describe the pytree (a nested dict of arrays, the layers
+stacked on a leading `layers` axis, scanned on TPU / GPU and unrolled on CPU: `config.layer_loop`).
+Numerics follow transformers' Qwen2 / Qwen3 modules (RMSNorm, RoPE tables, softmax and logits in
+float32). Attention over a sequence is `config.attention` (`sdar_jax.models.attention`); a decode
+step always uses the "xla" product. Nothing here holds state or reads files (`models.hf_io` does).
+The parameter layout and why functions, not modules: docs/design.md, "The model".
 """
 
 from __future__ import annotations

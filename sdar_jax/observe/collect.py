@@ -1,26 +1,14 @@
 """Reads the training runs under a directory into one table and plots (sweeps and ablations), and
 keeps each run's run record (`run_status.json`: attempts, wall time, whether it finished).
 
-A run is a directory holding `config.json` and `metrics.jsonl` (what `sdar_jax.train` writes;
-an evaluation's results directory, marked by `evaluation.json`, is not a run). From each run:
-
-* its settings, read from config.json by dotted key ("algo.gate", "train.seed", ...);
-* its validation curve: (step, val/success_rate) of every metrics row that has one (a later row
-  of a step replaces an earlier one, a torn last line is skipped);
-* final success (the curve's last point), success before training (its first point) and the
-  area under the curve `success_auc`: the trapezoid rule over the evaluation steps divided by the
-  step span (last − first step), i.e. the curve's mean success over the span, in [0, 1]
-  (a curve of one point: that point);
-* its wall time, from run_status.json when a launcher (launch/sweep.py --run, experiments/ablation.py)
-  ran it (`run_and_record`): the sum of its attempts' durations. An attempt that was killed counts
-  until its last heartbeat (`alive`, written every `HEARTBEAT_SECONDS` while it ran, so at most
-  that much short); a record from before heartbeats counts it until the last write to its
-  metrics.jsonl or the next attempt's start, whichever is first (an upper bound where the next
-  attempt rewrote metrics.jsonl). The work redone after resuming is in the next attempt.
-
-`collect_sweep(root)` writes `<out>/sweep.csv`, `<out>/sweep.md` (one row per run) and
-`<out>/sweep.png` (final validation success against β and against λ, one line per gate, the mean
-over the runs at each value with a min-max bar).
+A run is a directory with `config.json` and `metrics.jsonl` (an evaluation's folder, marked by
+`evaluation.json`, is not). `read_run` gives a `RunRecord`: its settings by dotted key (saved
+configs translated to today's keys, `sdar_jax.config_keys`; an old key is read at its new place),
+its validation curve (step, val/success_rate), final and initial success, `success_auc` (the
+curve's mean over its span) and its wall time from the run record. `collect_sweep(root)` writes
+`sweep.csv`, `sweep.md` and `sweep.png`; `run_and_record` runs a command and keeps the run record.
+Reads runs, writes only into its output folder (local or gs://). How wall time is counted:
+docs/design.md, "Sweeps".
 """
 
 from __future__ import annotations
@@ -102,7 +90,7 @@ def _last_activity(run_dir: str) -> float | None:
 
 
 def wall_seconds(run_dir: str, status: Mapping[str, Any] | None = None) -> float | None:
-  """Total wall time of the run's attempts (see the module doc); None without a run record."""
+  """Total wall time of the run's attempts (docs/design.md, "Sweeps"); None without a run record."""
   status = read_status(run_dir) if status is None else status
   if not status or not status.get("attempts"):
     return None
@@ -133,7 +121,8 @@ class RunRecord:
   status: dict[str, Any] | None = None
 
   def get(self, dotted: str, default: Any = None) -> Any:
-    return config_value(self.config, dotted, default)
+    """The setting at `dotted`; a key that was renamed is read at its new place."""
+    return config_value(self.config, config_keys.new_key(dotted) or dotted, default)
 
   def curve(self, key: str = SUCCESS_KEY) -> list[tuple[int, float]]:
     return [(int(r["step"]), float(r[key])) for r in self.rows if key in r]
@@ -143,16 +132,16 @@ class RunRecord:
     return int(self.rows[-1]["step"]) if self.rows else None
 
   @property
-  def total_steps(self) -> int | None:
-    total = self.get("train.total_steps")
+  def iterations(self) -> int | None:
+    total = self.get("train.iterations")
     return None if total is None else int(total)
 
   @property
   def finished(self) -> bool:
-    """The run record says it finished, or the metrics reached train.total_steps."""
+    """The run record says it finished, or the metrics reached train.iterations."""
     if self.status and self.status.get("finished"):
       return True
-    total, last = self.total_steps, self.last_step
+    total, last = self.iterations, self.last_step
     return total is not None and last is not None and last >= total
 
   @property
@@ -301,7 +290,7 @@ def sweep_rows(runs: Sequence[RunRecord]) -> list[dict[str, Any]]:
     for dotted, name in SWEEP_KEYS:  # settings as written in the config (5.0, 0.01)
       value = run.get(dotted)
       row[name] = None if value is None else str(value)
-    row["steps"] = f"{run.last_step if run.last_step is not None else 0}/{run.total_steps}"
+    row["steps"] = f"{run.last_step if run.last_step is not None else 0}/{run.iterations}"
     row["val_success_before"] = run.initial_success
     row["val_success_final"] = run.final_success
     row["val_success_auc"] = run.auc
@@ -457,7 +446,7 @@ def _write_status(run_dir: str, status: Mapping[str, Any]) -> None:
 
 def run_state(run_dir: str) -> str:
   """What a launcher finds in `run_dir`: "finished" (the run record says so, or its metrics
-  reached train.total_steps), "partial" (something was started there: the trainer resumes it from
+  reached train.iterations), "partial" (something was started there: the trainer resumes it from
   its latest checkpoint) or "new"."""
   if not paths.isdir(run_dir):
     return "new"

@@ -145,7 +145,7 @@ def setup_differences(config: Mapping[str, Any]) -> list[str]:
     notes.append(f"model: {model.get('preset')} (the paper: {paper.get('model')})")
   if not model.get("path"):
     notes.append("weights: random or the built-in demo policy, not the paper's checkpoint")
-  notes.append(f"steps: {train.get('total_steps')} training iterations")
+  notes.append(f"steps: {train.get('iterations', train.get('total_steps'))} training iterations")
   if not env.get("data_dir"):
     notes.append("data: the offline generated data, not the environment's real data")
   skills = (env.get("skills") or {}).get("dir")

@@ -134,7 +134,7 @@ def record_update_histograms(
         plot_histograms(hists, step, local_png, history=read_histogram_rows(path, up_to_step=step))
         paths.copy_file(local_png, paths.join(out_dir, "histograms.png"))
     except Exception as e:  # noqa: BLE001 (a plot must never stop training)
-      log.warning("could not draw the gate histograms of step %d: %s", step, e)
+      log.warning("could not draw the gate histograms of iteration %d: %s", step, e)
   return hists
 
 
@@ -184,7 +184,7 @@ def plot_histograms(
       note += f", gap >= 0: {positive / total:.1%}"
     if h.below or h.above:
       note += f"; {h.below} below {h.edges[0]:g}, {h.above} above {h.edges[-1]:g}"
-    ax.set_title(f"{_TITLES.get(h.name, h.name)}, step {step}\n{note}", fontsize=9)
+    ax.set_title(f"{_TITLES.get(h.name, h.name)}, iteration {step}\n{note}", fontsize=9)
     ax.set_ylabel("share of tokens")
     ax.grid(alpha=0.3)
     have = [r for r in history if h.name in r]
@@ -203,8 +203,8 @@ def plot_histograms(
         interpolation="nearest",
         extent=(min(steps) - 0.5, max(steps) + 0.5, h.edges[0], h.edges[-1]),
       )
-      ax.set_title(f"{_TITLES.get(h.name, h.name)}: share of tokens per step", fontsize=9)
-      ax.set_xlabel("step")
+      ax.set_title(f"{_TITLES.get(h.name, h.name)}: share of tokens per iteration", fontsize=9)
+      ax.set_xlabel("iteration")
   fig.savefig(out_path, dpi=100)
   plt.close(fig)
   return out_path

@@ -1,4 +1,4 @@
-"""Run metrics: one log line per step, a JSONL history, TensorBoard (tensorboardX), PNG plots.
+"""Run metrics: one log line per logged iteration, a JSONL history, TensorBoard (tensorboardX), PNG plots.
 
 `metrics.jsonl` holds one JSON object per logged step ({"step": k, "<name>": value, ...}); it is
 appended to, so a resumed run continues the same file, after `drop_rows_after` removed the rows of
@@ -46,7 +46,7 @@ def _scalar(value: Any) -> float | None:
 
 
 class MetricsLogger:
-  """Writes metrics of each step to the console, `<logdir>/metrics.jsonl`, TensorBoard and W&B."""
+  """Writes metrics of each logged iteration to the console, `<logdir>/metrics.jsonl`, TensorBoard and W&B."""
 
   def __init__(
     self,
@@ -108,7 +108,7 @@ class MetricsLogger:
     if self.wandb_run is not None:
       self.wandb_run.log(row)
     if echo:
-      log.info("[step %d] %s", step, self.summary(row))
+      log.info("[iteration %d] %s", step, self.summary(row))
     return row
 
   def log_histogram(self, name: str, step: int, **fields: Any) -> None:
@@ -175,15 +175,15 @@ def read_history(path: str) -> list[dict[str, Any]]:
 
 
 def validation_summary(path: str, key: str = "val/success_rate") -> str | None:
-  """ "validation success_rate 0.104 (step 0) -> 0.271 (step 20)": the first and the last
+  """ "validation success_rate 0.104 (iteration 0) -> 0.271 (iteration 20)": the first and the last
   evaluation of a metrics.jsonl, or None before two evaluations."""
   evals = [(int(row["step"]), row[key]) for row in read_history(path) if key in row]
   if len(evals) < 2:
     return None
   (first_step, first), (last_step, last) = evals[0], evals[-1]
   return (
-    f"validation {key.split('/', 1)[1]} {first:.3f} (step {first_step}) -> {last:.3f} "
-    f"(step {last_step}), change {last - first:+.3f}"
+    f"validation {key.split('/', 1)[1]} {first:.3f} (iteration {first_step}) -> {last:.3f} "
+    f"(iteration {last_step}), change {last - first:+.3f}"
   )
 
 
@@ -213,7 +213,7 @@ def plot_history(
       ys = [r[key] for r in rows if key in r]
       ax.plot(xs, ys, marker="o", markersize=3, label=key)
     ax.set_title(title)
-    ax.set_xlabel("step")
+    ax.set_xlabel("iteration")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
   for ax in list(axes.flat)[len(present) :]:

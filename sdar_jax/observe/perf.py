@@ -5,28 +5,10 @@
     ...                                           # samples, update
     metrics.update(clock.metrics(samples, current_version, rollout_s, update_s))
 
-The metrics (`perf_metrics` does the arithmetic):
-
-* `perf/iteration_seconds`: wall time of the iteration (rollout, samples, update; not the
-  evaluation, logging or checkpoint that may follow it).
-* `perf/rollout_tokens_per_s`: response tokens the sampler generated in the rollout (failed
-  episodes' turns included) / rollout wall time (env resets and steps, prompts, sampling).
-* `perf/update_tokens_per_s`: real (unpadded) student tokens of the trained turn-samples, prompt
-  plus response, / update wall time (packing, any re-scoring passes at θ_old, the mini-batch
-  updates). Teacher-branch tokens are not counted, so SDAR and GRPO runs compare on the same
-  tokens.
-* `perf/env_wait_share`: seconds the loop was blocked in `EnvPool.reset` / `EnvPool.step` (with
-  `rollout.overlap=halves`: in `EnvPool.wait`, env steps that ran while the other half decoded
-  are not counted) / iteration wall time.
-* `perf/compile_share`: seconds JAX spent tracing, lowering and compiling (its
-  `/jax/core/compile/*` monitoring events, top-level computations only, so nested jits are not
-  counted twice) / iteration wall time. In [0, 1] while one thread compiles at a time.
-* `perf/staleness_mean`, `perf/staleness_max`: policy versions between the parameters that
-  sampled each trained turn-sample (`TurnSample.policy_version`) and those the update starts from
-  (the iteration count); 0 in the synchronous loop.
-
-The throughputs and shares need no extra device syncs: the sampler returns host arrays and the
-trainer already fetches each update's metrics, so the wall times cover the device work.
+Outputs `perf/iteration_seconds`, `perf/rollout_tokens_per_s`, `perf/update_tokens_per_s`,
+`perf/env_wait_share`, `perf/compile_share`, `perf/staleness_mean` and `perf/staleness_max`
+(`perf_metrics` does the arithmetic), from host wall times and JAX's compile events: no extra
+device syncs. What each one counts: docs/design.md, "Iteration metrics".
 """
 
 from __future__ import annotations
@@ -100,9 +82,9 @@ def perf_metrics(
   update_tokens: int = 0,
   staleness: Sequence[int] = (),
 ) -> dict[str, float]:
-  """The `perf/*` metrics of one iteration from its timings (see the module docstring). Without
-  an update (`update_seconds` None) there is no update throughput; without trained samples no
-  staleness."""
+  """The `perf/*` metrics of one iteration from its timings (docs/design.md, "Iteration
+  metrics"). Without an update (`update_seconds` None) there is no update throughput; without
+  trained samples no staleness."""
   named = {
     "iteration_seconds": iteration_seconds,
     "rollout_seconds": rollout_seconds,

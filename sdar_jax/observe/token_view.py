@@ -403,7 +403,7 @@ def _write_token_view(
     )
   facts = [
     ("run", run),
-    ("step", str(step)),
+    ("iteration", str(step)),
     (
       "algorithm",
       f"{algo.name} (form {algo.form}, gate {algo.gate}, beta {algo.beta:g}, "
@@ -427,7 +427,7 @@ def _write_token_view(
     note = (
       f"Each response token is shaded by {shade}; hover for the gap lT - lθ (teacher minus "
       "student log-prob of the token), g, both log-probs and the teacher's top "
-      f"{VIEW_TOP} tokens with their probabilities, scored at this step's parameters and "
+      f"{VIEW_TOP} tokens with their probabilities, scored at this iteration's parameters and "
       f"temperature {algo.temperature:g}."
     )
     if frozen_teacher:
@@ -446,7 +446,7 @@ def _write_token_view(
       )
   page = render_token_view(
     shown,
-    title=f"Token view, step {step}",
+    title=f"Token view, iteration {step}",
     facts=facts,
     note=note,
     form=algo.form,

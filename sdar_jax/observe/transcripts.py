@@ -1,27 +1,12 @@
-"""Validation transcripts: every episode of an evaluation, as text, one JSON object per line.
+"""Validation transcripts and per-game outcomes: every episode of an evaluation, as text.
 
-The metrics of an evaluation say how often the policy won; the transcripts say how. At each
-evaluation the trainer writes `<workdir>/eval/step_<N>/episodes_<prefix>.jsonl` per evaluation
-mode (`val`, `val_with_skill`; an evaluation-only run writes them into its results directory),
-one line per episode in task order:
-
-  {"task_id": 3, "task": "look at book under the desklamp.", "task_type": "...",
-   "gamefile": "...", "won": true, "reward": 10.0, "env_error": null,
-   "turns": [{"observation": "...", "response": "<think>...</think><action>...</action>",
-              "action": "go to shelf 1", "valid": true, "admissible": true}, ...]}
-
-`observation` is what the turn's prompt was built from (the observation before the action),
-`response` the decoded sampled text, `action` what the environment received, `valid` whether the
-output had the required format and `admissible` whether the env listed the action (null when the
-env has no list to check). With several
-processes every process's episodes are gathered (a collective) and the primary process writes.
-`read_transcripts` reads a file back; `summarise` counts outcomes per task type.
-
-Beside each transcript the trainer writes `outcomes_<prefix>.csv`: one row per episode with the
-run's arm (algo.name), seed, step and split, the repeat (eval.repeats), the game (`task_id`, the
-game's index in the sorted validation split, and its file), the task type, success and reward. These
-small files are what paired comparisons of runs read (`sdar_jax.observe.stats`); `read_outcomes`
-reads one back.
+`write_transcripts` writes `episodes_<prefix>.jsonl` (one JSON object per episode in task order:
+task, outcome, and per turn the observation, the decoded response, the action sent, validity and
+admissibility) and `write_outcomes` `outcomes_<prefix>.csv` (one row per episode: arm, seed, step,
+split, repeat, game, task type, success, reward: what paired comparisons read) into an
+evaluation's folder; `read_transcripts`, `read_outcomes` and `summarise` read them back. With
+several processes every process's episodes are gathered (a collective) and the primary process
+writes (local or gs://). The files' fields: docs/design.md, "Transcripts and outcomes".
 """
 
 from __future__ import annotations

@@ -1,30 +1,14 @@
 """The batched multi-turn loop: prompts -> `Sampler.generate` -> actions -> `EnvPool.step`.
 
-Every active episode is prompted each turn with one user message built by its environment's
-adapter (task, last `history` (observation, action) pairs, current observation, admissible
-actions), chat-templated, tokenized once, and sampled in one batch. The response ids and their
-log-probs are stored exactly as sampled. When the algorithm needs a teacher, the teacher prompt is
-the privileged skill block followed by the student prompt as the student got it (after any left
-truncation, so the teacher never sees context the student lost; docs/reference.md §3.3: the block
-sits before the first template token), stored beside the student prompt. Only Skill-GRPO puts
-skills in the student prompt: a block chosen by the keyword rule over the user message, placed
-inside it (docs/reference.md §2.6).
-
-Random keys: turn t samples with key_t, where (rng_{t+1}, key_t) = split(rng_t) from the call's
-rng_0, and the k-th episode (in index order) of those still playing draws from key_t's row
-stream k (`sdar_jax.core.sampling`; with several processes k counts over all processes' episodes),
-so a turn's draws depend on the call's key, the turn and which episodes are still playing, not
-on how the turn is split into sampler calls: the overlapped mode
-below passes each half's ranks as `row_ids` and draws what the serial loop's one batch draws.
-
-Overlap (`overlap="halves"`, config `rollout.overlap`): the episodes split into two fixed halves
-by index (at the GRPO group boundary nearest the middle); while one half's envs step
-(`EnvPool.step_async`), the other half decodes, then they swap. Each half plays its turns in
-order, with the keys above, so the episodes equal the serial loop's (`overlap="off"`): the same
-tokens and actions; the log-probs are the same computation in a different batch, equal up to
-float rounding. It saves the time the device would wait on the envs (up to the shorter of the
-two per turn) at the price of twice as many, half as large, sampler calls; finished episodes
-simply leave their half's batch.
+`AgentLoop.run(params, tasks, groups, key)` plays one episode per task on the env pool: each turn
+every active episode gets one user message from its environment's adapter, chat-templated and
+tokenized once, sampled in one batch; response ids and log-probs are stored exactly as sampled,
+with the teacher prompt (the skill block, then the student prompt as the student got it) when the
+algorithm needs one. Returns `Episode`s (`rollout.trajectory`). A turn's draws depend on the call's
+key, the turn and the episodes still playing, not on how the turn is split into sampler calls, so
+`overlap="halves"` (one half decodes while the other half's envs step) plays the serial loop's
+episodes. Never imports the update. Prompting, keys and the overlap: docs/design.md, "The agent
+loop".
 """
 
 from __future__ import annotations
@@ -100,7 +84,7 @@ class AgentLoop:
     with_teacher: build teacher prompts (skill block + the student prompt).
     skills_in_student: Skill-GRPO: the block goes inside the student's user message.
     overlap: "off" (serial turns) or "halves" (env steps of one half overlap the other half's
-      decoding; the same episodes, see the module docstring). Needs one process.
+      decoding; the same episodes, docs/design.md "The agent loop"). Needs one process.
   """
 
   def __init__(
@@ -293,7 +277,7 @@ class AgentLoop:
       total=self.max_turns, desc=desc, leave=False, disable=not show_progress_bars(self.progress)
     )
     collective = getattr(self.sampler, "collective", False)  # several processes sample together
-    turn_keys = []  # key_t of every turn (module doc)
+    turn_keys = []  # key_t of every turn (docs/design.md, "The agent loop")
     for _ in range(self.max_turns):
       rng, key = jax.random.split(rng)
       turn_keys.append(key)
@@ -362,7 +346,8 @@ class AgentLoop:
     self, play: _Play, active: list[int], turn: int, row_ids: list[int] | None = None
   ) -> _Decoded:
     """Prompts, one sampler call and the projected actions of episodes `active` at `turn`;
-    `row_ids` name their random streams (default: their ranks in this call, see the module doc)."""
+    `row_ids` name their random streams (default: their ranks in this call; docs/design.md, "The
+    agent loop")."""
     episodes, views = play.episodes, play.views
     prompts = [
       self._build_prompts(views[i], (episodes[i].group_id, turn), f"env {i} turn {turn}")

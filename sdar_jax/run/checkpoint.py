@@ -1,31 +1,13 @@
 """Checkpoints: the TrainState (params, optimizer state, step) plus JSON metadata, via orbax.
 
-Layout of one checkpoint, `<directory>/<step>/`:
-
-* ``state``  the TrainState pytree (orbax StandardSave: one tensorstore array per leaf, written
-  shard by shard from wherever the arrays live);
-* ``meta``   JSON: the model config (`dataclasses.asdict`), the run config (`ConfigDict.to_dict()`),
-  the sdar-jax version, the step;
-* ``extra``  JSON: host-side state the trainer wants back (replay queue, env-iterator positions).
-
-`<directory>` may be local or a gs:// URL (`sdar_jax.infra.paths`; orbax reaches it through
-etils.epath and TensorStore's GCS driver). Every process of a multi-process run calls `save` and
-`restore`: orbax coordinates them (each process writes its own shards, the primary one the
-metadata).
-
-Atomicity: orbax writes a step into ``<step>.orbax-checkpoint-tmp-*`` and, once every item is on
-disk, writes ``commit_success.txt`` and renames the folder to ``<step>`` (AtomicRenameTemporaryPath
-on local / POSIX file systems; on GCS it uses the commit file instead of the rename). A save that
-dies half-way leaves only the tmp folder: `all_steps()` never lists it, the latest good checkpoint
-is untouched, and the next manager created on the directory deletes it (`cleanup_tmp_directories`).
-
-Restoring takes an abstract TrainState (`jax.ShapeDtypeStruct` leaves carrying `.sharding`, see
-`abstract_train_state`) and reads every array straight into that sharding, so a checkpoint written
-on one mesh restores onto any other mesh (or a single device). Before reading any array the stored
-model config is compared with the run's: a checkpoint of another architecture fails with the list of
-differing fields instead of an opaque shape error. `restore_params` reads the parameters alone
-(evaluation: no optimizer state is allocated), and a `read_only` manager lists and reads a run's
-checkpoints without creating, cleaning or deleting anything in its directory.
+`CheckpointManager(directory)` saves `<directory>/<step>/` (``state``: the pytree, written shard
+by shard; ``meta``: model config, run config, version, step; ``extra``: the trainer's host-side
+state) atomically, keeps the last `keep`, and restores onto any mesh from an abstract TrainState
+(`abstract_train_state`), after comparing the stored model config with the run's; `restore_params`
+reads the parameters alone and a `read_only` manager never writes. `export_hf` writes the final
+policy as a Hugging Face folder. Every process of a multi-process run calls `save` and `restore`;
+`<directory>` may be local or gs://. The layout, atomicity and restore rules: docs/design.md,
+"Checkpoints".
 """
 
 from __future__ import annotations

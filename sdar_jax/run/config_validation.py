@@ -195,7 +195,7 @@ def _check_batches(config, num_devices: int, p: _Problems) -> None:
       "~/.cache/sdar_jax/xla, or '' to compile every run afresh"
     )
   shape = p.build(resolve_mesh_shape, config.mesh, num_devices)
-  sizes = (t.mini_batch_size, t.micro_batch_size, env.tasks_per_step, env.group_size)
+  sizes = (t.mini_batch_size, t.micro_batch_size, env.tasks_per_iteration, env.group_size)
   if shape is None or not all(isinstance(n, int) and n >= 1 for n in sizes):
     return
   divisor = batch_divisor(shape)
@@ -213,9 +213,9 @@ def _check_batches(config, num_devices: int, p: _Problems) -> None:
     )
   if (tasks * group) % divisor:
     p.append(
-      f"env.tasks_per_step={tasks}: tasks_per_step x group_size = {tasks} x {group} = "
+      f"env.tasks_per_iteration={tasks}: tasks_per_iteration x group_size = {tasks} x {group} = "
       f"{tasks * group} episodes per step do not divide over the mesh's batch shards ({where}). "
-      f"Fix: make tasks_per_step x group_size a multiple of {divisor}, or change the mesh"
+      f"Fix: make tasks_per_iteration x group_size a multiple of {divisor}, or change the mesh"
     )
 
 

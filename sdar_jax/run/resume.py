@@ -121,7 +121,7 @@ class ResumeMixin:
     dropped = self.logger.drop_rows_after(step)
     if dropped:
       log.warning(
-        "dropped %d metrics row(s) after step %d from %s: iterations the restored state does not "
+        "dropped %d metrics row(s) after iteration %d from %s: iterations the restored state does not "
         "contain (the run was stopped before their checkpoint); they are logged again",
         dropped,
         max(step, 0),

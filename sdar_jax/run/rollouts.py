@@ -49,11 +49,11 @@ class RolloutsMixin:
     """The tasks of `iteration` (draws must come in iteration order) and their group ids."""
     n_games = len(self.train_games)
     picks = self.task_rng.choice(
-      n_games, size=self.tasks_per_step, replace=self.tasks_per_step > n_games
+      n_games, size=self.tasks_per_iteration, replace=self.tasks_per_iteration > n_games
     )
-    base = iteration * self.tasks_per_step
+    base = iteration * self.tasks_per_iteration
     tasks = [int(t) for t in picks for _ in range(self.group_size)]
-    groups = [base + k for k in range(self.tasks_per_step) for _ in range(self.group_size)]
+    groups = [base + k for k in range(self.tasks_per_iteration) for _ in range(self.group_size)]
     return tasks, groups
 
   def _key(self, iteration: int | None = None) -> jax.Array:
@@ -111,7 +111,7 @@ class RolloutsMixin:
     trained at iteration i was sampled by policy version i - max_staleness at the oldest (the
     first iterations of a run, or after a resume, are fresher). Tasks are drawn here, on the main
     thread, in iteration order, and each rollout's key is its iteration's (`_key`)."""
-    last = min(it + self.config.train.max_staleness, self.config.train.total_steps - 1)
+    last = min(it + self.config.train.max_staleness, self.config.train.iterations - 1)
     params = None
     for j in range(it, last + 1):
       if j in self._queued:

@@ -93,12 +93,12 @@ EVAL_MODES = {
 _ALL_MODES = tuple(dict.fromkeys(m for modes in EVAL_MODES.values() for m in modes))
 # The host loop's own settings: (section, smallest value, keys), checked by `setting_problems`.
 _AT_LEAST = (
-  ("train", 0, ("total_steps", "eval_every", "max_skipped_updates")),
+  ("train", 0, ("iterations", "eval_every", "max_skipped_updates")),
   ("train", 1, ("mini_batch_size", "micro_batch_size", "max_failed_iterations")),
   ("rollout", 1, ("max_new_tokens", "max_prompt_len")),
   ("env", 0, ("history",)),
   ("env", 0, ("num_workers",)),
-  ("env", 1, ("tasks_per_step", "group_size", "max_turns")),
+  ("env", 1, ("tasks_per_iteration", "group_size", "max_turns")),
   ("eval", -1, ("num_tasks",)),
   ("eval", 0, ("seed", "batch_size")),
   ("eval", 1, ("repeats",)),
@@ -358,7 +358,7 @@ def build_agent_loops(
   try:
     if train_split is not None:
       # this process's share of the episodes (sdar_jax.infra.multihost; one process: all of them)
-      n_train = multihost.max_share_size(env.tasks_per_step * env.group_size, env.group_size)
+      n_train = multihost.max_share_size(env.tasks_per_iteration * env.group_size, env.group_size)
       loops.pool = envs.EnvPool(
         env.name,
         n_train,

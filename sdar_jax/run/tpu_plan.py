@@ -67,7 +67,7 @@ def shapes_from_config(config, teacher_prompt_len: int | None = None) -> Shapes:
     prompt_len=prompt,
     teacher_prompt_len=teacher,
     response_len=new_tokens_bucket(int(config.rollout.max_new_tokens)),
-    rollout_rows=int(config.env.tasks_per_step) * int(config.env.group_size),
+    rollout_rows=int(config.env.tasks_per_iteration) * int(config.env.group_size),
   )
 
 
@@ -290,7 +290,7 @@ def plan(
   reports = []
 
   if "update" in parts:
-    teacher_in_update = algo.scores_teacher and algo.teacher_source == "step"
+    teacher_in_update = algo.scores_teacher and algo.teacher_source == "update"
     flops = sum(
       update_flops(
         model_config,

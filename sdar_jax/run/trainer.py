@@ -2,7 +2,7 @@
 
 `Trainer(config, workdir)` builds what one run holds (mesh, policy, update, env pools, agent loops,
 logger, checkpoints; from the config through `sdar_jax.run.setup`) under the workdir's lock, and
-`Trainer.run` trains `train.total_steps` iterations: each one's phases in order
+`Trainer.run` trains `train.iterations` iterations: each one's phases in order
 (`train_iteration`: rollout, teacher context, batches, teacher scoring, advantages, update) with
 the run's method hooks between them, then its evaluation, metrics row and checkpoint when due, and
 the Hugging Face export at the end. Its parts live beside it: the rollouts, also asynchronous
@@ -159,7 +159,7 @@ class Trainer(RolloutsMixin, EvaluationMixin, ResumeMixin):
     )
     self.shaping = RewardShaping.from_config(config.rollout.get("shaping"))
     self.group_size = config.env.group_size
-    self.tasks_per_step = config.env.tasks_per_step
+    self.tasks_per_iteration = config.env.tasks_per_iteration
     loops = build_agent_loops(
       config,
       self.env_family,
@@ -398,12 +398,12 @@ class Trainer(RolloutsMixin, EvaluationMixin, ResumeMixin):
 
   # ---------------------------------------------------------------------------- run
   def run(self) -> dict[str, float]:
-    """Trains up to train.total_steps iterations (resuming from the latest checkpoint) and returns
+    """Trains up to `train.iterations` iterations (resuming from the latest checkpoint) and returns
     the last metrics row; an eval-only Trainer evaluates once instead."""
     if self.eval_only:
       return self._evaluate_once()
     cfg = self.config
-    total = cfg.train.total_steps
+    total = cfg.train.iterations
     resumed = self.maybe_restore()
     last: dict[str, float] = {}
     if self.validations and cfg.train.eval_before_train and not resumed:

@@ -1,35 +1,14 @@
-"""Expert warm start: SFT on expert turns before RL, with rollout-identical prompts.
+"""Expert warm start: supervised updates on expert turns before RL, with rollout-identical prompts.
 
-Two sources of expert turns, both given by the environment's `envs.EnvFamily`:
-- `expert_records`: for ALFWorld, the planner's walkthroughs the offline generator exports
-  (`walkthroughs/<split>.jsonl`, read by `envs.alfworld.data`): they go straight to the hidden
-  object, which no policy can copy without seeing where it is;
-- `play_expert`: for ALFWorld, `envs.alfworld.expert.SearchExpert` played on the real engine
-  (`record_expert_games`): an
-  expert that does not know where the object is and searches for it, in two modes. Without skills
-  it searches in a knowledge-free order and its turns get the plain student prompt; following
-  the skills it searches first where the skill text says objects of that type are kept, and its
-  turns get the prompt with the `[Privileged Skill Information]` block, built as the teacher
-  branch sees it (the block, then the chat-templated student prompt). Mixing both teaches a model
-  trained from scratch to read the skill text, so the skill-conditioned teacher of SDAR knows
-  more than the student (a pretrained instruction model can read it already).
-
-Each expert step becomes one turn-sample exactly as the agent loop would build it: the same prompt
-(task, history window, observation, admissible actions, chat template) and the response
-``<think>...</think>\n<action>ACTION</action><|im_end|>`` (Search-QA's actions are tagged blocks of
-their own and are not wrapped). A few hundred steps of next-token
-likelihood give a small model the output format and the first moves, so the RL that follows starts
-from a policy that sometimes wins (a random policy never does, and GRPO then has no signal). The
-reference trains from instruction-tuned checkpoints instead; this is for models that start from
-scratch (the offline demo) or for ablations.
-
-`teacher_student_gap_on_expert` measures what the warm start taught: on held-out skill-following
-turns, the mean over response tokens of log p(response | skill prompt) - log p(response | plain
-prompt); positive when the skill text makes the model more confident of the skill-following
-actions, i.e. when the teacher branch has something to distil.
-
-Why one file of ~510 lines: expert records, their samples, the SFT step, the gap measurement and
-the run-time orchestration are one feature, read in order.
+`warm_start_run` (a run with `warm_start.steps` > 0) turns the env family's expert turns
+(`envs.EnvFamily.expert_records`, or `play_expert` games recorded with and without the skill
+block, `record_expert_games`) into turn-samples exactly as the agent loop builds them (the same
+prompt, the response `<think>...</think>\n<action>ACTION</action><|im_end|>`), runs the SFT
+updates and returns the new params with its `warm_start/*` metrics; `teacher_student_gap_on_expert`
+measures on held-out skill-following turns how much the skill block raises the response's
+log-probability. `built_policy_metrics` reads a prebuilt policy's metrics (the demo's). Inputs: a
+run config, params, the env family, its agent loop and pool; writes nothing but the metrics row's
+fields. docs/environments.md, "The expert warm start", says why and how.
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
 """One process per run directory: an exclusive lock file on the workdir.
 
-A trainer takes the lock before it writes anything into its workdir and holds it until it closes;
-a second trainer started on the same directory stops at once with the holder's host and pid instead
-of writing checkpoints, exports and metric rows beside the first one.
-
-The lock is `<workdir>/.sdar_jax.lock`, a small JSON file (host, pid, start time, command line)
-under an `fcntl.flock` exclusive lock. The kernel drops a flock when its process dies, so a lock
-left behind by a killed run is recovered by the next run on any host that shares the lock (a local
-filesystem); a file whose recorded pid is dead on this host is taken over even where flock is not
-enforced.
-
-Where this lock has no meaning it is not taken, and `acquire()` says so in the log:
-
-* a remote workdir (gs://, `sdar_jax.infra.paths.is_remote`): an object store offers no lock that a
-  killed holder releases (a lease would have to expire, and a preempted TPU slice resumes at once),
-  so nothing refuses a second run on the same gs:// workdir: give every run its own workdir;
-* a process other than the primary one of a multi-process run
-  (`sdar_jax.infra.paths.is_primary_process`): the processes of one run share its workdir, and
-  the primary process's lock stands for the run.
+`WorkdirLock(workdir).acquire()` takes `<workdir>/.sdar_jax.lock` (host, pid, start time, command
+line, under an `fcntl.flock`) before a trainer writes anything and `release()` drops it; a second
+trainer on the same directory stops at once with `WorkdirLockedError` naming the holder. A lock
+left by a killed run is recovered (the kernel drops a flock with its process; a recorded pid dead
+on this host is taken over). Not taken, and said so in the log, on a gs:// workdir (an object
+store has no lock a killed holder releases: give every run its own workdir) and on the processes
+other than the primary one of a multi-process run.
 """
 
 from __future__ import annotations

@@ -3,38 +3,13 @@
     python -m sdar_jax.tools.build_compact_tokenizer        # rewrites the committed folder
     python -m sdar_jax.tools.build_compact_tokenizer --out /tmp/tok --games-per-type 1
 
-The full Qwen vocabulary (151,669 ids) leaves a tiny model almost all of its compute in the
-embedding and the lm_head. This tool trains a byte-level BPE with the `tokenizers` library on the
-text an ALFWorld agent reads and writes, and saves it as a Hugging Face tokenizer folder that
-`sdar_jax.text.tokenizer.Tokenizer.from_dir` and transformers' `AutoTokenizer` both load. The Qwen
-tokenizer stays the default; a config selects this one with `model.tokenizer_dir`.
-
-Corpus (a function of `--seed` and `--games-per-type` alone; the output is byte-identical from run
-to run):
-- games from `envs.alfworld.generator` (per task type: `games_per_type` train games and one game of
-  each validation split), each played on the real engine three ways: the planner's walkthrough, a
-  sweep that visits (and opens) every receptacle, and random admissible actions mixed with a few
-  unknown commands (answered "Nothing happens.");
-- every turn's user message (`envs.alfworld.prompts`), chat-templated in the Qwen3 format,
-  followed by a response ``<think>...</think>\\n<action>...</action><|im_end|>``; the first turn of
-  each game also with the privileged skill block in front, and once in the Qwen2.5 format;
-- every skill file, and the task sentences of many more drawn (unplayed) games together with every
-  object and receptacle name of the catalog.
-
-Tokenizer:
-- pre-tokenizer: Qwen's split regex adapted to this text (see `PRETOKENIZE_REGEX`), then
-  byte-level; every byte is in the base alphabet;
-- no normalizer, so decode(encode(text)) == text for every string;
-- BPE ids 0..N-1, then the added tokens in Qwen's order: "<|endoftext|>" (padding),
-  "<|im_start|>", "<|im_end|>" (end of sequence), all three special, and "<think>", "</think>",
-  not special (as in Qwen3, so they survive `decode(..., skip_special_tokens=True)`); then the
-  response format's "<action>", "</action>", also not special: one id each, so a response is short
-  and the sampler's stop string "</action>" completes on a single token;
-- the vocabulary is at most `VOCAB_SIZE` ids: the BPE stops earlier when every word of the corpus
-  is one token (ALFWorld's language is small: about 1,650 ids with the default corpus);
-- tokenizer_config.json holds eos/pad and the Qwen3 chat template (copied from the bundled Qwen
-  files), so transformers' `apply_chat_template` renders what
-  `sdar_jax.text.chat_templates.ChatTemplate.builtin("qwen3")` renders.
+Trains a byte-level BPE (the `tokenizers` library) on the text an ALFWorld agent reads and writes
+(games generated and played offline, their prompts in the Qwen chat formats, the skill files) and
+saves it as a Hugging Face tokenizer folder that `sdar_jax.text.tokenizer.Tokenizer.from_dir` and
+transformers both load; a config selects it with `model.tokenizer_dir`. The output is a function of
+`--seed` and `--games-per-type` alone (byte-identical from run to run); decode(encode(text)) ==
+text for every string. The corpus and the tokenizer's rules: docs/environments.md, "The compact
+tokenizer".
 """
 
 from __future__ import annotations

@@ -5,23 +5,12 @@
     python -m sdar_jax.train --config=configs/default.py --config.model.path=runs/demo_policy \
         --workdir=runs/demo_from_policy
 
-A model trained from scratch needs thousands of supervised steps on the expert's turns before it
-acts well enough for RL to have a signal (the output format, copying an admissible action, taking
-the target when an observation shows it, delivering, reading the skill block). That is longer than
-a demo's budget on a CPU, and every arm of an ablation would pay it again; built once, the policy
-is the common starting point (as RL runs start from a supervised checkpoint). The one the demo
-uses is committed in sdar_jax/assets/policies/alfworld_demo; its README.md lists the commands
-that built it.
-
-Each stage is the demo config's own warm start (`configs/default.py` with `warm_start.steps` =
---steps and `train.total_steps=0`) run by the trainer on more train games (128 per task type),
-continuing from the previous stage's weights (a fresh AdamW state each stage); stages after the
-first reuse the first one's expert games. After every stage the folder is rewritten whole: the
-policy (Hugging Face safetensors), the tokenizer files, `warm_start_metrics.json` (the expert's
-success with and without skills, the loss, the teacher-student gap on held-out skill-following
-expert turns, the total supervised steps) with the policy's validation success, `build_log.json`
-(every stage since random weights: steps, seed, overrides, metrics) and a README. An interrupted
-build loses at most the stage in progress; `--init <the folder>` continues it.
+Each stage is the demo config's own warm start (`warm_start.steps` = --steps, `train.iterations`
+= 0) run by the trainer, continuing from the previous stage's weights; after every stage the
+folder is rewritten whole (the policy as safetensors, the tokenizer, `warm_start_metrics.json`,
+`build_log.json`, a README), so `--init <the folder>` continues an interrupted build. The committed
+policy is sdar_jax/assets/policies/alfworld_demo (its README lists the commands). Why a prebuilt
+policy: docs/environments.md, "The expert warm start".
 """
 
 from __future__ import annotations
@@ -48,7 +37,7 @@ BUILD_OVERRIDES = {
   # The expert plays both task types of the small rooms, 10 turns at most.
   "env.task_types": "pick_and_place_simple,look_at_obj_in_light",
   "env.max_turns": 10,
-  "train.total_steps": 0,
+  "train.iterations": 0,
   "warm_start.steps": 300,
   "env.offline.num_train": 128,
   "eval.num_tasks": 24,

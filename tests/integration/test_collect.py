@@ -27,8 +27,8 @@ def write_run(
   os.makedirs(path, exist_ok=True)
   config = {
     "algo": {"name": algo, "gate": gate, "beta": beta, "lam": lam},
-    "train": {"seed": seed, "total_steps": total},
-    "env": {"tasks_per_step": 2, "group_size": 4},
+    "train": {"seed": seed, "iterations": total},
+    "env": {"tasks_per_iteration": 2, "group_size": 4},
     "eval": {"num_tasks": 8},
   }
   with open(os.path.join(path, "config.json"), "w") as f:

@@ -101,9 +101,24 @@ def test_parse_arg_rejects_unknown_and_mistyped():
 def test_reference_hyperparameters_per_env():
   """docs/reference.md §6: the values the authors' scripts use."""
   a, w, s = (m.get_config() for m in (alfworld, webshop, search_qa))
-  assert (a.env.history, a.env.max_turns, a.env.group_size, a.env.tasks_per_step) == (2, 50, 8, 16)
-  assert (w.env.history, w.env.max_turns, w.env.group_size, w.env.tasks_per_step) == (2, 15, 8, 16)
-  assert (s.env.history, s.env.max_turns, s.env.group_size, s.env.tasks_per_step) == (4, 4, 8, 128)
+  assert (a.env.history, a.env.max_turns, a.env.group_size, a.env.tasks_per_iteration) == (
+    2,
+    50,
+    8,
+    16,
+  )
+  assert (w.env.history, w.env.max_turns, w.env.group_size, w.env.tasks_per_iteration) == (
+    2,
+    15,
+    8,
+    16,
+  )
+  assert (s.env.history, s.env.max_turns, s.env.group_size, s.env.tasks_per_iteration) == (
+    4,
+    4,
+    8,
+    128,
+  )
   assert (a.algo.kl_coef, w.algo.kl_coef, s.algo.kl_coef) == (0.01, 0.01, 0.001)
   assert (
     a.rollout.shaping.invalid_penalty,
@@ -124,7 +139,7 @@ def test_reference_hyperparameters_per_env():
     0.4,
     0.0,
   )
-  assert (a.optim.warmup_steps, s.optim.warmup_steps) == (0, 15)
+  assert (a.optim.warmup_iterations, s.optim.warmup_iterations) == (0, 15)
   assert s.rollout.prompt_truncation == "left" and a.rollout.prompt_truncation == "error"
   for c in (a, w, s):
     assert (c.algo.beta, c.algo.lam, c.algo.gate, c.algo.teacher_source) == (
@@ -135,7 +150,7 @@ def test_reference_hyperparameters_per_env():
     )
     assert (c.optim.lr, c.optim.weight_decay, c.optim.clip_norm) == (1e-6, 0.01, 1.0)
     assert (c.algo.entropy_coef, c.algo.ppo.clip_c, c.rollout.temperature) == (0.001, 3.0, 1.0)
-    assert c.train.total_steps == 150 and c.rollout.max_new_tokens == 512
+    assert c.train.iterations == 150 and c.rollout.max_new_tokens == 512
 
 
 @pytest.mark.parametrize("env", sorted(ENV_MODULES))
@@ -181,7 +196,7 @@ def test_algo_section_feeds_the_train_step(name):
   config = _local(name)
   preset = get_preset(name)
   if not (preset.turn_advantages or preset.retires):  # those read the teacher at θ_old
-    config.algo.teacher_source = "step"
+    config.algo.teacher_source = "update"
   algo = AlgoConfig.from_config(config.algo)
   assert dataclasses.asdict(algo) == config.algo.to_dict()
 
@@ -210,7 +225,7 @@ def test_algo_section_key_typos_name_the_closest_field():
     ("agg", AGG_MODES.names()),
     ("kl_kind", KL_PENALTIES.names()),
     ("advantage", ADVANTAGE_ESTIMATORS.names()),
-    ("teacher_source", ["step", "rollout"]),
+    ("teacher_source", ["update", "rollout"]),
     ("teacher_weights", ["current", "initial", "ema"]),
   ],
 )
@@ -220,7 +235,7 @@ def test_every_registered_name_is_selectable(key, names):
     config.algo[key] = name
     vocab_form = key == "form" and name in VOCAB_FORMS
     if vocab_form or (key, name) == ("teacher_weights", "ema"):  # the teacher scored in the update
-      config.algo.teacher_source = "step"
+      config.algo.teacher_source = "update"
     validate(config, num_devices=8)
     assert config.algo[key] == name
 
@@ -248,7 +263,7 @@ def test_unknown_names_list_the_valid_ones(key, registry):
     if registry
     else {
       "distill": ["none", "sdar", "skill_sd"],
-      "teacher_source": ["rollout", "step"],
+      "teacher_source": ["rollout", "update"],
       "teacher_weights": ["current", "initial", "ema"],
     }[key]
   )
@@ -283,6 +298,31 @@ def test_unknown_override_keys_names_them():
   assert "config has no key 'algoo'" in problems[1] and "'algo'" in problems[1]
 
 
+def test_renamed_keys_and_values_are_refused_naming_the_new_ones():
+  """ "step" meant an iteration in some keys and an optimizer update in a value; each old name is
+  refused on the command line and in `override`, with its new one."""
+  config = _local()
+  renamed = {
+    "train.total_steps=3": "train.iterations",
+    "optim.warmup_steps=2": "optim.warmup_iterations",
+    "env.tasks_per_step=2": "env.tasks_per_iteration",
+    "algo.rlsd.warmdown_steps=9": "algo.rlsd.warmdown_iterations",
+    "algo.rlsd_warmdown_steps=9": "algo.rlsd.warmdown_iterations",  # moved twice
+    "algo.teacher_source=step": "--config.algo.teacher_source=update",
+  }
+  argv = ["prog", *(f"--config.{arg}" for arg in renamed), "--config.algo.teacher_source=rollout"]
+  problems = unknown_override_keys(config, argv)
+  assert len(problems) == len(renamed)
+  for problem, (arg, new) in zip(problems, renamed.items()):
+    assert problem.startswith(f"--config.{arg.split('=')[0]}") and new in problem, problem
+  with pytest.raises(KeyError, match=r"train.total_steps: this setting moved to train.iterations"):
+    common.override(config, {"train.total_steps": 3})
+  with pytest.raises(KeyError, match=r"algo.teacher_source=step: this value is now 'update'"):
+    common.override(config, {"algo.teacher_source": "step"})
+  with pytest.raises(ValueError, match=r"algo.teacher_source='step': this value is now 'update'"):
+    AlgoConfig(teacher_source="step")
+
+
 def test_scoring_temperature_follows_the_rollout():
   config = _local()
   config.rollout.temperature = 0.7
@@ -304,7 +344,7 @@ def test_scoring_temperature_follows_the_rollout():
       {"train.micro_batch_size": 4, "train.mini_batch_size": 16},
       ["train.micro_batch_size=4", "8 x 1 = 8"],
     ),
-    ({"env.tasks_per_step": 3}, ["env.tasks_per_step=3", "3 x 4 = 12", "multiple of 8"]),
+    ({"env.tasks_per_iteration": 3}, ["env.tasks_per_iteration=3", "3 x 4 = 12", "multiple of 8"]),
     ({"mesh.data": 3}, ["product of the axes is 3", "8 devices"]),
     ({"mesh.data": -1, "mesh.fsdp": -1}, ["only one axis may be -1"]),
     ({"mesh.fsdp": 3}, ["multiple of 3 devices", "8 are available"]),
@@ -345,7 +385,7 @@ def test_lam_without_a_distill_term_is_refused():
 
 def test_all_problems_are_reported_at_once():
   config = common.override(
-    _local(), {"algo.beta": -1.0, "algo.gate": "nope", "env.tasks_per_step": 3}
+    _local(), {"algo.beta": -1.0, "algo.gate": "nope", "env.tasks_per_iteration": 3}
   )
   msg = _problems(config)
   assert msg.startswith("3 problem(s)")
@@ -552,7 +592,7 @@ def test_paper_rows():
     "acc": 38.3,
   }
   vanilla = paper.get_config("row=vanilla,model=qwen2.5-3b,env=search_qa")
-  assert vanilla.train.total_steps == 0 and vanilla.train.eval_before_train
+  assert vanilla.train.iterations == 0 and vanilla.train.eval_before_train
   plain = paper.get_config("row=skill_grpo,model=qwen2.5-3b,env=alfworld")
   star = paper.get_config("row=skill_grpo_star,model=qwen2.5-3b,env=alfworld")
   assert plain.algo.skills_in_student and plain.eval.skills == "both"
@@ -605,9 +645,9 @@ def test_cli_unknown_gate_lists_valid_gates():
 
 
 def test_cli_indivisible_batch_names_values():
-  out = _cli("--config.env.tasks_per_step=3", "--config.env.group_size=4", "--dry_run")
+  out = _cli("--config.env.tasks_per_iteration=3", "--config.env.group_size=4", "--dry_run")
   assert out.returncode != 0
-  assert "env.tasks_per_step=3" in out.stderr and "3 x 4 = 12" in out.stderr
+  assert "env.tasks_per_iteration=3" in out.stderr and "3 x 4 = 12" in out.stderr
   assert "data x fsdp = 8 x 1 = 8" in out.stderr
 
 
@@ -648,7 +688,7 @@ def test_evaluate_cli_turns_training_off():
     module="sdar_jax.evaluate",
   )
   assert out.returncode == 0, out.stderr
-  for line in ("total_steps: 0", "eval_before_train: true", "export_hf: false", "num_tasks: 2"):
+  for line in ("iterations: 0", "eval_before_train: true", "export_hf: false", "num_tasks: 2"):
     assert line in out.stdout, line
 
 

@@ -470,7 +470,7 @@ def test_a_tiny_run_writes_the_diagnostics(tmp_path, monkeypatch):
   assert not [k for r in rows for k in r if k.startswith("diag/")]
   for step in (0, 1):
     page = open(os.path.join(run, "eval", f"step_{step}", "tokens.html"), encoding="utf-8").read()
-    assert f"Token view, step {step}" in page and "[Privileged Skill Information]" in page
+    assert f"Token view, iteration {step}" in page and "[Privileged Skill Information]" in page
     assert re.search(r'<span style="background:#[0-9a-f]{6}" title="gap [+-]\d', page)
     assert "does not score a teacher" not in page
     # Every validation episode as text; its outcomes are the logged success rate.

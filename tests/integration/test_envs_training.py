@@ -38,7 +38,7 @@ def _config(env: str):
     {
       **small_run_overrides(),
       "env.expert_episodes": 4,
-      "train.total_steps": 2,
+      "train.iterations": 2,
       "train.eval_every": 2,
       "train.eval_before_train": False,
       "warm_start.steps": 1,

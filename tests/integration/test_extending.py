@@ -67,7 +67,7 @@ def response_logp(params, tokens, mask):
 def toy_algo(**fields) -> AlgoConfig:
   """Only the toy term: no policy gradient, entropy or KL; the teacher scored inside the step."""
   off = {"pg_coef": 0.0, "entropy_coef": 0.0, "kl_coef": 0.0}
-  return AlgoConfig(**off, lam=LAM, teacher_source="step", **fields)
+  return AlgoConfig(**off, lam=LAM, teacher_source="update", **fields)
 
 
 def close_to_scale(actual, desired):
@@ -113,7 +113,7 @@ def test_a_registered_gate_drives_the_sdar_term(params, batch, linear_gap_gate):
 def test_a_registered_gate_is_selectable_from_a_run_config(params, batch, linear_gap_gate):
   config = common.override(alfworld.get_config("local=True"), {"algo.gate": linear_gap_gate})
   validate(config, num_devices=8)
-  algo = AlgoConfig.from_config(config.algo, teacher_source="step", kl_coef=0.0)
+  algo = AlgoConfig.from_config(config.algo, teacher_source="update", kl_coef=0.0)
   optimizer = make_optimizer(lr=1e-3)
   step = TrainStep(CONFIG, algo, optimizer)
   state = create_train_state(jax.tree.map(jnp.copy, params), optimizer)  # the step donates it

@@ -127,7 +127,9 @@ def learning_config(seed: int, algo: str = "grpo"):
     "env.name": "dummy",
     "env.max_turns": 1,
     "env.history": 0,
-    "env.tasks_per_step": len(WORDS),  # every word in every iteration (drawn without replacement)
+    "env.tasks_per_iteration": len(
+      WORDS
+    ),  # every word in every iteration (drawn without replacement)
     "env.group_size": GROUP_SIZE,
     "env.num_workers": 0,
     "eval.skills": "without",

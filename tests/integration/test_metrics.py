@@ -135,7 +135,7 @@ def test_metrics_logger_echo_goes_through_logging(tmp_path, caplog):
   with caplog.at_level(logging.INFO, logger="sdar_jax"):
     MetricsLogger(str(tmp_path)).log(7, {"episode/success_rate": 0.5, "other": 1.0})
   (record,) = [r for r in caplog.records if r.name == "sdar_jax.observe.metrics"]
-  assert record.getMessage() == "[step 7] episode/success_rate=0.5"
+  assert record.getMessage() == "[iteration 7] episode/success_rate=0.5"
 
 
 def _python(code: str, *args: str) -> subprocess.CompletedProcess:
@@ -204,7 +204,7 @@ def test_validation_summary_reads_the_first_and_last_evaluation(tmp_path):
   assert validation_summary(str(path)) is None  # one evaluation only; the torn line is skipped
   path.write_text("".join(json.dumps(r) + "\n" for r in rows))
   assert validation_summary(str(path)) == (
-    "validation success_rate 0.125 (step 0) -> 0.375 (step 10), change +0.250"
+    "validation success_rate 0.125 (iteration 0) -> 0.375 (iteration 10), change +0.250"
   )
 
 

@@ -30,8 +30,8 @@ def _rows(env: str) -> list[str]:
 def _small(row_arg: str):
   """The paper row `row_arg` (its real-size config) at small shapes: at most one iteration."""
   config = paper.get_config(row_arg)
-  steps = min(config.train.total_steps, 1)  # the untrained rows keep 0: validation only
-  return common.override(config, {**SMALL, "train.total_steps": steps})
+  steps = min(config.train.iterations, 1)  # the untrained rows keep 0: validation only
+  return common.override(config, {**SMALL, "train.iterations": steps})
 
 
 @pytest.mark.parametrize("env", ENVS)
@@ -52,7 +52,7 @@ def test_every_row_validates_at_small_shapes(env):
       for part in key.split("."):
         section_real, section_small = section_real[part], section_small[part]
       assert section_small == section_real, (row_arg, key)
-    assert (small.train.total_steps == 0) == (real.train.total_steps == 0)
+    assert (small.train.iterations == 0) == (real.train.iterations == 0)
   # The real-size row with the real preset and no weights is refused until random weights are
   # asked for.
   refused = common.override(paper.get_config(rows[0]), {"model.random_init": False})

@@ -112,7 +112,7 @@ def test_collecting_a_sweep_on_the_bucket_matches_collecting_it_locally(bucket, 
   for root in (str(tmp_path / "sweep"), "gs://b/sweep"):
     for name, (beta, rows) in runs.items():
       config = {"algo": {"name": "sdar", "gate": "gap", "beta": beta, "lam": 0.01}}
-      config["train"] = {"seed": 0, "total_steps": 4}
+      config["train"] = {"seed": 0, "iterations": 4}
       paths.write_text(paths.join(root, name, "config.json"), json.dumps(config))
       paths.write_text(
         paths.join(root, name, "metrics.jsonl"), "".join(json.dumps(r) + "\n" for r in rows)
@@ -132,7 +132,7 @@ def test_collecting_a_sweep_on_the_bucket_matches_collecting_it_locally(bucket, 
 
 
 # ------------------------------------------------------------------------------------ runs
-def _run_config(total_steps: int, **overrides):
+def _run_config(iterations: int, **overrides):
   settings = {
     "train.eval_every": 1,
     "checkpoint.every": 1,
@@ -140,7 +140,7 @@ def _run_config(total_steps: int, **overrides):
     "logging.plots": True,
     "logging.tensorboard": True,
   }
-  return tiny_run_config(total_steps, **{**settings, **overrides})
+  return tiny_run_config(iterations, **{**settings, **overrides})
 
 
 def _rows(text: str) -> list[dict]:
@@ -185,7 +185,7 @@ def test_a_run_on_gs_writes_everything_there_and_resumes(bucket, tmp_path, monke
   assert any(r.startswith("checkpoints/1/state/") for r in rel)  # the arrays, via TensorStore
   assert ".sdar_jax.lock" not in rel  # no lock on a remote workdir
   assert [r["step"] for r in _rows(paths.read_text(workdir + "/metrics.jsonl"))] == [0, 1]
-  assert json.loads(paths.read_text(workdir + "/config.json"))["train"]["total_steps"] == 1
+  assert json.loads(paths.read_text(workdir + "/config.json"))["train"]["iterations"] == 1
   assert os.listdir(cwd) == [] and os.listdir(tmp) == []
 
   # Resume: the remote checkpoint of iteration 1 is restored, iteration 2 is trained.

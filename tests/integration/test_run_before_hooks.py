@@ -42,9 +42,17 @@ def test_its_saved_flat_config_is_read_at_the_new_keys():
     saved = json.load(f)
   assert saved["algo"]["retire_window"] == 1 and "retire" not in saved["algo"]  # the old layout
   assert AlgoConfig.from_config(saved["algo"]).retire == Retire(1, 1e9, 0.0)
-  config = read_run(path).config
+  run = read_run(path)
+  config = run.config
   assert config_value(config, "algo.retire.window") == 1
   assert config_value(config, "rollout.shaping.invalid_penalty") == 0.1
+  # "step" renamed: iterations and updates (the saved keys: train.total_steps, ...)
+  assert saved["train"]["total_steps"] == 1 and "iterations" not in saved["train"]
+  assert config_value(config, "train.iterations") == 1 == run.iterations
+  assert config_value(config, "env.tasks_per_iteration") == 1
+  assert config_value(config, "optim.warmup_iterations") == 0
+  assert config_value(config, "algo.rlsd.warmdown_iterations") == 100
+  assert run.get("train.total_steps") == 1  # an old name is read at its new place
 
 
 def test_a_run_from_before_hooks_resumes_with_its_rule_state(tmp_path):

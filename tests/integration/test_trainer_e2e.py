@@ -14,7 +14,7 @@ from tests.helpers import tiny_run_config, write_skills_folder
 pytestmark = pytest.mark.slow
 
 
-def _config(total_steps: int, skills: str):
+def _config(iterations: int, skills: str):
   """Warm start, evaluation every 2 iterations, a checkpoint every iteration, asynchronous saves,
   the HF export and TensorBoard on; the paper's ALFWorld SDAR row's skill rules and validation
   mode (configs/paper.py), the skills from `skills` (the authors' layout, the demo's brief general
@@ -34,7 +34,7 @@ def _config(total_steps: int, skills: str):
     "checkpoint.export_hf": True,
     "logging.tensorboard": True,
   }
-  return tiny_run_config(total_steps, **overrides)
+  return tiny_run_config(iterations, **overrides)
 
 
 def _rows(workdir):
@@ -52,7 +52,7 @@ def test_train_checkpoint_export_resume(tmp_path, monkeypatch):
   with open(os.path.join(skills_dir("alfworld_brief"), "general_skills.md")) as f:
     skills = write_skills_folder(tmp_path / "skills", "authors", general=f.read())
   workdir = str(tmp_path / "run")
-  config = _config(total_steps=2, skills=skills)
+  config = _config(iterations=2, skills=skills)
   validate(config)
   assert config.algo == paper.get_config("row=sdar,model=qwen2.5-3b,env=alfworld").algo
   last = trainer.run(config, workdir)
@@ -87,7 +87,7 @@ def test_train_checkpoint_export_resume(tmp_path, monkeypatch):
   assert os.path.exists(os.path.join(export, "tokenizer.json"))
 
   # Resume: the same workdir with one more step continues at iteration 2 -> 3.
-  trainer.run(_config(total_steps=3, skills=skills), workdir)
+  trainer.run(_config(iterations=3, skills=skills), workdir)
   rows = _rows(workdir)
   assert [r["step"] for r in rows] == [0, 1, 2, 3]
   ckpt = CheckpointManager(os.path.join(workdir, "checkpoints"))
@@ -97,7 +97,7 @@ def test_train_checkpoint_export_resume(tmp_path, monkeypatch):
   # ... and is the same run: an uninterrupted 3-step run logs the same step-3 numbers (rollout
   # keys depend on (seed, iteration) only; the restored state is bit-identical).
   straight = str(tmp_path / "straight")
-  trainer.run(_config(total_steps=3, skills=skills), straight)
+  trainer.run(_config(iterations=3, skills=skills), straight)
   resumed_row, straight_row = rows[3], _rows(straight)[3]
   timings = ("seconds", "compilations", "perf/")  # wall-clock figures differ between two runs
   compared = [k for k in straight_row if not any(t in k for t in timings)]

@@ -36,8 +36,8 @@ pytestmark = pytest.mark.slow
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _config(total_steps: int, **overrides):
-  return tiny_run_config(total_steps, **overrides)
+def _config(iterations: int, **overrides):
+  return tiny_run_config(iterations, **overrides)
 
 
 def _rows(path):
@@ -167,7 +167,7 @@ def test_evaluate_latest_checkpoint_reproduces_the_runs_evaluation(trained, monk
   assert [r["step"] for r in _rows(os.path.join(out, "metrics.jsonl"))] == [3]
   assert os.path.exists(os.path.join(out, "metrics.png"))
   with open(os.path.join(out, "config.json")) as f:
-    assert json.load(f)["train"]["total_steps"] == 3
+    assert json.load(f)["train"]["iterations"] == 3
   with open(os.path.join(out, evaluate.EVAL_RECORD)) as f:
     assert json.load(f)["evaluated"]["step"] == 3
   assert _run_files(workdir) == before
@@ -316,9 +316,9 @@ def broken_data(tmp_path_factory):
   return data
 
 
-def _broken(total_steps: int, data: str, **overrides):
+def _broken(iterations: int, data: str, **overrides):
   return _config(
-    total_steps,
+    iterations,
     **{"env.data_dir": data, "train.eval_every": 0, "train.eval_before_train": False, **overrides},
   )
 
@@ -408,13 +408,13 @@ def test_wandb_offline_gets_every_row_and_the_config_and_resume_continues_it(
   np.testing.assert_equal(wandb_history(first), rows[:2])  # NaN == NaN here
   np.testing.assert_equal(wandb_history(resumed), rows[2:])
   with open(os.path.join(workdir, "config.json")) as f:
-    config = json.load(f)  # the resumed run's (train.total_steps=3)
-  for records, total_steps in ((first, 2), (resumed, 3)):
+    config = json.load(f)  # the resumed run's (train.iterations=3)
+  for records, iterations in ((first, 2), (resumed, 3)):
     meta = wandb_run_record(records)
     assert meta.run_id == run_id and meta.resume
     assert (meta.project, meta.display_name, list(meta.tags)) == ("sdar-jax", "run", ["test"])
     logged = {i.key: json.loads(i.value_json) for i in meta.config.update if i.key != "_wandb"}
-    assert logged == {**config, "train": {**config["train"], "total_steps": total_steps}}
+    assert logged == {**config, "train": {**config["train"], "iterations": iterations}}
 
 
 def test_second_trainer_on_a_workdir_is_refused(broken_data, tmp_path):

@@ -25,13 +25,13 @@ def test_handler_prints_one_message_and_exits_2_with_the_traceback_only_when_ver
   from sdar_jax.run.setup import ConfigError
 
   def bad():
-    raise ConfigError("train.total_steps=-1: must be >= 0. Fix: pass a count")
+    raise ConfigError("train.iterations=-1: must be >= 0. Fix: pass a count")
 
   with pytest.raises(SystemExit) as exit_info:
     exit_on_user_error(bad, verbosity=lambda: 0)()
   assert exit_info.value.code == 2
   err = capsys.readouterr().err
-  assert err == "Invalid config: train.total_steps=-1: must be >= 0. Fix: pass a count\n"
+  assert err == "Invalid config: train.iterations=-1: must be >= 0. Fix: pass a count\n"
   with pytest.raises(SystemExit):
     exit_on_user_error(bad, verbosity=lambda: 1)()
   err = capsys.readouterr().err
@@ -414,7 +414,7 @@ def test_non_finite_values_and_a_group_of_one_are_refused():
   text = _problems(**{"algo.beta": float("inf"), "optim.lr": float("nan")})
   assert "algo.beta=inf: not a finite number. Fix: give a finite value" in text
   assert "optim.lr=nan: not a finite number" in text
-  text = _problems(**{"env.group_size": 1, "env.tasks_per_step": 2})
+  text = _problems(**{"env.group_size": 1, "env.tasks_per_iteration": 2})
   assert "env.group_size=1: algo.advantage='grpo' compares each episode" in text
   assert "Fix: env.group_size >= 2" in text and "algo.pg_coef=0" in text
 

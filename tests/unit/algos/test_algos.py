@@ -391,7 +391,7 @@ EXPECTED_PRESETS = {
     lam=0.0,
     advantage="rlsd",
     **{"rlsd.lam0": 0.5},
-    **{"rlsd.warmdown_steps": 100},
+    **{"rlsd.warmdown_iterations": 100},
     **{"rlsd.clip_eps": 0.2},
     teacher=True,
   ),
@@ -408,7 +408,7 @@ EXPECTED_PRESETS = {
     gate="gap",
     form="vocab",
     lam=0.5,
-    teacher_source="step",
+    teacher_source="update",
     teacher_weights="initial",
     teacher=True,
   ),
@@ -418,7 +418,7 @@ EXPECTED_PRESETS = {
     form="topk",
     top_k=32,
     lam=0.5,
-    teacher_source="step",
+    teacher_source="update",
     teacher_weights="initial",
     teacher=True,
   ),
@@ -533,10 +533,10 @@ def test_algo_config_checks_itself_and_reports_every_problem():
     (dict(ema={"every": "step"}), r"algo.ema.every='step': .*'iteration' \(SDPO's\)"),
     (
       dict(distill="sdar", lam=0.1, teacher_weights="ema", ema={"every": "update"}),
-      r"algo.teacher_source='rollout': algo.ema.every='update' .*teacher_source=step",
+      r"algo.teacher_source='rollout': algo.ema.every='update' .*teacher_source=update",
     ),
     (
-      dict(teacher_weights="ema", teacher_source="step"),
+      dict(teacher_weights="ema", teacher_source="update"),
       r"algo.teacher_weights='ema': an EMA teacher with no term .*Fix: set algo.distill='sdar'",
     ),
     (dict(teacher_weights="moving"), r"algo.teacher_weights='moving': unknown name.*'ema'"),
@@ -544,7 +544,7 @@ def test_algo_config_checks_itself_and_reports_every_problem():
     with pytest.raises(ValueError, match=want):
       AlgoConfig(**kwargs)
   ema = AlgoConfig(
-    distill="sdar", lam=0.1, kl_coef=0.0, teacher_source="step", teacher_weights="ema"
+    distill="sdar", lam=0.1, kl_coef=0.0, teacher_source="update", teacher_weights="ema"
   )
   assert ema.keeps_ema and not ema.needs_ref_params and not get_preset("sdar_vocab").keeps_ema
   sdar = get_preset("sdar")  # hashable and equal by value: a jit static
@@ -566,6 +566,7 @@ def test_a_saved_flat_algo_section_is_translated_on_load():
     "retire_progress": 0.0,
     "retire_competence": 0.9,
     "rlsd_lam0": 0.25,
+    "rlsd_warmdown_steps": 40,  # moved twice: algo.rlsd.warmdown_iterations now
     "teacher_ema_decay": 0.99,
     "invalid_penalty": 0.1,
     "clip_c": 2.5,
@@ -574,6 +575,11 @@ def test_a_saved_flat_algo_section_is_translated_on_load():
   algo = AlgoConfig.from_config(flat)
   assert algo.retire == algos.Retire(window=5) and algo.rlsd.lam0 == 0.25
   assert algo.ema.decay == 0.99 and algo.ppo.clip_c == 2.5
+  assert algo.rlsd.warmdown_iterations == 40
+  old = {**dataclasses.asdict(get_preset("sdar")), "teacher_source": "step"}  # now "update"
+  assert AlgoConfig.from_config(old).teacher_source == "update"
+  nested = {**dataclasses.asdict(get_preset("rlsd")), "rlsd": {"lam0": 0.5, "warmdown_steps": 7}}
+  assert AlgoConfig.from_config(nested).rlsd.warmdown_iterations == 7
 
 
 # ----------------------------------------------------------------------------- no token loops

@@ -411,7 +411,7 @@ def test_skill_sd_is_zero_when_teacher_equals_student():
 def preset_loss(preset, logp, old, ref, teacher, seq_adv, ent, step=1):
   """The actor loss a preset describes, composed from the library's registered pieces."""
   p = get_preset(preset)
-  lam_k = rlsd_lambda(step, p.rlsd.lam0, p.rlsd.warmdown_steps)
+  lam_k = rlsd_lambda(step, p.rlsd.lam0, p.rlsd.warmdown_iterations)
   adv = token_advantages(
     p.advantage,
     seq_adv,

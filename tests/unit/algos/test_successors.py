@@ -287,8 +287,8 @@ def test_turn_estimators_need_the_teacher_at_theta_old():
   for name in ("agent_opsd", "agent_opsd_rms", "grsd"):
     preset = get_preset(name)
     assert preset.scores_teacher and preset.turn_advantages
-    with pytest.raises(ValueError, match="algo.teacher_source='step'.*teacher_source=rollout"):
-      dataclasses.replace(preset, teacher_source="step")
+    with pytest.raises(ValueError, match="algo.teacher_source='update'.*teacher_source=rollout"):
+      dataclasses.replace(preset, teacher_source="update")
   with pytest.raises(ValueError, match="algo.agent_opsd.v0=1.0"):
     dataclasses.replace(get_preset("agent_opsd_rms"), agent_opsd={"v0": 1.0})
   with pytest.raises(ValueError, match=r"algo.agent_opsd.lam=1.5: .*Fix: use AgentOPSD's 0.5"):

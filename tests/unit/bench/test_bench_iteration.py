@@ -27,7 +27,7 @@ def test_mode_command_names_real_keys_and_a_valid_config(bench, mode):
   config = default.get_config()
   assert train.unknown_override_keys(config, cmd) == []
   overrides = dict(a[len("--config.") :].split("=", 1) for a in cmd if a.startswith("--config."))
-  assert overrides["train.total_steps"] == "5" and overrides["train.eval_every"] == "0"
+  assert overrides["train.iterations"] == "5" and overrides["train.eval_every"] == "0"
   common.override(config, {k: common._literal(v) for k, v in overrides.items()})
   config_validation.validate(config)
   assert config.rollout.overlap == bench.MODES[mode]["rollout.overlap"]

@@ -102,7 +102,7 @@ def test_lr_warmup_counts_iterations_not_optimizer_updates(params):
   """Two mini-batch updates per iteration, warm-up over 2 iterations: the reference's scheduler
   steps once per iteration, so iteration k (1-based) uses lr·min(k − 1, 2)/2 for both updates."""
   lr, eps = 1e-2, 1e-4  # eps 1e-4: updates are smooth in the gradient (see test_train_step.py)
-  optim = {"lr": lr, "warmup_steps": 2, "eps": eps, "weight_decay": 0.01, "clip_norm": 1.0}
+  optim = {"lr": lr, "warmup_iterations": 2, "eps": eps, "weight_decay": 0.01, "clip_norm": 1.0}
   config = mlc.ConfigDict({"algo": GRPO, "optim": optim, "train": {"micro_batch_size": None}})
   step = train_step_from_config(CONFIG, config)
   batches = [make_batch(seed) for seed in range(6)]
@@ -139,7 +139,7 @@ def test_lr_warmup_counts_iterations_not_optimizer_updates(params):
 @pytest.mark.slow
 def test_default_iteration_is_one_per_update(params):
   """Without `iteration` each update is its own iteration (one mini-batch per iteration)."""
-  optimizer = make_optimizer(lr=1e-2, warmup_steps=2)
+  optimizer = make_optimizer(lr=1e-2, warmup_iterations=2)
   step = TrainStep(CONFIG, GRPO, optimizer, lr_schedule=lambda k: 1e-2 * jnp.minimum(k, 2) / 2)
   state = fresh_state(params, optimizer)
   lrs = []
@@ -164,9 +164,9 @@ def test_optimizer_without_warmup_is_optax_adamw():
 
 
 def test_warmup_without_an_iteration_is_refused():
-  opt = make_optimizer(lr=1e-3, warmup_steps=5)
+  opt = make_optimizer(lr=1e-3, warmup_iterations=5)
   p = {"w": jnp.ones(3)}
-  with pytest.raises(ValueError, match="warmup_steps=5.*iteration"):
+  with pytest.raises(ValueError, match="warmup_iterations=5.*iteration"):
     opt.update(p, opt.init(p), p)
 
 
@@ -285,7 +285,7 @@ def test_step_normalises_the_gate_entropy_by_the_model_vocabulary(params, gate):
   """The step's gate mean equals the gate evaluated on the float64 full-forward entropies with
   V = the model's number of logits; hand-derived: g_entropy_lnv = σ(β(2h/ln V − 1))."""
   lc = AlgoConfig.from_config(
-    dict(dataclasses.asdict(get_preset("sdar")), gate=gate, teacher_source="step", kl_coef=0.0)
+    dict(dataclasses.asdict(get_preset("sdar")), gate=gate, teacher_source="update", kl_coef=0.0)
   )
   batch = make_batch(3)
   _, metrics = jax.jit(lambda p: loss_and_grads(CONFIG, lc, p, batch))(params)

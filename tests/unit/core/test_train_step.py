@@ -50,7 +50,7 @@ def sdar_step():
   step = train_step_from_config(
     CONFIG,
     _run_config(
-      dataclasses.asdict(get_preset("sdar")), micro=4, optim=dict(lr=1e-3, warmup_steps=2)
+      dataclasses.asdict(get_preset("sdar")), micro=4, optim=dict(lr=1e-3, warmup_iterations=2)
     ),
   )
   return step, step.optimizer
@@ -60,7 +60,7 @@ def _run_config(algo, micro, optim):
   import ml_collections as mlc
 
   return mlc.ConfigDict(
-    dict(algo=dict(algo, teacher_source="step"), optim=optim, train=dict(micro_batch_size=micro))
+    dict(algo=dict(algo, teacher_source="update"), optim=optim, train=dict(micro_batch_size=micro))
   )
 
 
@@ -110,16 +110,16 @@ def test_varying_lengths_within_a_bucket_do_not_recompile(params, sdar_step):
 
 # ------------------------------------------------------------------------ teacher sources
 @pytest.mark.slow
-def test_step_and_rollout_teacher_sources_agree(params):
+def test_update_and_rollout_teacher_sources_agree(params):
   optimizer = make_optimizer(lr=1e-3)
   batch = make_batch(params, seed=9)
-  on_step = TrainStep(CONFIG, dict(SDAR, teacher_source="step"), optimizer)
+  on_update = TrainStep(CONFIG, dict(SDAR, teacher_source="update"), optimizer)
   on_rollout = TrainStep(CONFIG, dict(SDAR, teacher_source="rollout"), optimizer)
   teacher_logp = on_rollout.score_teacher(params, batch)
   want = full_logp(params, batch.teacher_tokens, batch.teacher_mask, R)[0]
   m = batch.response_mask > 0
   np.testing.assert_allclose(np.asarray(teacher_logp)[m], want[m], atol=2e-5)
-  state_a, metrics_a = on_step(fresh_state(params, optimizer), batch)
+  state_a, metrics_a = on_update(fresh_state(params, optimizer), batch)
   with pytest.raises(ValueError, match="teacher_logp"):
     on_rollout(fresh_state(params, optimizer), batch)
   state_b, metrics_b = on_rollout(
@@ -192,7 +192,7 @@ def _distillation_alone(lam: float, beta: float, **changes) -> AlgoConfig:
     beta=beta,
     entropy_coef=0.0,
     kl_coef=0.0,
-    teacher_source="step",
+    teacher_source="update",
     **changes,
   )
 
@@ -277,7 +277,7 @@ def test_sdar_vocab_form_gradient_is_the_gated_forward_kl_over_the_vocabulary(pa
 def test_a_frozen_teacher_reads_the_initial_params_and_the_student_the_current_ones(params, form):
   """teacher_weights='initial': the gap the gate reads is lT(ref_params) − lθ(params), from the
   full-logits forward of each; with ref_params = params it is the 'current' teacher's exactly."""
-  lc = AlgoConfig(distill="sdar", lam=0.1, kl_coef=0.0, teacher_source="step", form=form)
+  lc = AlgoConfig(distill="sdar", lam=0.1, kl_coef=0.0, teacher_source="update", form=form)
   frozen = dataclasses.replace(lc, teacher_weights="initial")
   assert frozen.needs_ref_params and not lc.needs_ref_params
   batch = make_batch(params, seed=15)
@@ -343,7 +343,7 @@ def test_ema_teacher_reads_the_ema_and_each_update_moves_it_by_hand(params):
     distill="sdar",
     lam=0.1,
     kl_coef=0.0,
-    teacher_source="step",
+    teacher_source="update",
     teacher_weights="ema",
     ema={"decay": decay, "every": "update"},
   )
@@ -391,7 +391,7 @@ def test_ema_teacher_reads_the_ema_and_each_update_moves_it_by_hand(params):
 
 
 def test_sdar_vocab_form_refuses_a_rollout_scored_teacher():
-  with pytest.raises(ValueError, match="algo.teacher_source='rollout'.*teacher_source=step"):
+  with pytest.raises(ValueError, match="algo.teacher_source='rollout'.*teacher_source=update"):
     AlgoConfig(distill="sdar", lam=0.1, form="vocab", teacher_source="rollout")
 
 
@@ -432,7 +432,7 @@ def test_config_and_batch_errors(params):
     AlgoConfig.from_config(dict(SDAR, lamda=0.1))
   with pytest.raises(ValueError, match="teacher_source"):
     AlgoConfig(teacher_source="later")
-  sdar = dict(dataclasses.asdict(get_preset("sdar")), teacher_source="step")
+  sdar = dict(dataclasses.asdict(get_preset("sdar")), teacher_source="update")
   step = TrainStep(CONFIG, sdar, make_optimizer(), micro_batch_size=3)
   batch = make_batch(None, seed=14)
   with pytest.raises(ValueError, match="ref_params"):

@@ -15,7 +15,7 @@ from tests.helpers import SDAR_LOSS, fresh_state, make_turn_batch, to_np
 def test_save_restore_continue_is_bit_identical(tmp_path, tiny_config, tiny_params):
   params = tiny_params
   mesh = sharding.make_mesh((2, 2, 2))
-  optimizer = make_optimizer(lr=1e-3, warmup_steps=2)
+  optimizer = make_optimizer(lr=1e-3, warmup_iterations=2)
   step = TrainStep(tiny_config, SDAR_LOSS, optimizer, mesh=mesh, micro_batch_size=4)
   batches = [step.shard_batch(make_turn_batch(params, seed=20 + i)) for i in range(3)]
 
