@@ -18,7 +18,7 @@ only the algorithm and the seed differ. Each arm and seed is one run
 
 played one after another (a progress line per run; the run's output in <workdir>/train.log, its
 attempts and wall time in <workdir>/run_status.json). Resumable: a finished run (its run record
-says so, or its metrics reached train.total_steps) is skipped; an interrupted one is started again
+says so, or its metrics reached train.iterations) is skipped; an interrupted one is started again
 on its workdir and the trainer resumes it from its latest checkpoint (checkpoint.every; the warm
 start is reloaded from <workdir>/warm_start_policy), dropping metric rows logged after that
 checkpoint. A run that fails is reported and the others go on (exit code 1 at the end). Stopping
@@ -77,8 +77,8 @@ LABELS = {
 }
 # The budget columns: (dotted config key, column name); equal across arms by construction.
 BUDGET_KEYS = (
-  ("train.total_steps", "iterations"),
-  ("env.tasks_per_step", "tasks per iteration"),
+  ("train.iterations", "iterations"),
+  ("env.tasks_per_iteration", "tasks per iteration"),
   ("env.group_size", "episodes per task"),
   ("eval.num_tasks", "validation episodes"),
   ("train.eval_every", "eval every"),
@@ -226,7 +226,9 @@ def table_rows(arms: Sequence[ArmResult], planned_seeds: int) -> list[dict[str, 
     walls = [r.wall_seconds for r in done if r.wall_seconds is not None]
     steps = {r.iterations for r in arm.runs}
     episodes = {
-      r.get("train.total_steps", 0) * r.get("env.tasks_per_step", 0) * r.get("env.group_size", 0)
+      r.get("train.iterations", 0)
+      * r.get("env.tasks_per_iteration", 0)
+      * r.get("env.group_size", 0)
       for r in arm.runs
     }
     rows.append(
@@ -340,13 +342,21 @@ def plot_curves(arms: Sequence[ArmResult], out_path: str) -> str | None:
 def paired_sections(arms: Sequence[ArmResult]) -> list[str]:
   """Each arm against the last one listed (the baseline, e.g. GRPO), paired on the seeds both
   finished and the validation games both played (`sdar_jax.observe.compare.paired_arms`: the
-  difference with its 95% two-way bootstrap interval and an exact sign test)."""
+  difference with its 95% two-way bootstrap interval and the seed-level sign-flip test); runs
+  without per-game outcome files are left out and named."""
   if len(arms) < 2:
     return []
   base = arms[-1]
   sections = []
   for arm in arms[:-1]:
-    dirs = [r.path for r in arm.finished_runs] + [r.path for r in base.finished_runs]
+    every = [r.path for r in arm.finished_runs] + [r.path for r in base.finished_runs]
+    dirs = [d for d in every if compare.eval_outcomes(d)]  # runs with per-game outcomes
+    if len(dirs) < len(every):
+      left = ", ".join(os.path.basename(os.path.dirname(d)) + "/" + os.path.basename(d)
+                       for d in every if d not in dirs)  # fmt: skip
+      sections.append(
+        f"{arm.label} vs {base.label}: runs without per-game outcomes left out: {left}"
+      )
     try:
       result = compare.paired_arms(dirs)
     except compare.CompareError as e:

@@ -331,7 +331,7 @@ def paired_arms(
   if not steps:
     raise CompareError(
       f"arms {arm_a!r} and {arm_b!r} share no evaluation step on seeds {seeds}. Fix: compare "
-      "runs with the same train.eval_every and total_steps."
+      "runs with the same train.eval_every and train.iterations."
     )
   games = sorted(
     set.intersection(*(set(r[s][step]) for r in (runs_a, runs_b) for s in seeds for step in steps))

@@ -489,7 +489,7 @@ class Trainer(RolloutsMixin, EvaluationMixin, ResumeMixin):
     raise Preempted(
       signum,
       f"stopped by {signal.Signals(signum).name} after {self.loop_state.iteration} of "
-      f"{self.config.train.total_steps} iterations: {what}. Run the same command again to "
+      f"{self.config.train.iterations} iterations: {what}. Run the same command again to "
       "resume from there.",
     )
 
