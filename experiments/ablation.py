@@ -60,7 +60,7 @@ if _REPO not in sys.path:
 
 import numpy as np  # noqa: E402 (after the sys.path line)
 
-from sdar_jax.observe import collect, compare  # noqa: E402
+from sdar_jax.observe import collect, pairing  # noqa: E402
 
 CORE_ARMS = ("grpo", "grpo_opsd", "sdar")
 OPTIONAL_ARMS = ("sdar_entropy", "sdar_soft_or", "skill_grpo")
@@ -341,7 +341,7 @@ def plot_curves(arms: Sequence[ArmResult], out_path: str) -> str | None:
 
 def paired_sections(arms: Sequence[ArmResult]) -> list[str]:
   """Each arm against the last one listed (the baseline, e.g. GRPO), paired on the seeds both
-  finished and the validation games both played (`sdar_jax.observe.compare.paired_arms`: the
+  finished and the validation games both played (`sdar_jax.observe.pairing.paired_arms`: the
   difference with its 95% two-way bootstrap interval and the seed-level sign-flip test); runs
   without per-game outcome files are left out and named."""
   if len(arms) < 2:
@@ -350,7 +350,7 @@ def paired_sections(arms: Sequence[ArmResult]) -> list[str]:
   sections = []
   for arm in arms[:-1]:
     every = [r.path for r in arm.finished_runs] + [r.path for r in base.finished_runs]
-    dirs = [d for d in every if compare.eval_outcomes(d)]  # runs with per-game outcomes
+    dirs = [d for d in every if pairing.eval_outcomes(d)]  # runs with per-game outcomes
     if len(dirs) < len(every):
       left = ", ".join(os.path.basename(os.path.dirname(d)) + "/" + os.path.basename(d)
                        for d in every if d not in dirs)  # fmt: skip
@@ -358,8 +358,8 @@ def paired_sections(arms: Sequence[ArmResult]) -> list[str]:
         f"{arm.label} vs {base.label}: runs without per-game outcomes left out: {left}"
       )
     try:
-      result = compare.paired_arms(dirs)
-    except compare.CompareError as e:
+      result = pairing.paired_arms(dirs)
+    except pairing.CompareError as e:
       sections.append(f"{arm.label} vs {base.label}: not compared ({e})")
       continue
     if result is not None:

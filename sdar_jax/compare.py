@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from sdar_jax.infra.errors import add_verbosity_argument, exit_on_user_error
 from sdar_jax.observe import stats
-from sdar_jax.observe.compare import compare_runs
+from sdar_jax.observe.pairing import compare_runs
 
 
 @exit_on_user_error

@@ -1,22 +1,12 @@
-r"""Training entry point.
+r"""Training entry point: `python -m sdar_jax.train [--config=FILE[:ARG]] [--config.KEY=VALUE ...]
+--workdir=DIR [--dry_run]` (default config: the offline demo, configs/default.py).
 
-  python -m sdar_jax.train                          # the offline demo (configs/default.py)
-  python -m sdar_jax.train --config=configs/alfworld.py:model=qwen2.5-3b,algo=sdar \
-      --config.model.path=/data/Qwen2.5-3B-Instruct --config.algo.beta=2.0 --workdir=runs/sdar
-  python -m sdar_jax.train --config=configs/paper.py:row=grpo,model=qwen3-1.7b \
-      --config.model.random_init=True --dry_run       # sizes only: random weights on purpose
-
-The config is validated before anything is built or written (sdar_jax.run.config_validation): an
-unknown `--config.*` key, an impossible value, a model without weight files (or with truncated
-ones) or an option that is not implemented yet exits with a message naming it, and the workdir is
-left untouched; so does a workdir (checkpoint.dir, logging.dir) that cannot be written, and
-`logging.wandb=True` without the wandb package (it names the extra to install). Such user errors
-(sdar_jax.infra.errors) print one message and exit with status 2, the traceback only with
-`--verbosity=1`. `--dry_run` validates (the same checks, weight files and output folders
-included), prints the resolved config, builds the mesh and the model's abstract train state (no
-memory), checks the first prompts against rollout.max_prompt_len when
-rollout.prompt_truncation='error', and exits. Otherwise the host loop
-`sdar_jax.run.trainer.run(config, workdir)` runs.
+Contract: the config is validated before anything is built or written; a user error (a missing or
+unparsable config file, an unknown key, an impossible value, an unwritable workdir, a missing
+extra) prints one message and exits 2, the traceback only with `--verbosity=1`; `--dry_run`
+validates, prints the config and the train state's size, and trains nothing; a run stopped by
+SIGTERM or Ctrl-C saves its last finished iteration and exits 128 + the signal. This module holds
+the flags and `main` only (the run itself: sdar_jax.run.trainer; docs/running.md has the rest).
 """
 
 from __future__ import annotations

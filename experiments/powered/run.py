@@ -23,7 +23,7 @@ from experiments.powered.plan import (
   step_done,
   train_step,
 )
-from sdar_jax.observe import collect, compare
+from sdar_jax.observe import collect, pairing
 
 EXPERIMENT = "powered"
 
@@ -89,7 +89,7 @@ def after_retrain(run: str, aside: str) -> str:
     src, dst = os.path.join(aside, name), os.path.join(run, name)
     if evaluated(src) and not os.path.exists(dst):
       shutil.copytree(src, dst)
-  a, b = compare.eval_outcomes(aside), compare.eval_outcomes(run)
+  a, b = pairing.eval_outcomes(aside), pairing.eval_outcomes(run)
   pairs = [
     (a[s][g], b[s][g]) for s in sorted(set(a) & set(b)) for g in sorted(set(a[s]) & set(b[s]))
   ]

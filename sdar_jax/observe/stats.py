@@ -12,7 +12,7 @@
 * `family` bootstraps the rows of a family and marks them; `paired_comparison` is a family of 1.
 Resamples and the RNG seed are fixed and reported: figures recompute to the digit (to rounding
 in the last bits across CPUs: a resampled mean within the summation's rounding bound of 0
-counts as 0). Nothing here reads files: `sdar_jax.observe.compare` and the experiments pass arrays.
+counts as 0). Nothing here reads files: `sdar_jax.observe.pairing` and the experiments pass arrays.
 """
 
 from __future__ import annotations

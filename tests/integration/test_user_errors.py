@@ -78,7 +78,7 @@ def test_the_projects_user_errors_keep_their_old_bases():
   from envs.webshop.data import WebShopDataError, WebShopFilesMissingError
   from sdar_jax.models.config import ModelConfigFileError
   from sdar_jax.observe.collect import ReportShrinkError
-  from sdar_jax.observe.compare import CompareError
+  from sdar_jax.observe.pairing import CompareError
   from sdar_jax.rollout.agent_loop import PromptTooLongError
   from sdar_jax.run.checkpoint import CheckpointWriteError
   from sdar_jax.run.evaluation import EvaluationError

@@ -136,12 +136,12 @@ def test_one_flops_function_serves_the_planner_and_the_benchmarks():
   assert set(defined) == {flops}, defined
 
 
-COMMANDS = ("sdar_jax.train", "sdar_jax.evaluate", "sdar_jax.aot")
+COMMANDS = ("sdar_jax.train", "sdar_jax.evaluate", "sdar_jax.aot", "sdar_jax.compare")
 
 
 def test_a_command_module_holds_flags_and_main():
   """A command module defines its flags, `main` and small helpers, no dataclass or table of its
-  own (those live in the layers below; sdar_jax/compare.py is checked by its own tests)."""
+  own (those live in the layers below)."""
   for module in COMMANDS:
     tree = _tree(module)
     names = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}

@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from sdar_jax.observe import compare, stats
+from sdar_jax.observe import pairing, paper_table, stats
 from sdar_jax.observe.transcripts import write_outcomes
 from sdar_jax.rollout.trajectory import Episode
 
@@ -57,7 +57,7 @@ def test_search_qa_run_beside_its_paper_row_uses_the_macro_mean(tmp_path):
     rows=[{"step": 0}, row],
     paper={**paper, "reported": reported},
   )
-  result = compare.run_vs_paper(run)
+  result = paper_table.run_vs_paper(run)
   assert result.step == 16 and result.row == "sdar"
   assert result.columns["avg"] == pytest.approx((45.0, 35.0))  # the macro mean, not 50
   assert result.columns["nq"] == pytest.approx((60.0, 40.0))
@@ -68,9 +68,9 @@ def test_search_qa_run_beside_its_paper_row_uses_the_macro_mean(tmp_path):
 
 def test_alfworld_avg_is_the_overall_rate_and_a_run_without_a_paper_row_still_shows():
   row = {"step": 8, "val/success_rate": 0.25, "val/pick_and_place_simple_success_rate": 0.5}
-  assert compare.our_columns("alfworld", row, "val")["avg"] == 25.0
-  assert compare.our_columns("alfworld", row, "val")["pick"] == 50.0
-  assert compare.our_columns("alfworld", row, "val")["heat"] is None
+  assert paper_table.our_columns("alfworld", row, "val")["avg"] == 25.0
+  assert paper_table.our_columns("alfworld", row, "val")["pick"] == 50.0
+  assert paper_table.our_columns("alfworld", row, "val")["heat"] is None
 
 
 def test_two_arms_are_paired_on_seeds_and_games(tmp_path):
@@ -84,7 +84,7 @@ def test_two_arms_are_paired_on_seeds_and_games(tmp_path):
     _write_run(root, "b0", arm="grpo", seed=0, evals={0: [0, 0, 1, 1], 8: [0, 0, 1, 1]}),
     _write_run(root, "b1", arm="grpo", seed=1, evals={0: [0, 0, 1, 1], 8: [0, 1, 0, 1]}),
   ]
-  result = compare.paired_arms(runs, resamples=2000, rng_seed=3)
+  result = pairing.paired_arms(runs, resamples=2000, rng_seed=3)
   assert (result.arm_a, result.arm_b, result.seeds) == ("sdar", "grpo", [0, 1])
   final = result.final  # sdar - grpo: the arm of the first run given first
   assert (final.seeds, final.games) == (2, 4)
@@ -97,7 +97,7 @@ def test_two_arms_are_paired_on_seeds_and_games(tmp_path):
     np.array([[1, 0, 1, 1], [1, 1, 0, 0]]), np.array([[0, 0, 1, 1], [0, 1, 0, 1]]), 2000, 3
   )
   assert final == want
-  assert "95% CI" in compare.compare_runs(runs, resamples=200)
+  assert "95% CI" in pairing.compare_runs(runs, resamples=200)
   from sdar_jax.observe import collect  # a sweep's table pairs its two arms the same way
 
   md = open(collect.collect_sweep(root, str(tmp_path / "table"))["md"]).read()
@@ -110,25 +110,25 @@ def test_arms_are_labels_games_are_files_and_ambiguity_is_refused(tmp_path):
   root = str(tmp_path)
   a = _write_run(root, "a", arm="sdar_vocab", evals={8: [1, 1, 0, 0]})
   b = _write_run(root, "b", arm="sdar_vocab", label="sdar_vocab_noskills", evals={8: [0, 1, 0, 0]})
-  result = compare.paired_arms([a, b], resamples=200)
+  result = pairing.paired_arms([a, b], resamples=200)
   assert (result.arm_a, result.arm_b) == ("sdar_vocab", "sdar_vocab_noskills")
   assert result.final.difference == pytest.approx(1 / 4)
   twin = _write_run(root, "twin", arm="sdar_vocab", evals={8: [0, 0, 0, 0]})
-  with pytest.raises(compare.CompareError, match=r"a and .*twin are both arm 'sdar_vocab', seed 0"):
-    compare.paired_arms([a, twin])
+  with pytest.raises(pairing.CompareError, match=r"a and .*twin are both arm 'sdar_vocab', seed 0"):
+    pairing.paired_arms([a, twin])
   # a run from before run.arm: its arm given on the command line (an experiment's runs.csv has it)
   from sdar_jax.compare import main
 
   assert main([a, twin, "--arm", f"{twin}=old_twin", "--resamples", "200"]) == 0
   third = _write_run(root, "c", arm="grpo", evals={8: [0, 0, 0, 0]})
-  with pytest.raises(compare.CompareError, match="3 arms"):
-    compare.paired_arms([a, b, third])
+  with pytest.raises(pairing.CompareError, match="3 arms"):
+    pairing.paired_arms([a, b, third])
   other = _write_run(root, "o", arm="grpo", evals={8: [1, 1, 1, 1]}, games="h")
-  with pytest.raises(compare.CompareError, match="share no validation game"):
-    compare.paired_arms([a, other])
+  with pytest.raises(pairing.CompareError, match="share no validation game"):
+    pairing.paired_arms([a, other])
   blind = _write_run(root, "blind", arm="grpo")  # no outcome files: not silently left out
-  with pytest.raises(compare.CompareError, match=r"blind: no per-game outcomes"):
-    compare.paired_arms([a, blind])
+  with pytest.raises(pairing.CompareError, match=r"blind: no per-game outcomes"):
+    pairing.paired_arms([a, blind])
 
 
 def test_cli_refuses_a_missing_folder_naming_the_fix(tmp_path, capsys):
