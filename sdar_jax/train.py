@@ -16,7 +16,8 @@ left untouched; so does a workdir (checkpoint.dir, logging.dir) that cannot be w
 included), prints the resolved config, builds the mesh and the model's abstract train state (no
 memory), checks the first prompts against rollout.max_prompt_len when
 rollout.prompt_truncation='error', and exits. Otherwise the host loop
-`sdar_jax.run.trainer.run(config, workdir)` runs.
+`sdar_jax.run.trainer.run(config, workdir)` runs; an algorithm with a first stage
+(`algo.teacher_stage`, RetireOPD) runs it first in <workdir>/teacher (`sdar_jax.run.stages`).
 """
 
 from __future__ import annotations
@@ -284,6 +285,9 @@ def main(argv: Sequence[str]) -> None:
   config = flags.FLAGS.config
   model_config = validate(config)  # a ConfigError: one message, exit status 2
   workdir = flags.FLAGS.workdir or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
+  from sdar_jax.run import stages
+
+  stages.validate_stages(config, workdir)  # a first stage's config (algo.teacher_stage), if any
   check_output_folders(config, workdir)
   from sdar_jax.observe import wandb_log
 
@@ -300,9 +304,8 @@ def main(argv: Sequence[str]) -> None:
     return
   if config.train.get("xla_cache_dir"):
     use_xla_cache(config.train.xla_cache_dir)
-  from sdar_jax.run import trainer  # the workdir is created only now, after validation passed
-
-  trainer.run(config, workdir, validated=True)
+  # the workdir is created only now, after validation passed; a first stage runs before the run
+  stages.run(config, workdir, validated=True)
 
 
 @exit_on_user_error(extra_types=(EnvInputError,))
