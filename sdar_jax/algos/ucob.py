@@ -340,6 +340,7 @@ class UcobPairs(MethodHooks):
       "ucob/skills_to_plain": stats["skills_to_plain"],
       "ucob/plain_to_skills": stats["plain_to_skills"],
       "ucob/gap_mean": float(np.mean([p.gap for p in pairs])) if pairs else 0.0,
+      "ucob/skills_share": len(skills) / max(len(samples), 1),  # turns played with the skills
       "ucob/turns_with_skills_won": float(np.mean(skills)) if skills else 0.0,
       "ucob/turns_without_skills_won": float(np.mean(plain)) if plain else 0.0,
     }

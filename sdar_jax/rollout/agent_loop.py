@@ -231,10 +231,11 @@ class AgentLoop:
     return None
 
   def build_prompts(
-    self, view: EpisodeView, sample_id: Any, where: str
+    self, view: EpisodeView, sample_id: Any, where: str, skills: bool = False
   ) -> tuple[list[int], list[int] | None]:
-    """(student prompt ids, teacher prompt ids or None) for one episode's current turn."""
-    student, teacher, _ = self._build_prompts(view, sample_id, where)
+    """(student prompt ids, teacher prompt ids or None) for one episode's current turn (`skills`:
+    with mixed views, an episode that plays with the skills)."""
+    student, teacher, _ = self._build_prompts(view, sample_id, where, skills)
     return student, teacher
 
   def _build_prompts(

@@ -67,6 +67,7 @@ def test_ucob_trains_one_iteration_with_distillation_rows(tmp_path, monkeypatch)
   assert math.isfinite(row["ucob/loss"]) and row["ucob/loss"] > 0.0
   assert row["ucob/coef"] == pytest.approx(0.1)
   assert row["ucob/skills_to_plain"] + row["ucob/plain_to_skills"] == row["ucob/pairs"]
+  assert row["ucob/skills_share"] == 0.5  # one episode of the group of two played with them
 
 
 def test_retire_opd_in_two_stages_retires_across_a_resume(tmp_path):
