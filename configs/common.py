@@ -20,7 +20,7 @@ from ml_collections import config_dict
 
 from configs import models
 from sdar_jax import config_keys
-from sdar_jax.algos import get_preset
+from sdar_jax.algos import PRESET_RUN_SETTINGS, get_preset
 from sdar_jax.rollout.shaping import RewardShaping
 
 ENVS = ("alfworld", "webshop", "search_qa")
@@ -87,7 +87,8 @@ def algo(name: str) -> mlc.ConfigDict:
 
 def base(model: str = "qwen2.5-3b", algo_name: str = "sdar") -> mlc.ConfigDict:
   """Everything but the environment: model, mesh, optimizer, training loop, rollout, eval,
-  checkpoints, logging and the algorithm (reference defaults)."""
+  checkpoints, logging and the algorithm (reference defaults), with what the preset sets outside
+  `algo` (`algos.PRESET_RUN_SETTINGS`)."""
   config = mlc.ConfigDict()
   config.model = models.model(model)
   config.algo = algo(algo_name)
@@ -203,7 +204,8 @@ def base(model: str = "qwen2.5-3b", algo_name: str = "sdar") -> mlc.ConfigDict:
       wandb_mode=config_dict.placeholder(str),  # "online" | "offline" | "disabled"; default: W&B's
     )
   )
-  return config
+  # what the preset sets outside `algo` (UCOB: GiGPO's advantages in rollout.shaping)
+  return override(config, PRESET_RUN_SETTINGS.get(algo_name, {}))
 
 
 def _skills(rules_version: str = "post_fix") -> mlc.ConfigDict:

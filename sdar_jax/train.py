@@ -5,8 +5,10 @@ Contract: the config is validated before anything is built or written; a user er
 unparsable config file, an unknown key, an impossible value, an unwritable workdir, a missing
 extra) prints one message and exits 2, the traceback only with `--verbosity=1`; `--dry_run`
 validates, prints the config and the train state's size, and trains nothing; a run stopped by
-SIGTERM or Ctrl-C saves its last finished iteration and exits 128 + the signal. This module holds
-the flags and `main` only (the run itself: sdar_jax.run.trainer; docs/running.md has the rest).
+SIGTERM or Ctrl-C saves its last finished iteration and exits 128 + the signal; an algorithm with
+a first stage (`algo.teacher_stage`, RetireOPD) runs it first in <workdir>/teacher
+(sdar_jax.run.stages). This module holds the flags and `main` only (the run itself:
+sdar_jax.run.trainer; docs/running.md has the rest).
 """
 
 from __future__ import annotations
@@ -274,6 +276,9 @@ def main(argv: Sequence[str]) -> None:
   config = flags.FLAGS.config
   model_config = validate(config)  # a ConfigError: one message, exit status 2
   workdir = flags.FLAGS.workdir or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
+  from sdar_jax.run import stages
+
+  stages.validate_stages(config, workdir)  # a first stage's config (algo.teacher_stage), if any
   check_output_folders(config, workdir)
   from sdar_jax.observe import wandb_log
 
@@ -290,12 +295,10 @@ def main(argv: Sequence[str]) -> None:
     return
   if config.train.get("xla_cache_dir"):
     use_xla_cache(config.train.xla_cache_dir)
-  from sdar_jax.run import trainer  # the workdir is created only now, after validation passed
-
   from sdar_jax.run.preemption import Preempted
 
-  try:
-    trainer.run(config, workdir, validated=True)
+  try:  # the workdir is created only now, after validation; a first stage runs before the run
+    stages.run(config, workdir, validated=True)
   except Preempted as stopped:  # SIGTERM / Ctrl-C: the last finished iteration is saved
     print(stopped, file=sys.stderr)
     sys.exit(stopped.exit_code)

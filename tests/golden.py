@@ -2,13 +2,16 @@
 advantages on two fixed tiny batches, so a refactor of how methods are assembled can show it
 changed no number (tests/unit/algos/test_golden_records.py checks them).
 
-    .venv/bin/python -m tests.golden          # prints how far today's values are from the records
-    .venv/bin/python -m tests.golden --write  # rewrites tests/data/golden_records.json
+    .venv/bin/python -m tests.golden              # how far today's values are from the records
+    .venv/bin/python -m tests.golden --write      # rewrites tests/data/golden_records.json
+    .venv/bin/python -m tests.golden --write-new  # adds the presets without a record, only
 
 Rewrite the records only in a commit that changes a preset on purpose, and say so in its message.
 Inputs: the suite's tiny model (random parameters, key 0, std 0.1); two `make_turn_batch` batches
-(seeds 0 and 1) with fixed teacher log-probs (the rollout's, for teacher_source="rollout"); the
-frozen initial policy and the EMA teacher are the parameters scaled by 1.03 and 1.05; iteration 3
+(seeds 0 and 1) with fixed teacher log-probs (the rollout's, for teacher_source="rollout") and
+per-token distillation weights on their last three rows (read only by a weighted term, UCOB's);
+the frozen initial policy and the EMA teacher are the parameters scaled by 1.03 and 1.05, the
+teacher handed over (teacher_weights "frozen" / "old") the parameters themselves; iteration 3
 (RLSD's λ). A turn-level preset's advantages are its rewrite of a fixed table of the batch's rows
 (two turns an episode, two episodes a group, won where A > 0, the gaps lT − lold of the batch).
 """
@@ -43,7 +46,11 @@ def _inputs():
     batch = make_turn_batch(params, seed=seed)
     rng = np.random.default_rng(100 + seed)
     teacher = np.asarray(batch.old_logp) + rng.normal(0.0, 0.5, batch.old_logp.shape)
-    batches.append(batch.replace(teacher_logp=teacher.astype(np.float32)))
+    mask = np.asarray(batch.response_mask, np.float32)
+    weight = np.zeros_like(mask)
+    weight[-3:] = mask[-3:] * rng.choice([0.5, 1.0, 2.0, 4.0], size=mask[-3:].shape)
+    batch = batch.replace(teacher_logp=teacher.astype(np.float32), distill_weight=weight)
+    batches.append(batch)
   return params, ref, ema, batches
 
 
@@ -100,6 +107,7 @@ def compute() -> dict[str, list[dict]]:
         ref_params=ref if algo.needs_ref_params else None,
         iteration=ITERATION,
         ema_params=ema if algo.keeps_ema else None,
+        teacher_params=params if algo.passes_teacher_params else None,
       )
       out[name] = (optax.global_norm(grads), metrics)
     return out
@@ -162,6 +170,15 @@ def differences(got: dict, want: dict, rtol: float = 1e-6) -> list[str]:
 
 def main(argv: list[str]) -> int:
   got = compute()
+  if "--write-new" in argv:
+    records = recorded()
+    new = sorted(set(got) - set(records))
+    records.update({name: got[name] for name in new})
+    with open(RECORDS, "w") as f:
+      json.dump(records, f, indent=1, sort_keys=True)
+      f.write("\n")
+    print(f"added the records of {new or 'no preset'} to {RECORDS}")
+    return 0
   if "--write" in argv:
     with open(RECORDS, "w") as f:
       json.dump(got, f, indent=1, sort_keys=True)

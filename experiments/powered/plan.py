@@ -57,7 +57,18 @@ STAGE2_ARMS: dict[str, tuple[str, tuple[str, ...]]] = {
   # forward KL(teacher ‖ student) at each position, ungated (λ = 0.5 stays the preset's)
   "sdar_vocab_ungated": ("sdar_vocab", ("algo.beta=0.0",)),
   "sdar_topk": ("sdar_topk", ()),
-  "retire_opd": ("retire_opd", ()),
+  # the rule this arm ran (2026-12-05): one stage, the frozen warm-started policy as the teacher
+  # (the skills in a block before its prompt), sliding windows; the preset has been RetireOPD's
+  # two stages since 2026-12-07 (docs/reference.md §11.4)
+  "retire_opd": (
+    "retire_opd",
+    (
+      "algo.teacher_weights=initial",
+      "algo.teacher_context=block",
+      "algo.teacher_stage.preset=",
+      "algo.retire.windows=sliding",
+    ),
+  ),
   # the rule this arm ran (2026-12-05) was named `agent_opsd` then and `agent_opsd_rms` since
   # 2026-12-06 (the published AgentOPSD took the name; docs/reference.md §11.1)
   "agent_opsd": ("agent_opsd_rms", ()),  # its preset keeps algo.teacher_source="rollout"

@@ -22,7 +22,6 @@ from sdar_jax.algos.aggregation import (
   token_count,
 )
 from sdar_jax.algos.config import EMA_CADENCES, TEACHER_SOURCES, AlgoConfig
-from sdar_jax.algos.sections import EMA, GRSD, RLSD, SECTIONS, AgentOPSD, PPOClip, Retire
 from sdar_jax.algos.distill import (
   DISTILL_LOSSES,
   GATED_TERMS,
@@ -52,10 +51,21 @@ from sdar_jax.algos.losses import (
   kl_penalty,
   policy_loss,
 )
-from sdar_jax.algos.presets import ALGO_PRESETS, get_preset
+from sdar_jax.algos.presets import ALGO_PRESETS, PRESET_RUN_SETTINGS, get_preset
 from sdar_jax.algos.registry import Registry
 from sdar_jax.algos.retirement import Retirement, RetirementHooks
-from sdar_jax.algos.teacher_schedules import TEACHER_WEIGHTS
+from sdar_jax.algos.sections import (
+  EMA,
+  GRSD,
+  RLSD,
+  SECTIONS,
+  UCOB,
+  AgentOPSD,
+  PPOClip,
+  Retire,
+  TeacherStage,
+)
+from sdar_jax.algos.teacher_schedules import PASSED_TEACHER_WEIGHTS, TEACHER_WEIGHTS
 from sdar_jax.algos.turn_credit import (
   TURN_ADVANTAGES,
   TurnTable,
@@ -65,6 +75,13 @@ from sdar_jax.algos.turn_credit import (
   register_turn_advantage,
   turn_rewrite,
 )
+from sdar_jax.algos.ucob import (
+  UcobPairs,
+  discounted_returns,
+  ucob_loss,
+  ucob_pairs,
+  ucob_topk_term,
+)
 
 __all__ = [
   "ADVANTAGE_ESTIMATORS",
@@ -73,38 +90,44 @@ __all__ = [
   "ALGO_PRESETS",
   "BETA_FREE_GATES",
   "DISTILL_LOSSES",
+  "EMA",
+  "EMA_CADENCES",
   "GATED_TERMS",
   "GATES",
+  "GRSD",
   "KL_PENALTIES",
   "METHOD_HOOKS",
+  "PASSED_TEACHER_WEIGHTS",
+  "PRESET_RUN_SETTINGS",
+  "RLSD",
   "SDAR_FORMS",
-  "EMA_CADENCES",
   "SECTIONS",
   "TEACHER_SOURCES",
   "TEACHER_WEIGHTS",
   "TURN_ADVANTAGES",
+  "UCOB",
   "VOCAB_FORMS",
-  "EMA",
-  "GRSD",
-  "RLSD",
   "AgentOPSD",
   "AlgoConfig",
-  "PPOClip",
-  "Retire",
   "IterationView",
   "MethodHooks",
+  "PPOClip",
   "Registry",
+  "Retire",
   "Retirement",
   "RetirementHooks",
+  "TeacherStage",
   "TurnTable",
-  "agent_opsd_advantages",
-  "agent_opsd_rms_advantages",
+  "UcobPairs",
   "advantage_clip_eps",
   "advantage_teacher_weight",
+  "agent_opsd_advantages",
+  "agent_opsd_rms_advantages",
   "agg_loss",
   "apply_invalid_penalty",
   "build_hooks",
   "compute_gate",
+  "discounted_returns",
   "distill_loss",
   "entropy_from_logits",
   "entropy_loss",
@@ -127,7 +150,10 @@ __all__ = [
   "term_metrics",
   "token_advantages",
   "token_count",
-  "turn_rewrite",
   "topk_distill_term",
+  "turn_rewrite",
+  "ucob_loss",
+  "ucob_pairs",
+  "ucob_topk_term",
   "vocab_distill_term",
 ]

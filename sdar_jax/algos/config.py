@@ -19,19 +19,41 @@ import difflib
 from collections.abc import Mapping
 from typing import Any
 
+from sdar_jax.algos import ucob  # noqa: F401 (registers the "ucob" term and its hooks)
 from sdar_jax.algos.advantages import ADVANTAGE_ESTIMATORS
 from sdar_jax.algos.aggregation import AGG_MODES
-from sdar_jax.algos.distill import DISTILL_LOSSES, SDAR_FORMS, VOCAB_FORMS
+from sdar_jax.algos.distill import (
+  DISTILL_LOSSES,
+  HEAD_TERMS,
+  SDAR_FORMS,
+  VOCAB_FORMS,
+  WEIGHTED_TERMS,
+)
 from sdar_jax.algos.gates import GATES
 from sdar_jax.algos.hooks import METHOD_HOOKS
 from sdar_jax.algos.losses import KL_PENALTIES
-from sdar_jax.algos.sections import EMA, GRSD, RLSD, SECTIONS, AgentOPSD, PPOClip, Retire
-from sdar_jax.algos.teacher_schedules import TEACHER_WEIGHTS
+from sdar_jax.algos.sections import (
+  EMA,
+  GRSD,
+  RETIRE_WINDOWS,
+  RLSD,
+  SECTIONS,
+  UCOB,
+  AgentOPSD,
+  PPOClip,
+  Retire,
+  TeacherStage,
+)
+from sdar_jax.algos.teacher_schedules import PASSED_TEACHER_WEIGHTS, TEACHER_WEIGHTS
 from sdar_jax.algos.turn_credit import TURN_ADVANTAGES
 from sdar_jax.config_keys import MOVED_ON, RENAMED_VALUES, translate_section
 
 TEACHER_SOURCES = ("rollout", "update")
 EMA_CADENCES = ("iteration", "update", "manual")
+# algo.teacher_context: where the teacher's prompt holds the skills
+TEACHER_CONTEXTS = ("block", "message")
+# algo.views: which prompt each training episode plays with
+VIEWS = ("single", "mixed")
 
 
 def _is_number(value: Any, low: float = float("-inf")) -> bool:
@@ -105,6 +127,12 @@ class AlgoConfig:
   """RetireOPD's rule (`algo.retire.window`, `.progress`, `.competence`; window 0: never)."""
   ema: EMA = dataclasses.field(default_factory=EMA)
   """The EMA teacher's decay and cadence (teacher_weights="ema": `algo.ema.decay`, `.every`)."""
+  ucob: UCOB = dataclasses.field(default_factory=UCOB)
+  """UCOB's pairs and top-k term (distill="ucob": `algo.ucob.margin`, `.tau`, `.weight_max`,
+  `.max_pairs`, `.action_weight`, `.gamma`, `.norm_to_one`, `.clip_log_ratio`)."""
+  teacher_stage: TeacherStage = dataclasses.field(default_factory=TeacherStage)
+  """A first stage that trains the frozen teacher (`algo.teacher_stage.preset`, `.iterations`; run by
+  `python -m sdar_jax.train`, sdar_jax.run.stages)."""
   skills_in_student: bool = False
   """Put the retrieved skills into the student's own prompt (Skill-GRPO); rollout."""
   teacher: bool | None = None
@@ -121,7 +149,22 @@ class AlgoConfig:
   too, by making the model ignore the skill block: on the demo, form "vocab" with λ = 1 drove
   both branches to the same broken policy; a frozen teacher is a fixed target. "ema": an
   exponential moving average of the policy (`algo.ema`), kept in the train state and
-  checkpointed with it."""
+  checkpointed with it. "frozen": a trained teacher read once from `teacher_path` (RetireOPD's
+  stage-1 teacher). "old": θ_old, the policy as it was before the iteration's first update,
+  re-read by every update of the iteration (UCOB's reference view)."""
+  teacher_path: str = ""
+  """teacher_weights="frozen": the teacher's weights, a checkpoint folder (a run's checkpoints/ or
+  its workdir: the latest step) or a Hugging Face folder (config.json + *.safetensors). Left
+  empty when `teacher_stage` trains the teacher first (the stage sets it)."""
+  teacher_context: str = "block"
+  """Where the teacher's prompt holds the skills (`TEACHER_CONTEXTS`): "block", the privileged
+  block in front of the student's prompt (SDAR), or "message", inside the user message as
+  Skill-GRPO's student reads them (a teacher trained with the skills in its prompt: RetireOPD's
+  stage-1 teacher)."""
+  views: str = "single"
+  """Which prompt each training episode plays with (`VIEWS`): "single" (the student's), or
+  "mixed" (UCOB's rollout: in each GRPO group the first half plays without the skills, the rest
+  with them inside the user message; each turn's teacher prompt is the other view's)."""
   hooks: str = ""
   """Method hooks this run asks for by name, comma-separated (`algos.METHOD_HOOKS`, e.g. a user's
   registered with `algos.register_hooks`); the built-in methods' hooks select themselves from the
@@ -183,8 +226,21 @@ class AlgoConfig:
 
   @property
   def vocab_distill(self) -> bool:
-    """Whether the SDAR term reads both branches' whole distributions (form "vocab")."""
-    return self.distill == "sdar" and self.form in VOCAB_FORMS
+    """Whether the distillation term reads both branches' whole distributions (SDAR's forms
+    "vocab" / "topk", UCOB's top-k term)."""
+    return (self.distill == "sdar" and self.form in VOCAB_FORMS) or self.distill in HEAD_TERMS
+
+  @property
+  def reads_distill_weight(self) -> bool:
+    """Whether the distillation term reads the batch's per-token weights (UCOB): the rows that
+    hold weights are distillation rows, left out of the PPO, entropy and KL terms."""
+    return self.distill in WEIGHTED_TERMS
+
+  @property
+  def passes_teacher_params(self) -> bool:
+    """Whether the trainer hands the teacher's weights over (teacher_weights "frozen": read from
+    teacher_path; "old": copied before the iteration's first update)."""
+    return self.scores_teacher and self.teacher_weights in PASSED_TEACHER_WEIGHTS
 
   @property
   def terms_need_teacher(self) -> bool:
@@ -213,6 +269,7 @@ class AlgoConfig:
       teacher_weights="current",
       advantage="grpo",
       retire=dataclasses.replace(self.retire, window=0),
+      teacher_stage=TeacherStage(),
     )
 
   def _problems(self) -> list[str]:
@@ -367,10 +424,14 @@ class AlgoConfig:
         "RetireOPD's progress reads the teacher's gap on the rollouts, scored once per iteration",
         "set --config.algo.teacher_source=rollout",
       )
+    if self.retire.windows not in RETIRE_WINDOWS:
+      bad("retire.windows", f"must be one of {list(RETIRE_WINDOWS)}", "use 'fixed' (the paper's)")
     if not _is_number(self.retire.progress):
       bad("retire.progress", "must be a number", "use RetireOPD's 0.0")
     if not _is_number(self.retire.competence, low=0):
       bad("retire.competence", "must be a number >= 0", "use RetireOPD's 0.9")
+    self._teacher_problems(bad)
+    self._ucob_problems(bad, at)
     warmdown = self.rlsd.warmdown_iterations
     if self.advantage == "rlsd" and (not isinstance(warmdown, int) or warmdown < 1):
       bad(
@@ -402,6 +463,69 @@ class AlgoConfig:
         "set algo.distill to 'sdar' or 'skill_sd', or lam=0",
       )
     return out
+
+  def _teacher_problems(self, bad) -> None:
+    """The trained teacher's settings (its folder or its stage), its prompt, the views."""
+    stage = self.teacher_stage
+    if not isinstance(self.teacher_path, str):
+      bad("teacher_path", "must be a folder (a string)", "name a checkpoint or Hugging Face folder")
+    if self.teacher_weights == "frozen" and not self.teacher_path and not stage.preset:
+      bad(
+        "teacher_path",
+        "algo.teacher_weights='frozen' reads the teacher's weights from a folder, and none is "
+        "named (nor does algo.teacher_stage train one first)",
+        "set --config.algo.teacher_path=<a checkpoint folder or a Hugging Face folder>, or "
+        "--config.algo.teacher_stage.preset=<the preset that trains the teacher>",
+      )
+    if stage.preset:  # the preset itself is checked where the stage is built (run.stages)
+      if not isinstance(stage.preset, str):
+        bad("teacher_stage.preset", "must be a preset's name", "e.g. 'skill_grpo'")
+      if self.teacher_weights != "frozen":
+        bad(
+          "teacher_stage.preset",
+          "the first stage's checkpoint becomes the frozen teacher, read with "
+          "algo.teacher_weights='frozen'",
+          "set --config.algo.teacher_weights=frozen, or --config.algo.teacher_stage.preset=''",
+        )
+    steps = stage.iterations
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+      bad(
+        "teacher_stage.iterations", "must be an integer >= 0", "use 0 (the run's train.iterations)"
+      )
+    if self.teacher_context not in TEACHER_CONTEXTS:
+      bad("teacher_context", f"must be one of {list(TEACHER_CONTEXTS)}", "use 'block' (SDAR's)")
+    if self.views not in VIEWS:
+      bad("views", f"must be one of {list(VIEWS)}", "use 'single'")
+    elif self.views == "mixed" and (self.skills_in_student or not self.scores_teacher):
+      bad(
+        "views",
+        "algo.views='mixed' keeps each turn's other view as its teacher prompt, so it needs a "
+        "teacher and a student prompt without skills of its own",
+        "set algo.skills_in_student=False and a term that reads the teacher (distill='ucob')",
+      )
+
+  def _ucob_problems(self, bad, at) -> None:
+    """UCOB's section, and what its term needs."""
+    u = self.ucob
+    for field, low in (("ucob.margin", 0), ("ucob.weight_max", 0), ("ucob.action_weight", 0)):
+      if not _is_number(at(field), low=low):
+        bad(field, f"must be a number >= {low}", "use UCOB's 0.05 / 2.0 / 2.0")
+    if not _is_number(u.tau) or not u.tau > 0:
+      bad("ucob.tau", "the weight divides the gap by it; it must be > 0", "use UCOB's 0.2")
+    if not _is_number(u.gamma, low=0) or u.gamma > 1:
+      bad("ucob.gamma", "a discount must be in [0, 1]", "use UCOB's 0.95")
+    if not isinstance(u.max_pairs, int) or isinstance(u.max_pairs, bool) or u.max_pairs < 0:
+      bad("ucob.max_pairs", "must be an integer >= 0", "use UCOB's 2 (0 keeps every pair)")
+    for field in ("ucob.norm_to_one", "ucob.clip_log_ratio"):
+      if not isinstance(at(field), bool):
+        bad(field, "must be True or False", "set it to True or False")
+    if self.distill == "ucob" and self.views != "mixed":
+      bad(
+        "views",
+        "algo.distill='ucob' pairs turns played with and without the skills, so the rollout must "
+        "play both views",
+        "set --config.algo.views=mixed",
+      )
 
   @classmethod
   def from_config(cls, algo: AlgoConfig | Mapping[str, Any], **overrides: Any) -> AlgoConfig:

@@ -29,6 +29,12 @@ SDAR_FORMS: Registry[FormFn] = Registry("sdar form")
 # update computes it from both branches' full distributions (`vocab_distill_term`, or
 # `topk_distill_term` for "topk") and passes it to `sdar_loss` as `vocab_term`.
 VOCAB_FORMS = ("vocab", "topk")
+# Distillation terms formed, like those forms, from both branches' distributions in the update's
+# lm_head pass (`scoring.sdar_vocab_extras` passes theirs as `vocab_term`): UCOB's top-k KL.
+HEAD_TERMS = ("ucob",)
+# Terms that read per-token weights from the batch (`TurnBatch.distill_weight`): the rows holding
+# weights are distillation rows, left out of the PPO, entropy and KL terms (`sdar_jax.core.loss`).
+WEIGHTED_TERMS = ("ucob",)
 
 
 @SDAR_FORMS.register("reference")
@@ -274,15 +280,16 @@ def _skill_sd(
 
 
 def distill_loss(name: str, **kwargs) -> tuple[Array, Metrics]:
-  """Dispatches to distillation term `name` ("none", "sdar", "skill_sd") with keyword
+  """Dispatches to distillation term `name` ("none", "sdar", "skill_sd", "ucob") with keyword
   arguments student_logp, teacher_logp, old_logp, mask, beta, gate, entropy, vocab_size, form,
-  vocab_term, agg, denom, num_seqs; each term takes the ones it needs. Not multiplied by λ."""
+  vocab_term, distill_weight, agg, denom, num_seqs; each term takes the ones it needs. Not
+  multiplied by λ."""
   return DISTILL_LOSSES.get(name)(**kwargs)
 
 
 # Terms gated token by token by algo.gate (σ(β·…)): their gate is drawn in the diagnostics'
 # histograms and their coefficient logged as "<name>/coef".
-GATED_TERMS = ("sdar",)
+GATED_TERMS = ("sdar", "ucob")
 
 
 def term_gate(algo, *, gap, entropy, vocab_size: int) -> Array | None:

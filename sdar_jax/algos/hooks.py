@@ -27,6 +27,7 @@ class IterationView(Protocol):
   iteration: int  # 0-based index of the iteration being trained (completed ones at evaluation)
   metrics: Mapping[str, float]  # the iteration's metrics so far
   samples: list  # the iteration's TurnSamples (after_rollout may replace the list)
+  tokenizer: Any  # the run's tokenizer (sdar_jax.text.Tokenizer), to read responses as text
 
   def rewrite_advantages(self, fn: Callable[..., Any]) -> Metrics:
     """Replaces every turn-sample's advantage by fn(table, num_groups=...) of the iteration's
@@ -48,6 +49,9 @@ class MethodHooks:
   # eval modes (prefixes of `run.setup`'s validation loops, e.g. "val_with_skill") that the
   # evaluation before training must also play, whatever eval.skills says
   start_eval_modes: tuple[str, ...] = ()
+  # whose weights play those modes: "policy" (the params at the start) or "teacher" (the teacher
+  # branch's weights, algo.teacher_weights: e.g. a frozen teacher read from a folder)
+  start_eval_weights: str = "policy"
   # the loop-state key a checkpoint written before hooks existed kept this hook's state under
   legacy_state_key: str | None = None
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from sdar_jax.algos.config import AlgoConfig
-from sdar_jax.algos.sections import AgentOPSD, Retire
+from sdar_jax.algos.sections import AgentOPSD, Retire, TeacherStage
 
 BASE = AlgoConfig()
 _SDAR = {"distill": "sdar", "lam": 0.01, "beta": 5.0, "gate": "gap", "form": "reference"}
@@ -71,11 +71,39 @@ ALGO_PRESETS: dict[str, AlgoConfig] = {
       },
     ),
     # SDAR's successors, each a setting of the same update (docs/reference.md §11).
-    # Ours, after RetireOPD (arXiv 2609.20784; no public code): SDAR's term from the frozen initial
-    # policy (with its skills), retired for good once the reverse KL to it stops falling and the
-    # student's validation success nears the teacher's (algos.Retirement; W = 5, progress <= 0,
-    # competence >= 0.9).
-    _preset("retire_opd", **{**_SDAR, "teacher_weights": "initial", "retire": Retire(window=5)}),
+    # RetireOPD (arXiv 2609.20784; no public code) in its two stages: stage 1 trains a
+    # skill-conditioned teacher with the reward (`skill_grpo`, as many iterations as stage 2 unless
+    # algo.teacher_stage.iterations says), stage 2 distils SDAR's term from that frozen teacher (the
+    # skills inside its user message, as it was trained) and retires the term for good once the
+    # reverse KL to it stops falling over fixed windows of W iterations and the student's
+    # validation success nears the teacher's (algos.Retirement; W = 5, progress <= 0, competence
+    # >= 0.9: our choices where the paper's text was not at hand, docs/reference.md §11.4).
+    _preset(
+      "retire_opd",
+      **{
+        **_SDAR,
+        "teacher_weights": "frozen",
+        "teacher_context": "message",
+        "teacher_stage": TeacherStage(preset="skill_grpo"),
+        "retire": Retire(window=5),
+      },
+    ),
+    # UCOB as published (TU2021/UCOB@d38292c, its ALFWorld launcher), without its evolving skill
+    # memory (the static skills are the "good" view): mixed rollouts, the better view's response
+    # distilled into the other view's context over the teacher view's top 32 renormalised, gated
+    # once per position, coefficient 0.1, on GiGPO's advantages (`PRESET_RUN_SETTINGS`).
+    _preset(
+      "ucob",
+      distill="ucob",
+      lam=0.1,
+      beta=5.0,
+      gate="gap",
+      top_k=32,
+      entropy_coef=0.0,
+      views="mixed",
+      teacher_source="update",
+      teacher_weights="old",
+    ),
     # AgentOPSD as published: GRPO's advantage scaled by a bounded factor from the z-scored
     # increments of a per-episode success belief that starts at the group's success rate.
     _preset("agent_opsd", advantage="agent_opsd"),
@@ -87,6 +115,19 @@ ALGO_PRESETS: dict[str, AlgoConfig] = {
     # reflection prior; ours reads the skills.
     _preset("grsd", advantage="grsd"),
   )
+}
+
+
+# What a preset sets outside the `algo` section, as dotted run-config keys (configs/common.base
+# applies them with the preset): UCOB trains on GiGPO's advantages (adv_estimator gigpo,
+# step_advantage_w 1.0, mode mean_norm: no division by the std, γ 0.95).
+PRESET_RUN_SETTINGS: dict[str, dict[str, object]] = {
+  "ucob": {
+    "rollout.shaping.step_adv_coef": 1.0,
+    "rollout.shaping.norm_adv_by_std": False,
+    "rollout.shaping.step_gamma": 0.95,
+    "rollout.shaping.step_anchor": "observation",
+  },
 }
 
 

@@ -1,6 +1,6 @@
 """The sections of `AlgoConfig` that only one part of the objective reads: PPO's ratio clip and
 each method's own settings (`algo.ppo.*`, `algo.rlsd.*`, `algo.grsd.*`, `algo.agent_opsd.*`,
-`algo.retire.*`, `algo.ema.*`). Frozen and hashable like `AlgoConfig`, which checks their values
+`algo.retire.*`, `algo.ema.*`, `algo.ucob.*`, `algo.teacher_stage.*`). Frozen and hashable like `AlgoConfig`, which checks their values
 (`AlgoConfig._problems`); docs/reference.md §2 and §11 give each method's source."""
 
 from __future__ import annotations
@@ -76,6 +76,11 @@ class Retire:
   competence: float = 0.9
   """Retire once competence_t = (SR_t + SR_{t−1}) / (2·SR_teacher) is at least this (SR:
   validation success rate; SR_teacher: the frozen teacher's, with its skills, at the start)."""
+  windows: str = "fixed"
+  """How K is averaged (`RETIRE_WINDOWS`): "fixed" (the paper's: non-overlapping blocks of W
+  iterations, 1..W, W+1..2W, ...; K_t is the last complete block's mean, K_{t−W} the block
+  before it) or "sliding" (the last W iterations and the W before them, at every check; this
+  repository's rule until 2026-12-07)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +97,47 @@ class EMA:
   `IterationView.move_teacher_ema`)."""
 
 
+@dataclasses.dataclass(frozen=True)
+class UCOB:
+  """UCOB's paired-view distillation (TU2021/UCOB@d38292c, `algorithm.ucob.cbsd` of
+  verl/trainer/config/ucob_trainer.yaml and its ALFWorld launcher; `algos.ucob`)."""
+
+  margin: float = 0.05
+  """A pair distils only when the winner's return exceeds its target's baseline by more than
+  this (cbsd.margin)."""
+  tau: float = 0.2
+  """A pair's weight is min(max(gap / tau, 0), weight_max) (cbsd.tau), tau > 0."""
+  weight_max: float = 2.0
+  """The largest pair weight (cbsd.weight_max)."""
+  max_pairs: int = 2
+  """Pairs kept per (GRPO group, state), largest gaps first; 0 keeps them all
+  (cbsd.max_pairs_per_group)."""
+  action_weight: float = 2.0
+  """The weight's factor on the tokens of the response's action span; the others keep 1
+  (cbsd.action_weight)."""
+  gamma: float = 0.95
+  """γ of the discounted returns the pairs compare (algorithm.gamma), in [0, 1]."""
+  norm_to_one: bool = True
+  """Renormalise the teacher view's top-k probabilities, and the student's on the same tokens,
+  to sum to one (cbsd.topk_norm_to_one); False keeps the full-vocabulary log-probs."""
+  clip_log_ratio: bool = False
+  """Clamp log pT − log pθ to [−5, 5] inside the sum (cbsd.topk_clip_log_ratio)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TeacherStage:
+  """A first stage that trains the frozen teacher (RetireOPD's stage 1): `python -m
+  sdar_jax.train` trains preset `preset` in <workdir>/teacher, then this run with its final
+  checkpoint as the teacher (`algo.teacher_weights="frozen"`, `algo.teacher_path`;
+  sdar_jax.run.stages)."""
+
+  preset: str = ""
+  """The preset the first stage trains ("" = no first stage); its method settings replace this
+  run's, the settings both presets share (temperature, KL, PPO clip, ...) are this run's."""
+  iterations: int = 0
+  """The first stage's iterations; 0 = this run's train.iterations."""
+
+
 # AlgoConfig field -> its section's class
 SECTIONS: dict[str, type] = {
   "ppo": PPOClip,
@@ -100,4 +146,7 @@ SECTIONS: dict[str, type] = {
   "agent_opsd": AgentOPSD,
   "retire": Retire,
   "ema": EMA,
+  "ucob": UCOB,
+  "teacher_stage": TeacherStage,
 }
+RETIRE_WINDOWS = ("fixed", "sliding")

@@ -72,6 +72,11 @@ class TurnSample:
   episode: int = -1  # the episode's index among the process's episodes of the iteration
   turn: int = 0  # the turn's index within its episode
   won: bool = False  # whether its episode succeeded
+  observation: str = ""  # the env's observation the prompt was built from (the turn's state)
+  reward: float = 0.0  # the env's reward for this turn's action
+  skills_in_prompt: bool = False  # the student's prompt held the skills (Skill-GRPO, UCOB's view)
+  # a distillation row's per-token weights (UCOB's pairs, `algos.ucob`); None: a PPO row
+  distill_weight: list[float] | None = None
 
 
 @flax.struct.dataclass
@@ -89,6 +94,8 @@ class TurnBatch:
       advantages     [B]        sequence-level GRPO advantages
       ref_logp       [B, R]     optional: reference-policy log-probs (KL term without ref params)
       teacher_logp   [B, R]     optional: teacher log-probs scored at θ_old ("rollout" source)
+      distill_weight [B, R]     optional: per-token weights of a weighted distillation term
+                                (UCOB); rows holding any are distillation rows, 0 elsewhere
 
   Response token r sits at position P+r of its row (P = Ps for the student, Pt for the teacher),
   so the two branches line up slot by slot. Rows whose masks are all zero pad a short batch: they
@@ -104,6 +111,7 @@ class TurnBatch:
   teacher_mask: Array | None = None
   ref_logp: Array | None = None
   teacher_logp: Array | None = None
+  distill_weight: Array | None = None
 
   @property
   def batch_size(self) -> int:

@@ -102,9 +102,14 @@ def micro_loss(
   teacher_weight: Array,
   teacher: tuple[Params, Array] | None = None,
   histograms: bool = False,
+  distill_counts: tuple[Array, Array] | None = None,
 ) -> tuple[Array, Metrics]:
   """The loss of one micro-batch as its additive share of the mini-batch loss (`denom` and
   `num_seqs` are the mini-batch's), with additive metric shares. Differentiated w.r.t. params.
+  A term that reads per-token weights (`algo.reads_distill_weight`, UCOB) splits the rows: those
+  whose `distill_weight` holds any weight are distillation rows, aggregated over their own
+  tokens (`distill_counts` = the mini-batch's (token, row) counts of them), and left out of the
+  PPO, entropy and KL terms, whose `denom` / `num_seqs` then count the other rows only.
   `teacher_weight` is the advantage estimator's teacher weight λ_k of this iteration
   (`algos.advantage_teacher_weight`; RLSD's).
   `teacher`: (teacher params, teacher hidden states [B, R, D]) for SDAR form "vocab", whose
@@ -112,6 +117,11 @@ def micro_loss(
   `histograms`: also the fixed-bin counts of the gap and the gate over the response tokens
   (int32 vectors under "diag/" keys, `sdar_jax.core.histograms`; additive like the other shares)."""
   mask = micro_batch.response_mask.astype(jnp.float32)
+  distill_mask, distill_agg = mask, None
+  if algo.reads_distill_weight:  # distillation rows apart (see above)
+    rows = (jnp.sum(micro_batch.distill_weight, axis=-1, keepdims=True) > 0).astype(jnp.float32)
+    mask, distill_mask = mask * (1.0 - rows), mask * rows
+    distill_agg = {"agg": algo.agg, "denom": distill_counts[0], "num_seqs": distill_counts[1]}
   logp, entropy, vocab_term, head_teacher_logp = student_scores(
     config, algo, params, micro_batch, teacher
   )
@@ -152,14 +162,15 @@ def micro_loss(
       student_logp=logp,
       teacher_logp=teacher_logp,
       old_logp=micro_batch.old_logp,
-      mask=mask,
+      mask=distill_mask,
       beta=algo.beta,
       gate=algo.gate,
       entropy=entropy,
       vocab_size=config.vocab_size,  # the entropy gates normalise h by ln V
       form=algo.form,
       vocab_term=vocab_term,
-      **agg,
+      distill_weight=micro_batch.distill_weight,
+      **(agg if distill_agg is None else distill_agg),
     )
     metrics.update(dist_metrics)
     if algo.lam:
@@ -213,13 +224,15 @@ def loss_and_grads(
   constrain: Callable[[Array], Array] = lambda x: x,
   histograms: bool = False,
   ema_params: Params | None = None,
+  teacher_params: Params | None = None,
 ) -> tuple[Params, Metrics]:
   """Gradients (float32, summed over micro-batches) and metrics of one mini-batch; traceable.
 
   `iteration` is the 1-based training iteration (the reference's global step) for the RLSD
   λ schedule; `constrain` places a [num_micro, mb, ...] array (sharding constraint);
   `histograms` adds the gap / gate histogram counts (`micro_loss`); `ema_params`: the EMA
-  teacher's weights (teacher_weights="ema", `TrainState.ema_params`)."""
+  teacher's weights (teacher_weights="ema", `TrainState.ema_params`); `teacher_params`: the
+  weights the trainer hands over (teacher_weights "frozen" or "old")."""
   if algo.scores_teacher and algo.teacher_source == "rollout" and batch.teacher_logp is None:
     raise ValueError(
       "algo.teacher_source='rollout' reads batch.teacher_logp, which is None: score it with "
@@ -228,16 +241,33 @@ def loss_and_grads(
   B = batch.batch_size
   micro = B if micro_batch_size is None else micro_batch_size
   num_micro = B // micro
-  denom = algos.token_count(batch.response_mask)
-  num_seqs = algos.seq_count(batch.response_mask)
+  rl_mask, distill_counts = batch.response_mask, None
+  if algo.reads_distill_weight:
+    if batch.distill_weight is None:
+      raise ValueError(
+        f"algo.distill={algo.distill!r} reads per-token weights: the batch needs distill_weight "
+        "[B, R] (pack_batch(..., distill_weights=True) of the turn-samples its hooks pair)"
+      )
+    rows = jnp.sum(batch.distill_weight, axis=-1, keepdims=True) > 0
+    distill_mask = jnp.where(rows, batch.response_mask, 0.0)
+    rl_mask = jnp.where(rows, 0.0, batch.response_mask)
+    distill_counts = (algos.token_count(distill_mask), algos.seq_count(distill_mask))
+  denom = algos.token_count(rl_mask)
+  num_seqs = algos.seq_count(rl_mask)
   teacher_weight, schedule_metrics = algos.advantage_teacher_weight(algo, iteration)
+  teacher_given = teacher_params
   teacher_params = jax.lax.stop_gradient(params)
   if algo.scores_teacher and algo.teacher_source == "update":  # whose weights: algo.teacher_weights
     teacher_params = jax.lax.stop_gradient(
-      algos.TEACHER_WEIGHTS.get(algo.teacher_weights)(params, ref_params, ema_params)
+      algos.TEACHER_WEIGHTS.get(algo.teacher_weights)(
+        params, ref_params, ema_params, teacher_params=teacher_given
+      )
     )
   grad_fn = jax.value_and_grad(
-    functools.partial(micro_loss, config, algo, histograms=histograms), has_aux=True
+    functools.partial(
+      micro_loss, config, algo, histograms=histograms, distill_counts=distill_counts
+    ),
+    has_aux=True,
   )
 
   def one(micro: TurnBatch):  # one micro-batch
@@ -276,4 +306,6 @@ def loss_and_grads(
   metrics.update(schedule_metrics)
   metrics.update(algos.term_metrics(algo))
   metrics["train/tokens"] = denom
+  if distill_counts is not None:
+    metrics["train/distill_tokens"] = distill_counts[0]
   return grads, metrics

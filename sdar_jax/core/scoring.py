@@ -153,10 +153,16 @@ def two_branch_scores(
 def sdar_vocab_extras(algo, vocab_size: int) -> Extras:
   """The update's extras for SDAR's forms "vocab" / "topk": the gated term at each position
   ("term", `algos.vocab_distill_term` / `topk_distill_term`; the gate reads the entropy without
-  gradient)."""
+  gradient); for UCOB's term, its ungated top-k KL at each position (`algos.ucob_topk_term`)."""
 
   def extras(ls, lt, targets, entropy):
     del targets
+    if algo.distill == "ucob":
+      u = algo.ucob
+      term = algos.ucob_topk_term(
+        ls, lt, top_k=algo.top_k, norm_to_one=u.norm_to_one, clip_log_ratio=u.clip_log_ratio
+      )
+      return {"term": term}
     gated = dict(
       beta=algo.beta,
       gate=algo.gate,

@@ -79,7 +79,7 @@ class TrainStep:
     self.rules = rules
     self.histograms = histograms
     self.num_traces = 0
-    self._update_fns: dict[bool, Callable] = {}
+    self._update_fns: dict[tuple[bool, bool], Callable] = {}
     self._score_fns: dict[str, Callable] = {}
     self._ema_fn: Callable | None = None
     if micro_batch_size is not None and micro_batch_size <= 0:
@@ -142,7 +142,11 @@ class TrainStep:
     return micro
 
   def check_batch(
-    self, batch: TurnBatch, ref_params: Params | None = None, for_update: bool = True
+    self,
+    batch: TurnBatch,
+    ref_params: Params | None = None,
+    for_update: bool = True,
+    teacher_params: Params | None = None,
   ) -> None:
     """Shape / presence checks on the host, with errors that say what to pass."""
     algo = self.algo_config
@@ -181,6 +185,24 @@ class TrainStep:
         "algo.teacher_weights='initial' scores the teacher with the frozen initial policy inside "
         "the update: pass ref_params= (the initial params), or set teacher_weights='current'."
       )
+    if (
+      teacher_in_update
+      and for_update
+      and algo.teacher_weights == "frozen"
+      and teacher_params is None
+    ):
+      raise ValueError(
+        "algo.teacher_weights='frozen' scores the teacher with the weights read from "
+        "algo.teacher_path inside the update: pass teacher_params=, or set teacher_weights="
+        "'current'."
+      )
+    if for_update and algo.reads_distill_weight:
+      if batch.distill_weight is None:
+        raise ValueError(
+          f"algo.distill={algo.distill!r} reads per-token weights: the batch needs "
+          "distill_weight [B, R] (pack_batch(..., distill_weights=True))."
+        )
+      expect["distill_weight"] = (B, R)
     if for_update and algo.kl_coef:
       if ref_params is None and batch.ref_logp is None:
         raise ValueError(
@@ -196,12 +218,13 @@ class TrainStep:
     self._micro(B)
 
   # --------------------------------------------------------------------------- update
-  def _update_fn(self, with_ref: bool) -> Callable:
-    if with_ref in self._update_fns:
-      return self._update_fns[with_ref]
+  def _update_fn(self, with_ref: bool, with_teacher: bool = False) -> Callable:
+    key = (with_ref, with_teacher)
+    if key in self._update_fns:
+      return self._update_fns[key]
     config, algo, optimizer = self.model_config, self.algo_config, self.optimizer
 
-    def update(state: TrainState, batch: TurnBatch, ref_params, iteration):
+    def update(state: TrainState, batch: TurnBatch, ref_params, iteration, teacher_params):
       self.num_traces += 1  # runs at trace time only
       logging.getLogger(__name__).info(
         "compiling the update for %d turn-samples x %d response tokens (student %d, teacher "
@@ -224,6 +247,7 @@ class TrainStep:
         constrain=self._constrain_micro,
         histograms=self.histograms,
         ema_params=state.ema_params,
+        teacher_params=teacher_params,
       )
       # the warm-up counts training iterations (several mini-batch updates share one rate)
       lr = None if self.lr_schedule is None else self.lr_schedule(iteration - 1)
@@ -243,19 +267,21 @@ class TrainStep:
       rep = sharding.replicated(self.mesh)
       state_sh = self.state_shardings()
       ref_sh = self.param_shardings() if with_ref else None
+      teacher_sh = self.param_shardings() if with_teacher else None
       fn = jax.jit(
         update,
         donate_argnums=(0,),
-        in_shardings=(state_sh, self._batch_sharding(), ref_sh, rep),
+        in_shardings=(state_sh, self._batch_sharding(), ref_sh, rep, teacher_sh),
         out_shardings=(state_sh, rep),
       )
       fn = sharding.with_kernel_mesh(fn, self.mesh, config)
-    self._update_fns[with_ref] = fn
+    self._update_fns[key] = fn
     return fn
 
-  def call_args(self, state, batch, ref_params=None, iteration=None) -> tuple:
+  def call_args(self, state, batch, ref_params=None, iteration=None, teacher_params=None) -> tuple:
     """The positional arguments of the jitted update (for `lower(...).compile()` callers)."""
-    return state, batch, ref_params, jnp.asarray(-1 if iteration is None else iteration, jnp.int32)
+    it = jnp.asarray(-1 if iteration is None else iteration, jnp.int32)
+    return state, batch, ref_params, it, teacher_params
 
   def __call__(
     self,
@@ -263,24 +289,31 @@ class TrainStep:
     batch: TurnBatch,
     ref_params: Params | None = None,
     iteration: int | None = None,
+    teacher_params: Params | None = None,
   ) -> tuple[TrainState, Metrics]:
     """One update on one mini-batch. `state` is donated (do not reuse it). `iteration` is the
     1-based training iteration for the RLSD λ schedule and the learning-rate warm-up (default:
     state.step + 1, right when each iteration has one mini-batch; the trainer passes it).
     `ref_params`: the frozen initial policy, for the KL term and a frozen teacher
-    (`algo.needs_ref_params`)."""
-    self.check_batch(batch, ref_params)
-    return self._update_fn(ref_params is not None)(
-      *self.call_args(state, batch, ref_params, iteration)
-    )
+    (`algo.needs_ref_params`); `teacher_params`: the teacher's weights when the trainer hands
+    them over (`algo.passes_teacher_params`: a teacher read from a folder, or θ_old)."""
+    self.check_batch(batch, ref_params, teacher_params=teacher_params)
+    fn = self._update_fn(ref_params is not None, teacher_params is not None)
+    return fn(*self.call_args(state, batch, ref_params, iteration, teacher_params))
 
-  def lower(self, state, batch: TurnBatch, ref_params=None, iteration: int | None = None):
+  def lower(
+    self,
+    state,
+    batch: TurnBatch,
+    ref_params=None,
+    iteration: int | None = None,
+    teacher_params=None,
+  ):
     """`jax.stages.Lowered` of the update (state may be abstract). `.compile()` gives an executable
     with `.memory_analysis()`, called as `compiled(*step.call_args(state, batch, ref_params))`."""
-    self.check_batch(batch, ref_params)
-    return self._update_fn(ref_params is not None).lower(
-      *self.call_args(state, batch, ref_params, iteration)
-    )
+    self.check_batch(batch, ref_params, teacher_params=teacher_params)
+    fn = self._update_fn(ref_params is not None, teacher_params is not None)
+    return fn.lower(*self.call_args(state, batch, ref_params, iteration, teacher_params))
 
   def move_teacher_ema(self, state: TrainState) -> TrainState:
     """The state with its EMA teacher moved once, ema ← d·ema + (1 − d)·params (d =
@@ -369,7 +402,7 @@ class TrainStep:
 
 def _without_logps(batch: TurnBatch) -> TurnBatch:
   """Scoring needs only tokens and masks; dropping the optional arrays keeps one compilation."""
-  return batch.replace(ref_logp=None, teacher_logp=None)
+  return batch.replace(ref_logp=None, teacher_logp=None, distill_weight=None)
 
 
 def lr_schedule_from_optim(optim: Mapping[str, Any]) -> Callable[[Array], Array]:

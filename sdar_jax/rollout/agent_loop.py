@@ -3,12 +3,13 @@
 `AgentLoop.run(params, tasks, groups, key)` plays one episode per task on the env pool: each turn
 every active episode gets one user message from its environment's adapter, chat-templated and
 tokenized once, sampled in one batch; response ids and log-probs are stored exactly as sampled,
-with the teacher prompt (the skill block, then the student prompt as the student got it) when the
-algorithm needs one. Returns `Episode`s (`rollout.trajectory`). A turn's draws depend on the call's
-key, the turn and the episodes still playing, not on how the turn is split into sampler calls, so
-`overlap="halves"` (one half decodes while the other half's envs step) plays the serial loop's
-episodes. Never imports the update. Prompting, keys and the overlap: docs/design.md, "The agent
-loop".
+with the teacher prompt (the skill block, then the student prompt as the student got it; with
+`teacher_context="message"` the skills inside the user message; with `mixed_views`, UCOB's rollout,
+half of each group plays with the skills and each turn's teacher prompt is the other view) when
+the algorithm needs one. Returns `Episode`s (`rollout.trajectory`). A turn's draws depend on the
+call's key, the turn and the episodes still playing, not on how the turn is split into sampler
+calls, so `overlap="halves"` plays the serial loop's episodes. Never imports the update.
+Prompting, keys and the overlap: docs/design.md, "The agent loop".
 """
 
 from __future__ import annotations
@@ -83,6 +84,12 @@ class AgentLoop:
     retriever: an `envs.skills.SkillRetriever` (needed for a teacher or Skill-GRPO).
     with_teacher: build teacher prompts (skill block + the student prompt).
     skills_in_student: Skill-GRPO: the block goes inside the student's user message.
+    teacher_context: "block" (the privileged block before the student's prompt) or "message" (the
+      teacher's prompt is the student's with the skills inside its user message).
+    mixed_views: UCOB's rollout: an episode at position p of its GRPO group of m (in index order)
+      plays with the skills inside its user message when p >= max(1, m // 2) (a group of one:
+      every other episode by index), without them otherwise; each turn's teacher prompt is the
+      other view's (needs `with_teacher`).
     overlap: "off" (serial turns) or "halves" (env steps of one half overlap the other half's
       decoding; the same episodes, docs/design.md "The agent loop"). Needs one process.
   """
@@ -105,6 +112,8 @@ class AgentLoop:
     enable_thinking: bool = False,
     progress: bool = True,
     overlap: str = "off",
+    teacher_context: str = "block",
+    mixed_views: bool = False,
   ):
     if overlap_problem(overlap):
       raise ValueError(overlap_problem(overlap))
@@ -118,6 +127,13 @@ class AgentLoop:
       raise ValueError(f"rollout.prompt_truncation={truncation!r}; choose 'error' or 'left'.")
     if (with_teacher or skills_in_student) and retriever is None:
       raise ValueError("A teacher branch or Skill-GRPO needs a skill retriever (env.skills).")
+    if teacher_context not in ("block", "message"):
+      raise ValueError(f"teacher_context={teacher_context!r}; choose 'block' or 'message'.")
+    if mixed_views and (not with_teacher or skills_in_student):
+      raise ValueError(
+        "mixed_views keeps the other view as the teacher's prompt: it needs "
+        "with_teacher=True and skills_in_student=False."
+      )
     if not isinstance(chat_template, ChatTemplate):
       raise TypeError(
         f"chat_template={chat_template!r} is not a ChatTemplate. Fix: pass "
@@ -139,6 +155,8 @@ class AgentLoop:
     self.enable_thinking = enable_thinking
     self.progress = progress
     self.overlap = overlap
+    self.teacher_context = teacher_context
+    self.mixed_views = mixed_views
     self.truncated_prompts = 0  # student prompts cut by truncation="left" so far
 
   # ------------------------------------------------------------------------------- prompts
@@ -195,26 +213,29 @@ class AgentLoop:
     return None
 
   def build_prompts(
-    self, view: EpisodeView, sample_id: Any, where: str
+    self, view: EpisodeView, sample_id: Any, where: str, skills: bool = False
   ) -> tuple[list[int], list[int] | None]:
-    """(student prompt ids, teacher prompt ids or None) for one episode's current turn."""
-    student, teacher, _ = self._build_prompts(view, sample_id, where)
+    """(student prompt ids, teacher prompt ids or None) for one episode's current turn (`skills`:
+    with mixed views, an episode that plays with the skills)."""
+    student, teacher, _ = self._build_prompts(view, sample_id, where, skills)
     return student, teacher
 
   def _build_prompts(
-    self, view: EpisodeView, sample_id: Any, where: str
+    self, view: EpisodeView, sample_id: Any, where: str, skills: bool = False
   ) -> tuple[list[int], list[int] | None, int | None]:
     """`build_prompts` plus the student prompt's length before truncation (None when uncut).
 
-    Student: the chat-templated user message (Skill-GRPO: `SkillRetriever.student_block` at the
-    start of the message), then fitted to max_prompt_len. Teacher: the privileged block's ids
-    followed by the fitted student ids, so both branches share the student's context token for
-    token (with Skill-GRPO the student prompt already holds skills and is the teacher prompt as
-    well).
+    Student: the chat-templated user message (Skill-GRPO, or `skills` with mixed views:
+    `SkillRetriever.student_block` at the start of the message), then fitted to max_prompt_len.
+    Teacher: the privileged block's ids followed by the fitted student ids, so both branches
+    share the student's context token for token (with Skill-GRPO the student prompt already holds
+    skills and is the teacher prompt as well); with teacher_context="message" the message with
+    the skills, fitted; with mixed views the other view's prompt, fitted.
     """
     user = self.adapter.user_text(view, self.history_length)
-    if self.skills_in_student:
-      user = (
+
+    def with_skills() -> str:
+      return (
         self.retriever.student_block(
           user,
           task_type=view.task_type,
@@ -225,12 +246,22 @@ class AgentLoop:
         )
         + user
       )
-    full = self.tokenizer.encode(self._render_user_message(user))
-    student = self._fit_to_max_prompt_len(full, where)
+
+    def fitted(text: str) -> tuple[list[int], int]:
+      full = self.tokenizer.encode(self._render_user_message(text))
+      return self._fit_to_max_prompt_len(full, where), len(full)
+
+    own_skills = self.skills_in_student or (self.mixed_views and skills)
+    student, full_len = fitted(with_skills() if own_skills else user)
     teacher = None
     if self.with_teacher:
-      teacher = student
-      if not self.skills_in_student:
+      if self.skills_in_student:
+        teacher = student
+      elif self.mixed_views:
+        teacher, _ = fitted(user if skills else with_skills())
+      elif self.teacher_context == "message":
+        teacher, _ = fitted(with_skills())
+      else:
         block = self.retriever.privileged_block(
           task_type=view.task_type,
           gamefile=view.gamefile,
@@ -239,7 +270,7 @@ class AgentLoop:
           task=view.task,
         )
         teacher = self.tokenizer.encode(block) + student
-    return student, teacher, (len(full) if len(full) > len(student) else None)
+    return student, teacher, (full_len if full_len > len(student) else None)
 
   # ------------------------------------------------------------------------------- rollout
   def run(
@@ -282,6 +313,8 @@ class AgentLoop:
       rng, key = jax.random.split(rng)
       turn_keys.append(key)
     play = _Play(episodes, views, params, turn_keys, policy_version, sampling, timings)
+    if self.mixed_views:
+      play.skills = skills_views(group_ids)
     if self.overlap == "halves":
       self._run_halves(play, split_halves(group_ids), bar)
     else:
@@ -350,7 +383,12 @@ class AgentLoop:
     agent loop")."""
     episodes, views = play.episodes, play.views
     prompts = [
-      self._build_prompts(views[i], (episodes[i].group_id, turn), f"env {i} turn {turn}")
+      self._build_prompts(
+        views[i],
+        (episodes[i].group_id, turn),
+        f"env {i} turn {turn}",
+        bool(play.skills and play.skills[i]),
+      )
       for i in active
     ]
     start = time.perf_counter()
@@ -387,6 +425,7 @@ class AgentLoop:
           observation=view.observation,
           prompt_truncated_from=prompts[k][2],
           admissible=check(actions[k][0], view) if check is not None else None,
+          skills_in_prompt=self.skills_in_student or bool(play.skills and play.skills[i]),
         )
       )
       view.history.append((view.observation, actions[k][0]))
@@ -435,6 +474,24 @@ class _Play:
   policy_version: int
   sampling: SamplingParams
   timings: RolloutTimings
+  skills: list[bool] = dataclasses.field(default_factory=list)  # mixed views: each episode's
+
+
+def skills_views(group_ids: Sequence[int]) -> list[bool]:
+  """Mixed views (UCOB's `_rollout_skill_mask`): whether each episode plays with the skills, by
+  its position p among its GRPO group's m episodes (in index order): p >= max(1, m // 2); in a
+  group of one, every other episode by index."""
+  sizes: dict[int, int] = {}
+  for g in group_ids:
+    sizes[g] = sizes.get(g, 0) + 1
+  seen: dict[int, int] = {}
+  out = []
+  for i, g in enumerate(group_ids):
+    p = seen.get(g, 0)
+    seen[g] = p + 1
+    m = sizes[g]
+    out.append(p >= max(1, m // 2) if m > 1 else i % 2 == 1)
+  return out
 
 
 @dataclasses.dataclass

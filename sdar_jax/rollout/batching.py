@@ -46,8 +46,9 @@ def episodes_to_samples(
 
   With `step_adv_coef` w > 0, each turn's advantage also gets w times a step-level advantage
   (GiGPO's, inherited by the authors' code from verl-agent; not in the SDAR table): the turn's
-  discounted return from that turn on, Σ_k γ^(k−t)·r_k with `step_gamma` γ, where r_k is turn
-  k's env reward minus its penalties, less the mean return of the turns of the same GRPO group
+  discounted return from that turn on, Σ_k γ^(k−t)·r_k with `step_gamma` γ over the env's
+  rewards r_k, less the turn's own penalties (verl-agent discounts the raw rewards, then
+  subtracts each turn's penalty from its own return), less the mean return of the turns of the same GRPO group
   that acted from the same state (`step_anchor`: "observation", the env's observation text, or
   "prompt", the identical student prompt, history window included), divided by their standard
   deviation when `norm_adv_by_std` (as the episode level); a state visited once gets 0.
@@ -91,6 +92,9 @@ def episodes_to_samples(
       episode=e,
       turn=k,
       won=bool(ep.won),
+      observation=turn.observation,
+      reward=float(turn.reward),
+      skills_in_prompt=bool(turn.skills_in_prompt),
     )
     for (ep, turn), (e, k), s, a in zip(rows, where, scores, advantages)
   ]
@@ -156,15 +160,16 @@ def _turn_penalty(turn: Turn, invalid_penalty: float, inadmissible_penalty: floa
 def _discounted_returns(
   ep: Episode, gamma: float, invalid_penalty: float, inadmissible_penalty: float
 ) -> list[float]:
-  """Σ_k γ^(k−t)·r_k for each turn t of `ep` that has a response (the rows of
-  `episodes_to_samples`), r_k being turn k's env reward less its `_turn_penalty`."""
+  """Σ_k γ^(k−t)·r_k − penalty_t for each turn t of `ep` that has a response (the rows of
+  `episodes_to_samples`): r_k the env's reward for turn k, penalty_t turn t's own `_turn_penalty`
+  (GiGPO: `compute_step_discounted_returns` on the env's rewards, then
+  `apply_invalid_action_penalty` on each turn's own return; a later turn's penalty is not
+  discounted into an earlier turn's return)."""
   out, running = [], 0.0
   for turn in reversed(ep.turns):
-    running = (
-      turn.reward - _turn_penalty(turn, invalid_penalty, inadmissible_penalty) + (gamma * running)
-    )
+    running = turn.reward + gamma * running
     if turn.response_ids:
-      out.append(running)
+      out.append(running - _turn_penalty(turn, invalid_penalty, inadmissible_penalty))
   return out[::-1]
 
 
@@ -237,12 +242,18 @@ def _place_prompt_and_response(
 
 
 def pack_batch(
-  samples: Sequence[TurnSample], batch_size: int, with_teacher: bool, pad_id: int = 0
+  samples: Sequence[TurnSample],
+  batch_size: int,
+  with_teacher: bool,
+  pad_id: int = 0,
+  distill_weights: bool = False,
 ) -> TurnBatch:
   """A TurnBatch of exactly `batch_size` rows (numpy arrays; the step places them on the mesh).
 
   Student rows: prompt left-padded to Ps, response right-padded to R; teacher rows: the teacher
   prompt left-padded to Pt, then the same response. Ps, Pt, R are bucketed lengths.
+  `distill_weights`: also the [B, R] `distill_weight` of a weighted distillation term (each
+  sample's `distill_weight`, 0 for the samples without: the PPO rows).
   """
   if not samples:
     raise ValueError("pack_batch needs at least one sample.")
@@ -261,7 +272,9 @@ def pack_batch(
   response_mask = np.zeros((B, R), np.float32)
   old_logp = np.zeros((B, R), np.float32)
   advantages = np.zeros((B,), np.float32)
-  teacher = teacher_mask = None
+  teacher = teacher_mask = weight = None
+  if distill_weights:
+    weight = np.zeros((B, R), np.float32)
   if with_teacher:
     Pt = prompt_bucket(max(len(s.teacher_prompt_ids) for s in samples))
     teacher = np.full((B, Pt + R), pad_id, np.int32)
@@ -276,6 +289,10 @@ def pack_batch(
     response_mask[i, :n] = 1.0
     old_logp[i, :n] = s.logprobs
     advantages[i] = s.advantage
+    if weight is not None and s.distill_weight is not None:
+      if len(s.distill_weight) != n:
+        raise ValueError(f"sample {i}: {n} response tokens but {len(s.distill_weight)} weights.")
+      weight[i, :n] = s.distill_weight
   return TurnBatch(
     student_tokens=student,
     student_mask=student_mask,
@@ -284,4 +301,5 @@ def pack_batch(
     advantages=advantages,
     teacher_tokens=teacher,
     teacher_mask=teacher_mask,
+    distill_weight=weight,
   )

@@ -30,9 +30,12 @@ from sdar_jax.rollout.batching import (
 )
 
 
-def _widen(batch: TurnBatch, rows: int, Ps: int, R: int, Pt: int, pad_id: int) -> TurnBatch:
+def _widen(
+  batch: TurnBatch, rows: int, Ps: int, R: int, Pt: int, pad_id: int, weights: bool = False
+) -> TurnBatch:
   """A packed (numpy) batch with `rows` rows at the wider lengths Ps / R / Pt: prompts stay
-  right-aligned at Ps (Pt), responses start there; new cells are padding."""
+  right-aligned at Ps (Pt), responses start there; new cells are padding. `weights`: with its
+  `distill_weight` (0 in new cells)."""
 
   def place(x, width, prompt_pad, fill, dtype):
     out = np.full((rows, width), fill, dtype)
@@ -57,6 +60,8 @@ def _widen(batch: TurnBatch, rows: int, Ps: int, R: int, Pt: int, pad_id: int) -
     "old_logp": place(get("old_logp"), R, 0, 0, np.float32),
     "advantages": advantages,
   }
+  if weights:
+    widened["distill_weight"] = place(get("distill_weight"), R, 0, 0, np.float32)
   if Pt:
     teacher = get("teacher_tokens")
     widened["teacher_tokens"] = place(teacher, Pt + R, prompt_pad(teacher, Pt), pad_id, np.int32)
@@ -84,6 +89,8 @@ def _select_fn(out_sharding: NamedSharding) -> Callable:
       "old_logp": rows(block.old_logp, 0)[:, :R],
       "advantages": rows(block.advantages, 0),
     }
+    if block.distill_weight is not None:
+      picked["distill_weight"] = rows(block.distill_weight, 0)[:, :R]
     if Pt:
       picked["teacher_tokens"] = rows(block.teacher_tokens, pad_id)[:, Pt_block - Pt : Pt_block + R]
       picked["teacher_mask"] = rows(block.teacher_mask, 0)[:, Pt_block - Pt : Pt_block + R]
@@ -103,10 +110,12 @@ def global_minibatches(
   with_teacher: bool,
   pad_id: int = 0,
   order: str = "rollout",
+  distill_weights: bool = False,
 ) -> list[TurnBatch]:
   """The iteration's mini-batches placed on `step_fn`'s mesh: what `plan_minibatches` (in
   `order`, see `minibatch_permutation`) and `pack_batch` make of every process's turn-samples
   taken in process order (one process: of `samples`, the single-process code path).
+  `distill_weights`: with the samples' `distill_weight` (`pack_batch`).
 
   Several processes: each packs its own samples at the iteration's widest lengths into its rows
   of one global block; every process computes the same plan from all processes' sample lengths
@@ -115,7 +124,7 @@ def global_minibatches(
   array, row for row; the samples themselves never leave the devices."""
   if jax.process_count() == 1 or step_fn.mesh is None:
     return [
-      step_fn.shard_batch(pack_batch(mb, mini_batch_size, with_teacher, pad_id))
+      step_fn.shard_batch(pack_batch(mb, mini_batch_size, with_teacher, pad_id, distill_weights))
       for mb in plan_minibatches(samples, mini_batch_size, order=order)
     ]
   per_process = multihost.allgather(sample_lengths(samples, with_teacher))
@@ -157,8 +166,10 @@ def global_minibatches(
       f"{max(counts)} turn-samples of the busiest process; the batch axes must split the rows "
       "evenly over the processes."
     )
-  packed = pack_batch(samples, len(mine), with_teacher, pad_id) if samples else None
-  local = _widen(packed, len(mine), Ps, R, Pt, pad_id)
+  packed = (
+    pack_batch(samples, len(mine), with_teacher, pad_id, distill_weights) if samples else None
+  )
+  local = _widen(packed, len(mine), Ps, R, Pt, pad_id, distill_weights)
   block = jax.tree.map(
     lambda x: multihost.put_rows(x, out_sharding, (block_rows,) + x.shape[1:]),
     local,

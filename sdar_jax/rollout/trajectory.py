@@ -34,6 +34,7 @@ class Turn:
   # whether the env listed the action as admissible (None: the env has no closed list to check)
   admissible: bool | None = None
   reward: float = 0.0  # the env's reward for this turn's action
+  skills_in_prompt: bool = False  # the student prompt held the skills (Skill-GRPO, UCOB's view)
 
 
 @dataclasses.dataclass

@@ -201,7 +201,8 @@ class EvaluationMixin:
     episodes and a before/after difference is not blurred by fresh sampling noise. Every rate is
     over all of a mode's episodes (batches, repeats and processes together). A mode a
     validation marks start-only (a method hook's `start_eval_modes`) is played only when
-    `start` (the evaluation before training)."""
+    `start` (the evaluation before training), and then with the teacher's weights when the hook
+    asks (`start_eval_weights`, `Validation.teacher_modes`)."""
     params = self.eval_params if self.state is None else self.state.params
     out_dir = self.eval_output_dir()
     repeats = int(self.config.eval.get("repeats", 1))
@@ -215,10 +216,11 @@ class EvaluationMixin:
           loop = token_view.with_teacher_prompts(loop, self._view_retriever(loop))
         key = jax.random.fold_in(self.eval_rng, mode)
         key = jax.random.fold_in(key, 1000 + v) if v else key  # another split: other keys
+        players = self.teacher_weights() if start and prefix in validation.teacher_modes else params
         episodes, everyone, repeat_of, rates = [], [], [], []
         for r in range(repeats):
           played = self._play_validation(
-            loop, validation.tasks, params, jax.random.fold_in(key, 2000 + r) if r else key, prefix
+            loop, validation.tasks, players, jax.random.fold_in(key, 2000 + r) if r else key, prefix
           )
           summary = episode_summaries(played)  # every process's, for the metrics
           episodes += played

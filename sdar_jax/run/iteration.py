@@ -35,6 +35,10 @@ class RunView:
   def algo(self):
     return self.trainer.step_fn.algo_config
 
+  @property
+  def tokenizer(self):
+    return self.trainer.tokenizer
+
   def hooks(self, point: str, *args) -> None:
     """Calls every hook of the run at `point`, merging the metrics they return into `metrics`."""
     for hooks in self.trainer.hooks.values():

@@ -23,7 +23,7 @@ from sdar_jax import algos
 from sdar_jax.algos import AlgoConfig
 from sdar_jax.core import sharding
 from sdar_jax.core.sampling import Sampler, SamplingParams
-from sdar_jax.infra import multihost
+from sdar_jax.infra import multihost, paths
 from sdar_jax.infra.errors import UserError
 from sdar_jax.models import ModelConfig, init_params, load_pretrained
 from sdar_jax.observe import wandb_log
@@ -248,6 +248,51 @@ def restore_policy(config, mesh, checkpoint_dir: str, step: int) -> tuple[ModelC
   return model_config, params
 
 
+def load_teacher(config, model_config: ModelConfig, mesh) -> Any:
+  """The frozen teacher's params (algo.teacher_weights="frozen"), placed on the mesh, from
+  algo.teacher_path: a Hugging Face folder (config.json + *.safetensors), a checkpoint folder
+  (its latest step) or a run's workdir (its checkpoints/). Its architecture must be the
+  policy's."""
+  from sdar_jax.run.checkpoint import CheckpointManager, model_config_mismatches
+
+  path = config.algo.get("teacher_path") or ""
+  if not path:
+    raise ConfigError(
+      "algo.teacher_weights='frozen' reads the teacher from algo.teacher_path, which is empty. "
+      "Fix: set --config.algo.teacher_path=<a checkpoint or Hugging Face folder>, or train the "
+      "teacher first with python -m sdar_jax.train (algo.teacher_stage.preset)."
+    )
+  path = paths.resolve(path)
+  if paths.isfile(paths.join(path, "config.json")) and any(
+    name.endswith(".safetensors") for name in paths.listdir(path)
+  ):
+    with paths.local_copy(path) as local:
+      found, params = load_pretrained(local, dtype=config.model.param_dtype, mesh=mesh)
+    diffs = model_config_mismatches(dict(found.__dict__), model_config)
+    if diffs:
+      fields = ", ".join(f"{f}={a!r} (policy: {b!r})" for f, a, b in diffs)
+      raise ConfigError(
+        f"algo.teacher_path={path!r} holds another model than the policy: {fields}. Fix: name "
+        "a teacher of the policy's architecture."
+      )
+    return params
+  if paths.isdir(paths.join(path, "checkpoints")):
+    path = paths.join(path, "checkpoints")  # a run's workdir
+  if not paths.isdir(path):
+    raise ConfigError(
+      f"algo.teacher_path={path!r}: no such folder. Fix: name a checkpoint folder, a run's "
+      "workdir or a Hugging Face folder."
+    )
+  with CheckpointManager(path, read_only=True) as ckpt:
+    if ckpt.latest_step() is None:
+      raise ConfigError(
+        f"algo.teacher_path={path!r} holds neither a checkpoint nor a Hugging Face model "
+        "(config.json + *.safetensors). Fix: name the teacher's run or its export."
+      )
+    params, _ = ckpt.restore_params(model_config, mesh)
+  return params
+
+
 # ------------------------------------------------------------------------------------ rollouts
 def build_retriever(config):
   """The skill retriever of ``env.skills`` (the env family's retriever class, else
@@ -279,6 +324,9 @@ class Validation:
   loops: list[tuple[str, AgentLoop]]
   # prefixes of the modes played only by the evaluation before training (RetireOPD's teacher)
   start_only: set[str] = dataclasses.field(default_factory=set)
+  # prefixes the evaluation before training plays with the teacher's weights
+  # (`MethodHooks.start_eval_weights`: RetireOPD's frozen teacher with its skills)
+  teacher_modes: set[str] = dataclasses.field(default_factory=set)
 
 
 def validation_prefix(split: str, main_split: str) -> str:
@@ -321,7 +369,11 @@ def build_agent_loops(
   building fails half-way."""
   env, rollout = config.env, config.rollout
   evaluates = eval_only or config.train.eval_every or config.train.eval_before_train
-  start_modes = [m for h in _run_hooks(config).values() for m in h.start_eval_modes]
+  hooks = _run_hooks(config).values()
+  start_modes = [m for h in hooks for m in h.start_eval_modes]
+  teacher_modes = {
+    m for h in hooks if h.start_eval_weights == "teacher" for m in h.start_eval_modes
+  }
   # Each split's pool kwargs and task names (ALFWorld: its game files) from the env family.
   train_split = None if eval_only else family.split(env, env.get("split", "train"))
   eval_splits = (
@@ -370,6 +422,8 @@ def build_agent_loops(
         sampling=sampling,
         with_teacher=with_teacher,
         skills_in_student=config.algo.skills_in_student,
+        teacher_context=config.algo.get("teacher_context", "block"),
+        mixed_views=with_teacher and config.algo.get("views", "single") == "mixed",
         **common,
       )
     val_sampling = dataclasses.replace(sampling, temperature=rollout.val_temperature)
@@ -398,6 +452,8 @@ def build_agent_loops(
         if mode not in modes:
           modes.append(mode)
           validation.start_only.add(prefix.replace("val", base, 1))
+        if prefix in teacher_modes:
+          validation.teacher_modes.add(prefix.replace("val", base, 1))
       validation.loops = [
         (
           prefix.replace("val", base, 1),

@@ -258,6 +258,9 @@ def plan(
   state = jax.tree.map(lambda a, s: _sds(a.shape, a.dtype, s), abstract_state, state_sh)
   with_ref = algo.needs_ref_params  # the trainer passes the frozen initial params (KL, teacher)
   ref_params = state.params if with_ref else None
+  # a teacher read from a folder, or θ_old, handed to the update as its own params
+  passed = algo.passes_teacher_params and algo.teacher_source == "step"
+  teacher_params = state.params if passed else None
   B, Ps, Pt, R = (
     shapes.mini_batch,
     shapes.prompt_len,
@@ -280,12 +283,15 @@ def plan(
     teacher_logp=(
       rows(B, R, dtype=jnp.float32) if teacher_rows and algo.teacher_source == "rollout" else None
     ),
+    distill_weight=rows(B, R, dtype=jnp.float32) if algo.reads_distill_weight else None,
   )
   # On the chip through the whole iteration but not an argument of teacher scoring / sampling.
   params_bytes = per_device_bytes(state.params)
   resident_besides_params = per_device_bytes(state) - params_bytes
   if with_ref:
     resident_besides_params += params_bytes
+  if passed or (algo.passes_teacher_params and algo.teacher_weights == "frozen"):
+    resident_besides_params += params_bytes  # the teacher's own copy
   peak = tpu_slice.num_chips * tpu_slice.chip.peak_bf16_tflops * 1e12
   reports = []
 
@@ -306,8 +312,8 @@ def plan(
     reports.append(
       _compile_part(
         "update",
-        lambda: step.lower(state, batch, ref_params),
-        (state, batch, ref_params),
+        lambda: step.lower(state, batch, ref_params, teacher_params=teacher_params),
+        (state, batch, ref_params, teacher_params),
         0,
         hbm,
         flops,

@@ -175,6 +175,7 @@ class Trainer(RolloutsMixin, EvaluationMixin, ResumeMixin):
       check_first_prompts(loops, config)
     self.warm_start_metrics: dict[str, float] = {}
     self.ref_params = None
+    self.teacher_params = None  # a teacher read from algo.teacher_path (teacher_weights="frozen")
     self.state = None
     self.eval_params = None  # the evaluated parameters of an eval-only run
     if self.eval_only:
@@ -199,6 +200,9 @@ class Trainer(RolloutsMixin, EvaluationMixin, ResumeMixin):
       # the frozen initial policy (after any warm start): the KL term's, or a frozen teacher's
       if self.step_fn.algo_config.needs_ref_params:
         self.ref_params = jax.tree.map(jnp.copy, params)
+      algo = self.step_fn.algo_config
+      if algo.scores_teacher and algo.teacher_weights == "frozen":  # read from a folder, once
+        self.teacher_params = run_setup.load_teacher(config, self.model_config, self.mesh)
       self.state = self.step_fn.shard_state(
         create_train_state(params, self.step_fn.optimizer, self.step_fn.algo_config.keeps_ema)
       )
@@ -336,6 +340,7 @@ class Trainer(RolloutsMixin, EvaluationMixin, ResumeMixin):
       self.with_teacher,
       self.pad_id,
       order=self.config.train.minibatch_order,
+      distill_weights=self.step_fn.algo_config.reads_distill_weight,
     )
     if self.step_fn.algo_config.recompute_old_logp:
       rescored = [self.step_fn.recompute_old_logp(self.state.params, b) for b in view.batches]
@@ -348,9 +353,7 @@ class Trainer(RolloutsMixin, EvaluationMixin, ResumeMixin):
     algo = self.step_fn.algo_config
     if not (self.with_teacher and algo.teacher_source == "rollout"):
       return
-    teacher_params = algos.TEACHER_WEIGHTS.get(algo.teacher_weights)(
-      self.state.params, self.ref_params, getattr(self.state, "ema_params", None)
-    )
+    teacher_params = self.teacher_weights()
     with self.device_turn():
       view.batches = [
         b.replace(teacher_logp=self.step_fn.score_teacher(teacher_params, b)) for b in view.batches
@@ -362,12 +365,38 @@ class Trainer(RolloutsMixin, EvaluationMixin, ResumeMixin):
       )
     )
 
+  def teacher_weights(self):
+    """The weights the teacher branch runs now (algo.teacher_weights: the params, the frozen
+    initial policy, the EMA, or a teacher read from a folder)."""
+    algo = self.step_fn.algo_config
+    return algos.TEACHER_WEIGHTS.get(algo.teacher_weights)(
+      self.state.params,
+      self.ref_params,
+      getattr(self.state, "ema_params", None),
+      teacher_params=self.teacher_params,
+    )
+
+  def _update_teacher_params(self):
+    """The teacher's weights the updates are handed (`algo.passes_teacher_params`, scored inside
+    the update): the teacher read from a folder, else a copy of the params made now, before the
+    iteration's first update (θ_old); None when the update reads no such weights."""
+    algo = self.step_fn.algo_config
+    if not (algo.passes_teacher_params and algo.teacher_source == "step"):
+      return None
+    if self.teacher_params is not None:
+      return self.teacher_params
+    with self.device_turn():
+      return jax.block_until_ready(jax.tree.map(jnp.copy, self.state.params))
+
   def _update_phase(self, view: Iteration) -> None:
     """One compiled update per mini-batch; skipped ones counted (train.max_skipped_updates)."""
     it = view.iteration
+    teacher_params = self._update_teacher_params()
     for b in view.batches:
       with self.device_turn():  # the rollout thread may generate between mini-batches
-        self.state, m = self.step_fn(self.state, b, self.ref_params, iteration=it + 1)
+        self.state, m = self.step_fn(
+          self.state, b, self.ref_params, iteration=it + 1, teacher_params=teacher_params
+        )
         m = jax.device_get(m)
       view.per_batch.append((m, multihost.total(b.response_mask)))
       self.guards.count_skipped(

@@ -446,6 +446,31 @@ def test_skill_grpo_student_skills_follow_the_keyword_rule_over_the_user_message
   assert teacher is None
 
 
+def test_a_trained_teachers_prompt_and_ucobs_two_views():
+  """teacher_context="message": the teacher reads the skills inside its user message, as the
+  Skill-GRPO student it was trained as (RetireOPD's stage 2). Mixed views (UCOB): the first half
+  of each group plays without the skills and keeps the prompt with them as its teacher's, the
+  rest the other way round (a group of one: every other episode)."""
+  from envs.alfworld import build_prompt
+  from envs.skills import BLOCK_HEADER
+  from sdar_jax.rollout.agent_loop import skills_views
+
+  view = _view(gamefile="/d/pick_heat_then_place_in_recep-Egg-1/game.tw-pddl")
+  view.observation = f"You are in the middle of a room. Your task is to: {_HEAT_TASK}"
+  user = build_prompt(view.task, [], view.observation, view.admissible)
+  block = f"{BLOCK_HEADER}{_skill_file('general_skills.md')}\n\n{_skill_file('heat.md')}\n\n"
+  plain = _prompt_loop().tokenizer.encode(_qwen3_prompt(user))
+  skilled = _prompt_loop().tokenizer.encode(_qwen3_prompt(block + user))
+  trained = _prompt_loop(with_teacher=True, teacher_context="message")
+  assert trained.build_prompts(view, sample_id=0, where="test") == (plain, skilled)
+  mixed = _prompt_loop(with_teacher=True, mixed_views=True)
+  assert mixed.build_prompts(view, sample_id=0, where="test", skills=False) == (plain, skilled)
+  assert mixed.build_prompts(view, sample_id=0, where="test", skills=True) == (skilled, plain)
+  assert skills_views([5, 5, 5, 5, 6, 6, 6, 7]) == [0, 0, 1, 1, 0, 1, 1, 1]
+  with pytest.raises(ValueError, match="mixed_views"):
+    _prompt_loop(mixed_views=True)
+
+
 @pytest.mark.slow
 def test_truncated_prompts_are_marked_on_turns_and_counted_in_the_metrics():
   from envs import EnvPool

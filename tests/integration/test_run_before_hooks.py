@@ -5,7 +5,9 @@ run_before_hooks/ was written at commit 603af67 by `trainer.run` with `tiny_run_
 0-1 and checkpoint 1, whose loop state keeps RetireOPD's rule under the key "retirement" (since
 then each hook's state is under "hooks"). W = 1 with thresholds that always hold, so the rule needs
 the reverse KL of two iterations: resumed, the run retires at the validation after iteration 2 only
-if the old checkpoint's iteration-1 value reached the hook."""
+if the old checkpoint's iteration-1 value reached the hook. The preset has since become RetireOPD's
+two stages (2026-12-07); the run resumes as it was written: one stage, the frozen initial policy
+as the teacher with the block in front of the prompt, the sliding windows."""
 
 from __future__ import annotations
 
@@ -30,6 +32,11 @@ RUN = {
   "algo.retire.window": 1,
   "algo.retire.progress": 1e9,
   "algo.retire.competence": 0.0,
+  # the single-stage rule the run was written with
+  "algo.teacher_weights": "initial",
+  "algo.teacher_context": "block",
+  "algo.teacher_stage.preset": "",
+  "algo.retire.windows": "sliding",
 }
 
 

@@ -1,7 +1,9 @@
 """SDAR's successors through the real trainer on the suite's shared tiny run config
 (`tiny_run_config`): AgentOPSD and GRSD each train one iteration with their rewritten turn
-advantages; RetireOPD trains one iteration, is resumed from its checkpoint, retires at the
-iteration the restored rule state makes due, trains without the distillation term, and its
+advantages; UCOB trains one iteration with distillation rows among its PPO rows; RetireOPD trains
+its teacher (stage 1, `skill_grpo`) and one iteration distilled from that teacher's checkpoint
+(stage 2), is resumed from its checkpoints (the finished stage 1 is not trained again), retires at
+the iteration the restored rule state makes due, trains without the distillation term, and its
 checkpoint is then evaluated alone (without the skills)."""
 
 from __future__ import annotations
@@ -34,13 +36,53 @@ def test_turn_advantage_presets_train_one_iteration(tmp_path, algo):
   assert "sdar/loss" not in row  # an advantage estimator, no distillation term
 
 
-def test_retire_opd_retires_across_a_resume(tmp_path):
-  """W = 1 with thresholds that always hold: the rule needs 2W = 2 iterations of reverse KL, so a
-  run stopped after iteration 1 cannot retire; resumed, it retires at the validation after
-  iteration 2 only if the checkpoint kept iteration 1's value, then trains iteration 3 without the
-  distillation term or the teacher; the checkpoint keeps the rule's state."""
+def test_ucob_trains_one_iteration_with_distillation_rows(tmp_path, monkeypatch):
+  """Half of the group plays with the skills in its prompt; the tiny random policy neither wins nor
+  writes a valid action, so every return is 0 and no pair would form: the returns are made
+  distinct and the turns valid here, and each state's best turn is distilled into the other
+  view of the others (rows with weights, out of the PPO term)."""
+  import dataclasses
+
+  import numpy as np
+
+  from sdar_jax.algos import ucob
   from sdar_jax.run import trainer
+
+  real_pairs = ucob.ucob_pairs
+  monkeypatch.setattr(
+    ucob, "discounted_returns", lambda samples, gamma: -np.arange(len(samples), dtype=float)
+  )
+  monkeypatch.setattr(
+    ucob,
+    "ucob_pairs",
+    lambda samples, returns, **kw: real_pairs(
+      [dataclasses.replace(s, valid=True) for s in samples], returns, **kw
+    ),
+  )
+  workdir = str(tmp_path / "ucob")
+  trainer.run(tiny_run_config(1, "ucob", **ONE_ITERATION, **{"algo.top_k": 4}), workdir)
+  row = _rows(workdir)[1]
+  assert row["train/skipped_update"] == 0.0 and math.isfinite(row["train/loss"])
+  assert row["ucob/pairs"] >= 1 and row["train/distill_tokens"] > 0
+  assert math.isfinite(row["ucob/loss"]) and row["ucob/loss"] > 0.0
+  assert row["ucob/coef"] == pytest.approx(0.1)
+  assert row["ucob/skills_to_plain"] + row["ucob/plain_to_skills"] == row["ucob/pairs"]
+  assert row["ucob/skills_share"] == 0.5  # one episode of the group of two played with them
+
+
+def test_retire_opd_in_two_stages_retires_across_a_resume(tmp_path):
+  """Stage 1 trains the teacher (`skill_grpo`, one iteration) in <workdir>/teacher; stage 2 reads
+  its checkpoint as the frozen teacher, whose with-skills success is the competence reference.
+  W = 1 with thresholds that always hold: the rule needs two windows of reverse KL, so a run
+  stopped after iteration 1 cannot retire; resumed, it retires at the validation after iteration
+  2 only if the checkpoint kept iteration 1's value, then trains iteration 3 without the
+  distillation term or the teacher; the checkpoint keeps the rule's state."""
+  import jax
+  import numpy as np
+
+  from sdar_jax.run import stages, trainer
   from sdar_jax.run.checkpoint import CheckpointManager
+  from sdar_jax.run.setup import load_teacher, model_config_from
 
   workdir = str(tmp_path / "retire")
   settings = {
@@ -52,8 +94,30 @@ def test_retire_opd_retires_across_a_resume(tmp_path):
     "algo.retire.window": 1,
     "algo.retire.progress": 1e9,
     "algo.retire.competence": 0.0,
+    "algo.teacher_stage.iterations": 1,
   }
-  trainer.run(tiny_run_config(1, "retire_opd", **settings), workdir)
+  stages.run(tiny_run_config(1, "retire_opd", **settings), workdir)
+  teacher_dir = os.path.join(workdir, "teacher")
+  with open(os.path.join(teacher_dir, "config.json")) as f:
+    first = json.load(f)["algo"]
+  assert first["name"] == "skill_grpo" and first["skills_in_student"] and first["distill"] == "none"
+  assert first["retire"]["window"] == 0 and first["teacher_stage"]["preset"] == ""
+  assert first["kl_coef"] == 0.01  # a shared setting: the run's
+  with open(os.path.join(workdir, "config.json")) as f:
+    second = json.load(f)["algo"]
+  assert second["teacher_path"] == os.path.join(teacher_dir, "checkpoints")
+  # stage 2's frozen teacher is stage 1's last checkpoint, not the student's starting policy
+  config = tiny_run_config(1, "retire_opd", **settings)
+  config.algo.teacher_path = second["teacher_path"]
+  with CheckpointManager(second["teacher_path"], read_only=True) as ckpt:
+    trained, _ = ckpt.restore_params(model_config_from(config))
+  with CheckpointManager(os.path.join(workdir, "checkpoints"), read_only=True) as ckpt:
+    start, _ = ckpt.restore_params(model_config_from(config), step=1)
+  teacher = load_teacher(config, model_config_from(config), None)
+  same = jax.tree.map(lambda a, b: bool(np.array_equal(a, b)), teacher, trained)
+  assert all(jax.tree.leaves(same))
+  assert not all(jax.tree.leaves(jax.tree.map(lambda a, b: np.array_equal(a, b), teacher, start)))
+
   rows = _rows(workdir)
   assert 0.0 <= rows[0]["retire/teacher_success"] <= 1.0  # the frozen teacher, with its skills
   assert rows[0]["retire/teacher_success"] == rows[0]["val_with_skill/success_rate"]
@@ -61,9 +125,10 @@ def test_retire_opd_retires_across_a_resume(tmp_path):
   assert rows[1]["retire/active"] == 1.0 and "retire/progress" not in rows[1]
   assert math.isfinite(rows[1]["sdar/loss"]) and rows[1]["retire/lam"] == 0.01
 
-  # resumed to iteration 3: it retires at the validation after iteration 2 (the restored rule
-  # state holds iteration 1's value), and iteration 3 trains without the term or the teacher
-  trainer.run(tiny_run_config(3, "retire_opd", **settings), workdir)
+  # resumed to iteration 3: stage 1 is done; stage 2 retires at the validation after iteration 2
+  # (the restored rule state holds iteration 1's value), and iteration 3 trains without the term
+  stages.run(tiny_run_config(3, "retire_opd", **settings), workdir)
+  assert sorted(_rows(teacher_dir)) == [0, 1]  # the teacher was not trained again
   rows = _rows(workdir)
   assert math.isfinite(rows[2]["sdar/loss"]) and rows[2]["retire/lam"] == 0.01  # still distilled
   assert rows[2]["retire/active"] == 0.0 and rows[2]["retire/retired_at"] == 2.0  # retired
@@ -75,7 +140,7 @@ def test_retire_opd_retires_across_a_resume(tmp_path):
     step = ckpt.latest_step()
     meta = ckpt.restore_meta(step)
   state = meta["extra"]["loop"]["hooks"]["retirement"]
-  assert step == 3 and state["retired_at"] == 2 and len(state["kl"]) == 2
+  assert step == 3 and state["retired_at"] == 2 and state["iterations"] == 2
 
   # the trained policy evaluated alone, without the skills (the default eval.skills): the
   # teacher's start-only mode belongs to training, so no skill retriever is needed

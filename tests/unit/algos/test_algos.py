@@ -428,10 +428,33 @@ EXPECTED_PRESETS = {
     gate="gap",
     form="reference",
     teacher_source="rollout",
-    teacher_weights="initial",
+    teacher_weights="frozen",
+    teacher_context="message",
+    **{"teacher_stage.preset": "skill_grpo"},
+    **{"teacher_stage.iterations": 0},
     **{"retire.window": 5},
     **{"retire.progress": 0.0},
     **{"retire.competence": 0.9},
+    **{"retire.windows": "fixed"},
+    teacher=True,
+  ),
+  "ucob": dict(
+    distill="ucob",
+    lam=0.1,
+    beta=5.0,
+    gate="gap",
+    top_k=32,
+    views="mixed",
+    teacher_source="update",
+    teacher_weights="old",
+    **{"ucob.margin": 0.05},
+    **{"ucob.tau": 0.2},
+    **{"ucob.weight_max": 2.0},
+    **{"ucob.max_pairs": 2},
+    **{"ucob.action_weight": 2.0},
+    **{"ucob.gamma": 0.95},
+    **{"ucob.norm_to_one": True},
+    **{"ucob.clip_log_ratio": False},
     teacher=True,
   ),
   "agent_opsd": dict(
@@ -482,7 +505,9 @@ def test_presets_values_and_shared_keys():
         else (p[section] if section else p)[leaf]
       )
       assert got == value, (name, key)
-    common = dict(entropy_coef=0.001, kl_coef=0.01, kl_kind="low_var_kl", agg="token-mean")
+    # UCOB's launcher trains without the entropy bonus (entropy_coeff 0.00)
+    entropy = 0.0 if name == "ucob" else 0.001
+    common = dict(entropy_coef=entropy, kl_coef=0.01, kl_kind="low_var_kl", agg="token-mean")
     assert {k: p[k] for k in common} == common
     assert p["ppo"] == dict(clip_low=0.2, clip_high=0.2, clip_c=3.0)
     assert p["skills_in_student"] == (name == "skill_grpo")

@@ -302,6 +302,7 @@ def test_turn_estimators_need_the_teacher_at_theta_old():
 
 
 # ------------------------------------------------------------------------------ RetireOPD
+# The sliding windows (algo.retire.windows="sliding", this repository's rule until 2026-12-07):
 # (reverse KL of the iteration, validation success rate) for iterations 1..9; W = 2, teacher 0.5.
 # K_{t−2} vs K_t: progress > 0 until t = 7; competence (SR_t + SR_{t−1}) / 1.0 is >= 0.9 at t = 5
 # and 6 (while progress is still positive), below it at t = 7, and 1.0 at t = 8: retired at 8.
@@ -318,8 +319,8 @@ SCRIPT = [
 ]
 
 
-def _rule():
-  rule = Retirement(window=2, progress_at_most=0.0, competence_at_least=0.9)
+def _rule(windows="sliding"):
+  rule = Retirement(window=2, progress_at_most=0.0, competence_at_least=0.9, windows=windows)
   rule.teacher_success = 0.5
   return rule
 
@@ -358,9 +359,61 @@ def test_retirement_across_a_resume(stop):
   steps = list(enumerate(SCRIPT, start=1))
   first = _play(_rule(), steps[:stop])
   saved = json.loads(json.dumps(first.state_dict()))
-  resumed = Retirement(window=2, progress_at_most=0.0, competence_at_least=0.9)
+  resumed = Retirement(window=2, progress_at_most=0.0, competence_at_least=0.9, windows="sliding")
   resumed.load_state_dict(saved)
   assert _play(resumed, steps[stop:]).retired_at == 8
+
+
+# The paper's fixed, non-overlapping windows (the default): W = 2, so K is the mean of iterations
+# 1-2, 3-4, 5-6, and progress compares the last two complete windows. Teacher 0.5, a validation
+# after every iteration. RETIRES: K = 0.8, 0.55, 0.6: the window 5-6 no longer falls, and
+# (0.45 + 0.45) / (2 x 0.5) = 0.9 is competent: retired at 6 (not at 5: windows 1-2 and 3-4 are
+# still the last complete ones, and they fell). KEEPS: K = 0.8, 0.55, 0.45 falls at every
+# window, so it never retires, although the sliding windows see K_{2-3} = K_{4-5} = 0.6 at t = 5.
+RETIRES = [(1.0, 0.2), (0.6, 0.2), (0.6, 0.2), (0.5, 0.2), (0.5, 0.45), (0.7, 0.45)]
+KEEPS = [(1.0, 0.5), (0.6, 0.5), (0.6, 0.5), (0.5, 0.5), (0.7, 0.5), (0.2, 0.5)]
+
+
+def _fixed_play(rule, steps):
+  seen = []
+  for t, (kl, sr) in steps:
+    if not rule.retired:
+      rule.record_kl(kl, t)
+    rule.record_success(sr)
+    seen.append((t, rule.progress(), rule.competence(), rule.check(t)))
+  return seen
+
+
+def test_retirement_on_the_papers_windows():
+  rule = _rule("fixed")
+  seen = _fixed_play(rule, enumerate(RETIRES, start=1))
+  assert [t for t, *_, now in seen if now] == [6] and rule.retired_at == 6
+  assert seen[2][1] is None  # one window complete: no progress yet
+  assert seen[3][1] == pytest.approx((0.8 - 0.55) / 0.8)
+  assert seen[4][1] == seen[3][1] and seen[4][2] == pytest.approx(0.65)  # mid-window: unchanged
+  assert seen[5][1] == pytest.approx((0.55 - 0.6) / 0.55) and seen[5][2] == pytest.approx(0.9)
+  assert rule.metrics()["retire/kl"] == pytest.approx(0.6)
+
+  kept = _rule("fixed")
+  seen = _fixed_play(kept, enumerate(KEEPS, start=1))
+  assert not kept.retired and all(p is None or p > 0 for _, p, _, _ in seen)
+  sliding = _rule("sliding")
+  for t, (kl, sr) in enumerate(KEEPS, start=1):
+    sliding.record_kl(kl)
+    sliding.record_success(sr)
+    sliding.check(t)
+  assert sliding.retired_at == 5  # the sliding rule would have retired it
+
+
+@pytest.mark.parametrize("stop", range(0, len(RETIRES) + 1))
+def test_the_papers_windows_across_a_resume(stop):
+  steps = list(enumerate(RETIRES, start=1))
+  first = _rule("fixed")
+  _fixed_play(first, steps[:stop])
+  resumed = _rule("fixed")
+  resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
+  _fixed_play(resumed, steps[stop:])
+  assert resumed.retired_at == 6
 
 
 def test_retirement_edge_cases():
