@@ -21,6 +21,15 @@ from sdar_jax.algos.aggregation import (
   seq_count,
   token_count,
 )
+from sdar_jax.algos.contexts import (
+  TEACHER_CONTEXTS,
+  ContextRequest,
+  Hindsight,
+  Sibling,
+  compose_teacher_contexts,
+  context_metrics,
+  register_context_source,
+)
 from sdar_jax.algos.config import EMA_CADENCES, TEACHER_SOURCES, AlgoConfig
 from sdar_jax.algos.sections import EMA, GRSD, RLSD, SECTIONS, AgentOPSD, PPOClip, Retire
 from sdar_jax.algos.distill import (
@@ -67,6 +76,14 @@ from sdar_jax.algos.turn_credit import (
 )
 
 __all__ = [
+  # teacher context sources (sdar_jax.algos.contexts)
+  "TEACHER_CONTEXTS",
+  "ContextRequest",
+  "Hindsight",
+  "Sibling",
+  "compose_teacher_contexts",
+  "context_metrics",
+  "register_context_source",
   "ADVANTAGE_ESTIMATORS",
   "ADVANTAGE_SCHEDULES",
   "AGG_MODES",

@@ -21,6 +21,7 @@ from typing import Any
 
 from sdar_jax.algos.advantages import ADVANTAGE_ESTIMATORS
 from sdar_jax.algos.aggregation import AGG_MODES
+from sdar_jax.algos.contexts import Hindsight, Sibling, context_names, context_problems
 from sdar_jax.algos.distill import DISTILL_LOSSES, SDAR_FORMS, VOCAB_FORMS
 from sdar_jax.algos.gates import GATES
 from sdar_jax.algos.hooks import METHOD_HOOKS
@@ -105,6 +106,16 @@ class AlgoConfig:
   """RetireOPD's rule (`algo.retire.window`, `.progress`, `.competence`; window 0: never)."""
   ema: EMA = dataclasses.field(default_factory=EMA)
   """The EMA teacher's decay and cadence (teacher_weights="ema": `algo.ema.decay`, `.every`)."""
+  context: Any = "skills"
+  """The teacher's privileged context (`algos.TEACHER_CONTEXTS`): one source name or several
+  (a comma-separated string or a list), composed after the rollout in that order: "skills" (the
+  retrieved skill block, the reference's), "sibling", "hindsight" or a registered one."""
+  context_templates: str = ""
+  """A template file replacing sections of sdar_jax/algos/context_templates.md ("": none)."""
+  sibling: Sibling = dataclasses.field(default_factory=Sibling)
+  """Source "sibling"'s settings (`algo.sibling.tokens`)."""
+  hindsight: Hindsight = dataclasses.field(default_factory=Hindsight)
+  """Source "hindsight"'s settings (`algo.hindsight.k`, `.outcome`, `.tokens`)."""
   skills_in_student: bool = False
   """Put the retrieved skills into the student's own prompt (Skill-GRPO); rollout."""
   teacher: bool | None = None
@@ -134,6 +145,8 @@ class AlgoConfig:
   as the old log-probs (the reference does); the sampler's own otherwise."""
 
   def __post_init__(self):
+    if isinstance(self.context, list):  # a config's list of sources: hashable as a tuple
+      object.__setattr__(self, "context", tuple(self.context))
     errors = []
     for name, cls in SECTIONS.items():  # a section given as a mapping (a config's ConfigDict)
       value = getattr(self, name)
@@ -170,6 +183,16 @@ class AlgoConfig:
     """Whether the update reads the frozen initial policy: the KL term, or a frozen teacher."""
     # an EMA teacher starts from the params and lives in the train state (`keeps_ema`)
     return bool(self.kl_coef) or (self.scores_teacher and self.teacher_weights == "initial")
+
+  @property
+  def context_names(self) -> tuple[str, ...]:
+    """`context` as a tuple of source names."""
+    return context_names(self.context)
+
+  @property
+  def records_skill_block(self) -> bool:
+    """Whether the rollout retrieves each turn's skill block for the teacher (source "skills")."""
+    return self.scores_teacher and "skills" in self.context_names
 
   @property
   def hook_names(self) -> tuple[str, ...]:
@@ -401,6 +424,7 @@ class AlgoConfig:
         "a distillation weight with algo.distill='none' has no effect",
         "set algo.distill to 'sdar' or 'skill_sd', or lam=0",
       )
+    out += context_problems(self)
     return out
 
   @classmethod

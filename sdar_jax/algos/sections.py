@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from sdar_jax.algos.contexts import Hindsight, Sibling
+
 
 @dataclasses.dataclass(frozen=True)
 class PPOClip:
@@ -100,4 +102,7 @@ SECTIONS: dict[str, type] = {
   "agent_opsd": AgentOPSD,
   "retire": Retire,
   "ema": EMA,
+  # the teacher context sources' settings (sdar_jax.algos.contexts)
+  "sibling": Sibling,
+  "hindsight": Hindsight,
 }

@@ -72,6 +72,9 @@ class TurnSample:
   episode: int = -1  # the episode's index among the process's episodes of the iteration
   turn: int = 0  # the turn's index within its episode
   won: bool = False  # whether its episode succeeded
+  # whether a source gave the teacher a privileged context (sdar_jax.algos.contexts); without one
+  # the teacher prompt is the student's and the sample is left out of the distillation term
+  context: bool = True
 
 
 @flax.struct.dataclass
@@ -82,7 +85,9 @@ class TurnBatch:
       student_tokens [B, Ps+R]  student prompt LEFT-padded to Ps, then the response RIGHT-padded
                                 to R
       teacher_tokens [B, Pt+R]  skills block + the same chat-templated prompt, left-padded to Pt,
-                                then the SAME response tokens
+                                then the SAME response tokens (a row whose sample has no
+                                teacher context: response part of teacher_mask 0, left out of
+                                the distillation term)
       *_mask                    1 = real token (left pads and right pads are 0)
       response_mask  [B, R]     response tokens up to and including the first stop token
       old_logp       [B, R]     behaviour log-probs from the sampler

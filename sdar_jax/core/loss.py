@@ -117,6 +117,15 @@ def micro_loss(
   )
   if head_teacher_logp is not None:
     teacher_logp = head_teacher_logp
+  dist_mask = mask
+  if teacher_logp is not None and micro_batch.teacher_mask is not None:
+    # a row whose teacher has no privileged context (response part of teacher_mask 0,
+    # rollout.batching.pack_batch) reads as teacher = behaviour policy and leaves the distillation
+    # term: its teacher log-probs were scored without the response in view
+    response = micro_batch.teacher_mask[:, -micro_batch.response_len :]
+    with_context = jnp.max(response, axis=-1, keepdims=True).astype(jnp.float32)  # [B, 1]
+    dist_mask = mask * with_context
+    teacher_logp = jnp.where(with_context > 0, teacher_logp, micro_batch.old_logp)
   if algo.entropy_coef == 0:
     entropy = jax.lax.stop_gradient(entropy)  # a metric (and gate input) only
   agg = dict(agg=algo.agg, denom=denom, num_seqs=num_seqs)
@@ -152,7 +161,7 @@ def micro_loss(
       student_logp=logp,
       teacher_logp=teacher_logp,
       old_logp=micro_batch.old_logp,
-      mask=mask,
+      mask=dist_mask,
       beta=algo.beta,
       gate=algo.gate,
       entropy=entropy,

@@ -198,13 +198,14 @@ class AgentLoop:
     self, view: EpisodeView, sample_id: Any, where: str
   ) -> tuple[list[int], list[int] | None]:
     """(student prompt ids, teacher prompt ids or None) for one episode's current turn."""
-    student, teacher, _ = self._build_prompts(view, sample_id, where)
+    student, teacher, _, _ = self._build_prompts(view, sample_id, where)
     return student, teacher
 
   def _build_prompts(
     self, view: EpisodeView, sample_id: Any, where: str
-  ) -> tuple[list[int], list[int] | None, int | None]:
-    """`build_prompts` plus the student prompt's length before truncation (None when uncut).
+  ) -> tuple[list[int], list[int] | None, int | None, str | None]:
+    """`build_prompts` plus the student prompt's length before truncation (None when uncut) and
+    the skill block's text (None without a teacher, or with Skill-GRPO).
 
     Student: the chat-templated user message (Skill-GRPO: `SkillRetriever.student_block` at the
     start of the message), then fitted to max_prompt_len. Teacher: the privileged block's ids
@@ -227,7 +228,7 @@ class AgentLoop:
       )
     full = self.tokenizer.encode(self._render_user_message(user))
     student = self._fit_to_max_prompt_len(full, where)
-    teacher = None
+    teacher = block = None
     if self.with_teacher:
       teacher = student
       if not self.skills_in_student:
@@ -239,7 +240,7 @@ class AgentLoop:
           task=view.task,
         )
         teacher = self.tokenizer.encode(block) + student
-    return student, teacher, (len(full) if len(full) > len(student) else None)
+    return student, teacher, (len(full) if len(full) > len(student) else None), block
 
   # ------------------------------------------------------------------------------- rollout
   def run(
@@ -356,7 +357,7 @@ class AgentLoop:
     start = time.perf_counter()
     out = self.sampler.generate(
       play.params,
-      [p for p, _, _ in prompts],
+      [p[0] for p in prompts],
       play.sampling,
       play.turn_keys[turn],
       row_ids=row_ids,
@@ -386,6 +387,7 @@ class AgentLoop:
           finish_reason=out.finish_reasons[k],
           observation=view.observation,
           prompt_truncated_from=prompts[k][2],
+          skill_block=prompts[k][3],
           admissible=check(actions[k][0], view) if check is not None else None,
         )
       )
@@ -412,7 +414,7 @@ class AgentLoop:
         history=[],
       )
     else:
-      views[i].observation = result.observation
+      views[i].observation = ep.final_observation = result.observation
       views[i].admissible = list(info.get("admissible_commands", []))
       if info.get("search_error"):  # the episode goes on; the trainer counts and warns
         ep.search_errors.append((str(info.get("search_error_kind", "error")), info["search_error"]))
@@ -439,10 +441,10 @@ class _Play:
 
 @dataclasses.dataclass
 class _Decoded:
-  """One sampler call's turn: its episodes, their (student, teacher, uncut length) prompts, the
-  generation and the projected (action, valid) pairs."""
+  """One sampler call's turn: its episodes, their (student, teacher, uncut length, skill block)
+  prompts, the generation and the projected (action, valid) pairs."""
 
   active: list[int]
-  prompts: list[tuple[list[int], list[int] | None, int | None]]
+  prompts: list[tuple[list[int], list[int] | None, int | None, str | None]]
   out: GenerationResult
   actions: list[tuple[str, bool]]

@@ -34,6 +34,8 @@ class Turn:
   # whether the env listed the action as admissible (None: the env has no closed list to check)
   admissible: bool | None = None
   reward: float = 0.0  # the env's reward for this turn's action
+  skill_block: str | None = None  # the retrieved skill block (teacher context source "skills")
+  teacher_context: bool = True  # whether a source gave the teacher a context (algos.contexts)
 
 
 @dataclasses.dataclass
@@ -55,6 +57,7 @@ class Episode:
   # Search-QA's retrieval); the episode goes on, its observation says "Search error: ..."
   search_errors: list[tuple[str, str]] = dataclasses.field(default_factory=list)
   info: dict[str, Any] = dataclasses.field(default_factory=dict)
+  final_observation: str = ""  # the observation after the last turn's action
 
   @property
   def length(self) -> int:

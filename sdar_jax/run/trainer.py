@@ -166,7 +166,8 @@ class Trainer(RolloutsMixin, EvaluationMixin, ResumeMixin):
       self.sampler,
       self.tokenizer,
       self.chat_template,
-      with_teacher=self.with_teacher,
+      # the rollout retrieves each turn's skill block when a teacher context source reads it
+      with_teacher=self.with_teacher and self.step_fn.algo_config.records_skill_block,
       eval_only=self.eval_only,
     )
     self.pool, self.loop, self.train_games = loops.pool, loops.loop, loops.train_games
@@ -252,6 +253,7 @@ class Trainer(RolloutsMixin, EvaluationMixin, ResumeMixin):
       self.replay.load_state_dict(replay)
       return None
     with view.phase("teacher_context"):
+      self._teacher_context_phase(view)
       view.hooks("after_rollout")
       self._teacher_context_metrics(view)
     if not view.metrics["rollout/turn_samples"]:
@@ -296,6 +298,24 @@ class Trainer(RolloutsMixin, EvaluationMixin, ResumeMixin):
     self.guards.report_search_errors(view.episodes, "training")
     if self._searches:
       metrics["rollout/search_errors"] = search_error_count(everyone)
+
+  def _teacher_context_phase(self, view: Iteration) -> None:
+    """The teacher's context of every turn-sample composed from the finished episodes and their
+    groups (`algos.compose_teacher_contexts`, the sources `algo.context` names), then the
+    turn-samples with GRPO advantages through the replay queue."""
+    it, metrics = view.iteration, view.metrics
+    if self.with_teacher:
+      algo = self.step_fn.algo_config
+      counts = algos.compose_teacher_contexts(
+        view.episodes,
+        algo,
+        self.tokenizer.encode,
+        self.tokenizer.decode,
+        self._context_templates(algo),
+      )
+      keys = sorted(counts)
+      summed = multihost.sum_over_processes([counts[k] for k in keys])
+      metrics.update(algos.context_metrics(dict(zip(keys, summed))))
     samples = episodes_to_samples(view.episodes, **self.shaping.kwargs())
     self.replay.put(samples)
     dropped = self.replay.dropped_stale
@@ -308,6 +328,13 @@ class Trainer(RolloutsMixin, EvaluationMixin, ResumeMixin):
       )
     )
     metrics["rollout/seconds"] = view.rollout_seconds
+
+  def _context_templates(self, algo) -> dict[str, str]:
+    """The teacher context templates of `algo.context_templates`, read once per file."""
+    cache = self.__dict__.setdefault("_templates", {})
+    if algo.context_templates not in cache:
+      cache[algo.context_templates] = algos.contexts.load_templates(algo.context_templates)
+    return cache[algo.context_templates]
 
   def _teacher_context_metrics(self, view: Iteration) -> None:
     """rollout/skill_block_tokens: the mean length of the teacher's privileged block (its prompt
