@@ -200,6 +200,7 @@ def compose_teacher_contexts(
           counts[f"{n}/with_context"] += 1
           counts[f"{n}/tokens"] += len(encode(text))
         turn.teacher_context = bool(given)
+        turn.context_sources = tuple(n for n, _ in given)
         counts["with_context"] += bool(given)
         context = encode("".join(text for _, text in given)) if given else []
         turn.teacher_prompt_ids = context + list(turn.prompt_ids)

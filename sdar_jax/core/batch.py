@@ -75,6 +75,7 @@ class TurnSample:
   # whether a source gave the teacher a privileged context (sdar_jax.algos.contexts); without one
   # the teacher prompt is the student's and the sample is left out of the distillation term
   context: bool = True
+  context_sources: tuple[str, ...] = ()  # the sources that gave it (algo.context's names)
 
 
 @flax.struct.dataclass

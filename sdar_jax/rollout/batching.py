@@ -92,6 +92,7 @@ def episodes_to_samples(
       turn=k,
       won=bool(ep.won),
       context=turn.teacher_context,
+      context_sources=turn.context_sources,
     )
     for (ep, turn), (e, k), s, a in zip(rows, where, scores, advantages)
   ]

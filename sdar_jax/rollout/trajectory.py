@@ -36,6 +36,7 @@ class Turn:
   reward: float = 0.0  # the env's reward for this turn's action
   skill_block: str | None = None  # the retrieved skill block (teacher context source "skills")
   teacher_context: bool = True  # whether a source gave the teacher a context (algos.contexts)
+  context_sources: tuple[str, ...] = ()  # the sources that did
 
 
 @dataclasses.dataclass

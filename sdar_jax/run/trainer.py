@@ -48,6 +48,7 @@ from sdar_jax.rollout import ReplayQueue, episodes_to_samples
 from sdar_jax.rollout.global_batches import global_minibatches
 from sdar_jax.rollout.shaping import RewardShaping
 from sdar_jax.rollout.trajectory import episode_summaries
+from sdar_jax.rollout.turn_advantages import context_gap_metrics
 from sdar_jax.rollout.worker import RolloutWorker
 from sdar_jax.run import setup as run_setup
 from sdar_jax.run.checkpoint import CheckpointManager, export_hf
@@ -386,6 +387,15 @@ class Trainer(RolloutsMixin, EvaluationMixin, ResumeMixin):
     view.metrics.update(
       teacher_old_gap_metrics(
         view.batches, rows=multihost.host_rows, combine=multihost.sum_over_processes
+      )
+    )
+    view.metrics.update(  # the teacher–student gap of each context source's turn-samples
+      context_gap_metrics(
+        view.batches,
+        view.samples,
+        algo.context_names,
+        self.with_teacher,
+        self.config.train.minibatch_order,
       )
     )
 

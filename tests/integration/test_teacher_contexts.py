@@ -156,3 +156,33 @@ def test_sdar_trains_one_iteration_with_the_sibling_and_hindsight_sources(tmp_pa
   assert row["context/hindsight/share"] == 1.0 and row["context/with_context_share"] == 1.0
   assert 0.0 <= row["context/sibling/share"] <= 1.0
   assert row["context/hindsight/tokens_mean"] > 0 and "context/without_context" in row
+  assert math.isfinite(row["context/hindsight/teacher_old_gap"])
+
+
+def test_the_gap_per_source_is_token_weighted_over_the_samples_it_gave_a_context():
+  from sdar_jax.rollout.turn_advantages import context_gap_metrics
+
+  def sample(n: int, sources: tuple[str, ...]) -> TurnSample:
+    return TurnSample(
+      prompt_ids=[5],
+      response_ids=[7] * n,
+      logprobs=[-1.0] * n,
+      score=0.0,
+      advantage=0.0,
+      group_id=0,
+      policy_version=0,
+      valid=True,
+      teacher_prompt_ids=[4, 5],
+      context_sources=sources,
+    )
+
+  samples = [sample(1, ("sibling",)), sample(2, ("sibling", "hindsight")), sample(3, ())]
+  batches = []
+  for part, gaps in ((samples[:2], [0.5, 2.0]), (samples[2:], [9.0])):
+    b = pack_batch(part, 2, with_teacher=True)
+    teacher = np.asarray(b.old_logp) + np.asarray(gaps + [0.0] * (2 - len(gaps)))[:, None]
+    batches.append(b.replace(teacher_logp=teacher.astype(np.float32)))
+  got = context_gap_metrics(batches, samples, ["sibling", "hindsight"], True)
+  # sibling: 1 token at +0.5 and 2 tokens at +2.0; hindsight: the 2 tokens at +2.0
+  assert got["context/sibling/teacher_old_gap"] == pytest.approx((0.5 + 4.0) / 3)
+  assert got["context/hindsight/teacher_old_gap"] == pytest.approx(2.0)

@@ -163,6 +163,7 @@ def test_sources_compose_in_the_order_named_and_failed_or_empty_turns_are_skippe
     "[Hindsight: what this episode went on to show after the current turn]\n"
     "Then: o2\n[End of hindsight]\n\n[S]\n\n"
   )
+  assert ep.turns[0].context_sources == ("hindsight", "skills")
   assert ep.turns[1].teacher_prompt_ids is None and failed.turns[0].teacher_prompt_ids is None
   assert counts["turn_samples"] == 1 and counts["sibling/with_context"] == 0
 
