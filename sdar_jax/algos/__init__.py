@@ -30,6 +30,7 @@ from sdar_jax.algos.contexts import (
   context_metrics,
   register_context_source,
 )
+from sdar_jax.algos.sdpo import SDPO, sdpo_divergence, sdpo_loss
 from sdar_jax.algos.config import EMA_CADENCES, TEACHER_SOURCES, AlgoConfig
 from sdar_jax.algos.sections import EMA, GRSD, RLSD, SECTIONS, AgentOPSD, PPOClip, Retire
 from sdar_jax.algos.distill import (
@@ -84,6 +85,10 @@ __all__ = [
   "compose_teacher_contexts",
   "context_metrics",
   "register_context_source",
+  # SDPO's loss (sdar_jax.algos.sdpo)
+  "SDPO",
+  "sdpo_divergence",
+  "sdpo_loss",
   "ADVANTAGE_ESTIMATORS",
   "ADVANTAGE_SCHEDULES",
   "AGG_MODES",

@@ -22,6 +22,7 @@ from typing import Any
 from sdar_jax.algos.advantages import ADVANTAGE_ESTIMATORS
 from sdar_jax.algos.aggregation import AGG_MODES
 from sdar_jax.algos.contexts import Hindsight, Sibling, context_names, context_problems
+from sdar_jax.algos.sdpo import SDPO, sdpo_problems
 from sdar_jax.algos.distill import DISTILL_LOSSES, SDAR_FORMS, VOCAB_FORMS
 from sdar_jax.algos.gates import GATES
 from sdar_jax.algos.hooks import METHOD_HOOKS
@@ -116,6 +117,8 @@ class AlgoConfig:
   """Source "sibling"'s settings (`algo.sibling.tokens`)."""
   hindsight: Hindsight = dataclasses.field(default_factory=Hindsight)
   """Source "hindsight"'s settings (`algo.hindsight.k`, `.outcome`, `.tokens`)."""
+  sdpo: SDPO = dataclasses.field(default_factory=SDPO)
+  """SDPO's loss (distill "sdpo": `algo.sdpo.top_k`, `.alpha`, `.is_clip`, `.add_tail`)."""
   skills_in_student: bool = False
   """Put the retrieved skills into the student's own prompt (Skill-GRPO); rollout."""
   teacher: bool | None = None
@@ -207,7 +210,8 @@ class AlgoConfig:
   @property
   def vocab_distill(self) -> bool:
     """Whether the SDAR term reads both branches' whole distributions (form "vocab")."""
-    return self.distill == "sdar" and self.form in VOCAB_FORMS
+    # SDPO's loss (distill "sdpo") reads them too
+    return (self.distill == "sdar" and self.form in VOCAB_FORMS) or self.distill == "sdpo"
 
   @property
   def terms_need_teacher(self) -> bool:
@@ -424,7 +428,7 @@ class AlgoConfig:
         "a distillation weight with algo.distill='none' has no effect",
         "set algo.distill to 'sdar' or 'skill_sd', or lam=0",
       )
-    out += context_problems(self)
+    out += context_problems(self) + sdpo_problems(self)
     return out
 
   @classmethod

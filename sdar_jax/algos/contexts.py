@@ -160,6 +160,14 @@ def hindsight_source(request: ContextRequest) -> list[str | None]:
   return out
 
 
+@register_context_source("sibling_or_hindsight")
+def sibling_or_hindsight_source(request: ContextRequest) -> list[str | None]:
+  """SDPO's reprompt: the "sibling" demonstration where the group has another success, the
+  "hindsight" feedback (algo.hindsight) only where it has none."""
+  sibling = sibling_source(request)
+  return sibling if any(t is not None for t in sibling) else hindsight_source(request)
+
+
 # ------------------------------------------------------------------------------------ compose
 def compose_teacher_contexts(
   episodes: Sequence[Any],

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 from sdar_jax.algos.contexts import Hindsight, Sibling
+from sdar_jax.algos.sdpo import SDPO
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,4 +106,6 @@ SECTIONS: dict[str, type] = {
   # the teacher context sources' settings (sdar_jax.algos.contexts)
   "sibling": Sibling,
   "hindsight": Hindsight,
+  # SDPO's loss (sdar_jax.algos.sdpo)
+  "sdpo": SDPO,
 }

@@ -168,6 +168,7 @@ def micro_loss(
       vocab_size=config.vocab_size,  # the entropy gates normalise h by ln V
       form=algo.form,
       vocab_term=vocab_term,
+      sdpo=algo.sdpo,
       **agg,
     )
     metrics.update(dist_metrics)

@@ -186,3 +186,18 @@ def test_the_gap_per_source_is_token_weighted_over_the_samples_it_gave_a_context
   # sibling: 1 token at +0.5 and 2 tokens at +2.0; hindsight: the 2 tokens at +2.0
   assert got["context/sibling/teacher_old_gap"] == pytest.approx((0.5 + 4.0) / 3)
   assert got["context/hindsight/teacher_old_gap"] == pytest.approx(2.0)
+
+
+@pytest.mark.slow
+def test_sdpo_trains_one_iteration(tmp_path):
+  from sdar_jax.run import trainer
+
+  workdir = str(tmp_path / "sdpo")
+  overrides = {**ONE_ITERATION, "algo.sdpo.top_k": 8}
+  trainer.run(tiny_run_config(1, "sdpo", **overrides), workdir)
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    (row,) = [r for r in map(json.loads, f) if "train/loss" in r]
+  assert row["step"] == 1 and row["train/skipped_update"] == 0.0
+  assert math.isfinite(row["sdpo/loss"]) and row["sdpo/loss"] >= 0.0
+  assert 0.0 < row["sdpo/ratio_mean"] <= 2.0
+  assert row["context/with_context_share"] == 1.0  # a demonstration or else the feedback

@@ -466,6 +466,22 @@ EXPECTED_PRESETS = {
     **{"retire.window": 0},
     teacher=True,
   ),
+  # issue 54: SDPO's loss, no KL and no entropy term (its actor.yaml: use_kl_loss false,
+  # entropy_coeff 0)
+  "sdpo": dict(
+    pg_coef=0.0,
+    distill="sdpo",
+    lam=1.0,
+    teacher_source="update",
+    teacher_weights="ema",
+    **{"ema.decay": 0.95},
+    **{"sdpo.top_k": 100},
+    **{"sdpo.alpha": 0.5},
+    **{"sdpo.is_clip": 2.0},
+    kl_coef=0.0,
+    entropy_coef=0.0,
+    teacher=True,
+  ),
 }
 
 
@@ -483,6 +499,8 @@ def test_presets_values_and_shared_keys():
       )
       assert got == value, (name, key)
     common = dict(entropy_coef=0.001, kl_coef=0.01, kl_kind="low_var_kl", agg="token-mean")
+    if name == "sdpo":  # SDPO has neither term
+      common.update(entropy_coef=0.0, kl_coef=0.0)
     assert {k: p[k] for k in common} == common
     assert p["ppo"] == dict(clip_low=0.2, clip_high=0.2, clip_c=3.0)
     assert p["skills_in_student"] == (name == "skill_grpo")

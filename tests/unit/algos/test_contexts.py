@@ -215,3 +215,14 @@ def test_context_lists_are_hashable_and_the_default_is_the_skills_source():
   )
   assert algo.context_names == ("sibling", "hindsight") and hash(algo)
   assert not algo.records_skill_block and get_preset("sdar").records_skill_block
+
+
+def test_sdpos_reprompt_is_the_demonstration_else_the_feedback():
+  lost = _episode(0, False, [("kitchen", "look")], final="Nothing happens.")
+  won = _episode(0, True, [("kitchen", "take egg")], final="You take the egg.")
+  alone = _episode(1, False, [("hall", "look")], final="You see a door.")
+  _compose([lost, won, alone], "sibling_or_hindsight")
+  assert _teacher_text(lost.turns[0]).startswith("[Worked example")  # a success of the group
+  # the group's only success has no other success to see: its feedback, as a group without one
+  assert _teacher_text(won.turns[0]).endswith("Then: You take the egg.\n[End of hindsight]\n\n")
+  assert _teacher_text(alone.turns[0]).endswith("Then: You see a door.\n[End of hindsight]\n\n")
