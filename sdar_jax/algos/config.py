@@ -198,6 +198,12 @@ class AlgoConfig:
     return self.scores_teacher and "skills" in self.context_names
 
   @property
+  def context_beyond_skills(self) -> bool:
+    """Whether a source other than the rollout's skill block gives the teacher's context (the
+    token view then composes it on the evaluation's episodes as training does)."""
+    return any(name != "skills" for name in self.context_names)
+
+  @property
   def hook_names(self) -> tuple[str, ...]:
     """`hooks` as a tuple of names."""
     return tuple(n.strip() for n in str(self.hooks or "").split(",") if n.strip())

@@ -146,7 +146,12 @@ def test_sdar_trains_one_iteration_with_the_sibling_and_hindsight_sources(tmp_pa
   from sdar_jax.run import trainer
 
   workdir = str(tmp_path / "contexts")
-  overrides = {**ONE_ITERATION, "algo.context": "sibling,hindsight", "algo.hindsight.outcome": True}
+  overrides = {
+    **ONE_ITERATION,
+    "train.eval_every": 1,  # and the token view shows the composed context
+    "algo.context": "sibling,hindsight",
+    "algo.hindsight.outcome": True,
+  }
   trainer.run(tiny_run_config(1, "sdar", **overrides), workdir)
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     (row,) = [r for r in map(json.loads, f) if "train/loss" in r]
@@ -157,6 +162,10 @@ def test_sdar_trains_one_iteration_with_the_sibling_and_hindsight_sources(tmp_pa
   assert 0.0 <= row["context/sibling/share"] <= 1.0
   assert row["context/hindsight/tokens_mean"] > 0 and "context/without_context" in row
   assert math.isfinite(row["context/hindsight/teacher_old_gap"])
+  views = [os.path.join(root, f) for root, _, files in os.walk(workdir) for f in files]
+  (view,) = [f for f in views if f.endswith("tokens.html")]
+  with open(view, encoding="utf-8") as f:
+    assert "[Hindsight: what this episode went on to show" in f.read()
 
 
 def test_the_gap_per_source_is_token_weighted_over_the_samples_it_gave_a_context():
