@@ -18,6 +18,7 @@ imports the layers above.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -103,6 +104,13 @@ def load_templates(path: str = "") -> dict[str, str]:
   return out
 
 
+@functools.lru_cache(maxsize=8)
+def _cached_templates(path: str, stamp: int) -> dict[str, str]:
+  """`load_templates(path)`, read once per path and modification time (callers only read it)."""
+  del stamp
+  return load_templates(path)
+
+
 def _read(path: str) -> str:
   with open(path, encoding="utf-8") as f:
     return f.read()
@@ -181,7 +189,10 @@ def compose_teacher_contexts(
   "<name>/with_context" and "<name>/tokens". Episodes whose env failed are skipped, as are turns
   with no response (they are no turn-samples)."""
   names = context_names(algo.context)
-  templates = load_templates(algo.context_templates) if templates is None else templates
+  if templates is None:
+    path = algo.context_templates
+    stamp = os.stat(path).st_mtime_ns if path and os.path.exists(path) else 0
+    templates = _cached_templates(path, stamp)
 
   def cut(text: str, tokens: int) -> str:
     ids = encode(text)

@@ -307,13 +307,8 @@ class Trainer(RolloutsMixin, EvaluationMixin, ResumeMixin):
     it, metrics = view.iteration, view.metrics
     if self.with_teacher:
       algo = self.step_fn.algo_config
-      counts = algos.compose_teacher_contexts(
-        view.episodes,
-        algo,
-        self.tokenizer.encode,
-        self.tokenizer.decode,
-        self._context_templates(algo),
-      )
+      encode, decode = self.tokenizer.encode, self.tokenizer.decode
+      counts = algos.compose_teacher_contexts(view.episodes, algo, encode, decode)
       keys = sorted(counts)
       summed = multihost.sum_over_processes([counts[k] for k in keys])
       metrics.update(algos.context_metrics(dict(zip(keys, summed))))
@@ -329,13 +324,6 @@ class Trainer(RolloutsMixin, EvaluationMixin, ResumeMixin):
       )
     )
     metrics["rollout/seconds"] = view.rollout_seconds
-
-  def _context_templates(self, algo) -> dict[str, str]:
-    """The teacher context templates of `algo.context_templates`, read once per file."""
-    cache = self.__dict__.setdefault("_templates", {})
-    if algo.context_templates not in cache:
-      cache[algo.context_templates] = algos.contexts.load_templates(algo.context_templates)
-    return cache[algo.context_templates]
 
   def _teacher_context_metrics(self, view: Iteration) -> None:
     """rollout/skill_block_tokens: the mean length of the teacher's privileged block (its prompt

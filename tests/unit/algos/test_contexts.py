@@ -174,9 +174,10 @@ def test_templates_from_a_file_replace_the_built_in_sections(tmp_path):
   ep = _episode(0, False, [("o1", "a1")], final="o2")
   _compose([ep], "hindsight", context_templates=str(path))
   assert "\nNext: o2!\n" in _teacher_text(ep.turns[0])
-  path.write_text("[[hindsite]]\nx\n")
+  bad = tmp_path / "bad.md"
+  bad.write_text("[[hindsite]]\nx\n")
   with pytest.raises(ValueError, match=r"unknown sections \['hindsite'\]"):
-    _compose([ep], "hindsight", context_templates=str(path))
+    _compose([ep], "hindsight", context_templates=str(bad))
 
 
 def test_a_registered_source_is_selectable_by_name():
