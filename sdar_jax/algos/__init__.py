@@ -21,6 +21,16 @@ from sdar_jax.algos.aggregation import (
   seq_count,
   token_count,
 )
+from sdar_jax.algos.contexts import (
+  TEACHER_CONTEXTS,
+  ContextRequest,
+  Hindsight,
+  Sibling,
+  compose_teacher_contexts,
+  context_metrics,
+  register_context_source,
+)
+from sdar_jax.algos.sdpo import SDPO, sdpo_divergence, sdpo_loss
 from sdar_jax.algos.config import EMA_CADENCES, TEACHER_SOURCES, AlgoConfig
 from sdar_jax.algos.distill import (
   DISTILL_LOSSES,
@@ -84,6 +94,18 @@ from sdar_jax.algos.ucob import (
 )
 
 __all__ = [
+  # teacher context sources (sdar_jax.algos.contexts)
+  "TEACHER_CONTEXTS",
+  "ContextRequest",
+  "Hindsight",
+  "Sibling",
+  "compose_teacher_contexts",
+  "context_metrics",
+  "register_context_source",
+  # SDPO's loss (sdar_jax.algos.sdpo)
+  "SDPO",
+  "sdpo_divergence",
+  "sdpo_loss",
   "ADVANTAGE_ESTIMATORS",
   "ADVANTAGE_SCHEDULES",
   "AGG_MODES",

@@ -22,6 +22,7 @@ from typing import Any
 from sdar_jax.algos import ucob  # noqa: F401 (registers the "ucob" term and its hooks)
 from sdar_jax.algos.advantages import ADVANTAGE_ESTIMATORS
 from sdar_jax.algos.aggregation import AGG_MODES
+from sdar_jax.algos.contexts import Hindsight, Sibling, context_names, context_problems
 from sdar_jax.algos.distill import (
   DISTILL_LOSSES,
   HEAD_TERMS,
@@ -29,6 +30,7 @@ from sdar_jax.algos.distill import (
   VOCAB_FORMS,
   WEIGHTED_TERMS,
 )
+from sdar_jax.algos.sdpo import SDPO, sdpo_problems
 from sdar_jax.algos.gates import GATES
 from sdar_jax.algos.hooks import METHOD_HOOKS
 from sdar_jax.algos.losses import KL_PENALTIES
@@ -51,7 +53,7 @@ from sdar_jax.config_keys import MOVED_ON, RENAMED_VALUES, translate_section
 TEACHER_SOURCES = ("rollout", "update")
 EMA_CADENCES = ("iteration", "update", "manual")
 # algo.teacher_context: where the teacher's prompt holds the skills
-TEACHER_CONTEXTS = ("block", "message")
+SKILL_PLACES = ("block", "message")  # where the teacher prompt holds the skills
 # algo.views: which prompt each training episode plays with
 VIEWS = ("single", "mixed")
 
@@ -133,6 +135,18 @@ class AlgoConfig:
   teacher_stage: TeacherStage = dataclasses.field(default_factory=TeacherStage)
   """A first stage that trains the frozen teacher (`algo.teacher_stage.preset`, `.iterations`; run by
   `python -m sdar_jax.train`, sdar_jax.run.stages)."""
+  context: Any = "skills"
+  """The teacher's privileged context (`algos.TEACHER_CONTEXTS`): one source name or several
+  (a comma-separated string or a list), composed after the rollout in that order: "skills" (the
+  retrieved skill block, the reference's), "sibling", "hindsight" or a registered one."""
+  context_templates: str = ""
+  """A template file replacing sections of sdar_jax/algos/context_templates.md ("": none)."""
+  sibling: Sibling = dataclasses.field(default_factory=Sibling)
+  """Source "sibling"'s settings (`algo.sibling.tokens`)."""
+  hindsight: Hindsight = dataclasses.field(default_factory=Hindsight)
+  """Source "hindsight"'s settings (`algo.hindsight.k`, `.outcome`, `.tokens`)."""
+  sdpo: SDPO = dataclasses.field(default_factory=SDPO)
+  """SDPO's loss (distill "sdpo": `algo.sdpo.top_k`, `.alpha`, `.is_clip`, `.add_tail`)."""
   skills_in_student: bool = False
   """Put the retrieved skills into the student's own prompt (Skill-GRPO); rollout."""
   teacher: bool | None = None
@@ -157,7 +171,7 @@ class AlgoConfig:
   its workdir: the latest step) or a Hugging Face folder (config.json + *.safetensors). Left
   empty when `teacher_stage` trains the teacher first (the stage sets it)."""
   teacher_context: str = "block"
-  """Where the teacher's prompt holds the skills (`TEACHER_CONTEXTS`): "block", the privileged
+  """Where the teacher's prompt holds the skills (`SKILL_PLACES`): "block", the privileged
   block in front of the student's prompt (SDAR), or "message", inside the user message as
   Skill-GRPO's student reads them (a teacher trained with the skills in its prompt: RetireOPD's
   stage-1 teacher)."""
@@ -177,6 +191,8 @@ class AlgoConfig:
   as the old log-probs (the reference does); the sampler's own otherwise."""
 
   def __post_init__(self):
+    if isinstance(self.context, list):  # a config's list of sources: hashable as a tuple
+      object.__setattr__(self, "context", tuple(self.context))
     errors = []
     for name, cls in SECTIONS.items():  # a section given as a mapping (a config's ConfigDict)
       value = getattr(self, name)
@@ -215,6 +231,22 @@ class AlgoConfig:
     return bool(self.kl_coef) or (self.scores_teacher and self.teacher_weights == "initial")
 
   @property
+  def context_names(self) -> tuple[str, ...]:
+    """`context` as a tuple of source names."""
+    return context_names(self.context)
+
+  @property
+  def records_skill_block(self) -> bool:
+    """Whether the rollout retrieves each turn's skill block for the teacher (source "skills")."""
+    return self.scores_teacher and "skills" in self.context_names
+
+  @property
+  def context_beyond_skills(self) -> bool:
+    """Whether a source other than the rollout's skill block gives the teacher's context (the
+    token view then composes it on the evaluation's episodes as training does)."""
+    return any(name != "skills" for name in self.context_names)
+
+  @property
   def hook_names(self) -> tuple[str, ...]:
     """`hooks` as a tuple of names."""
     return tuple(n.strip() for n in str(self.hooks or "").split(",") if n.strip())
@@ -227,8 +259,9 @@ class AlgoConfig:
   @property
   def vocab_distill(self) -> bool:
     """Whether the distillation term reads both branches' whole distributions (SDAR's forms
-    "vocab" / "topk", UCOB's top-k term)."""
-    return (self.distill == "sdar" and self.form in VOCAB_FORMS) or self.distill in HEAD_TERMS
+    "vocab" / "topk", UCOB's top-k term, SDPO's loss)."""
+    head = self.distill in HEAD_TERMS or self.distill == "sdpo"
+    return (self.distill == "sdar" and self.form in VOCAB_FORMS) or head
 
   @property
   def reads_distill_weight(self) -> bool:
@@ -462,6 +495,7 @@ class AlgoConfig:
         "a distillation weight with algo.distill='none' has no effect",
         "set algo.distill to 'sdar' or 'skill_sd', or lam=0",
       )
+    out += context_problems(self) + sdpo_problems(self)
     return out
 
   def _teacher_problems(self, bad) -> None:
@@ -492,8 +526,8 @@ class AlgoConfig:
       bad(
         "teacher_stage.iterations", "must be an integer >= 0", "use 0 (the run's train.iterations)"
       )
-    if self.teacher_context not in TEACHER_CONTEXTS:
-      bad("teacher_context", f"must be one of {list(TEACHER_CONTEXTS)}", "use 'block' (SDAR's)")
+    if self.teacher_context not in SKILL_PLACES:
+      bad("teacher_context", f"must be one of {list(SKILL_PLACES)}", "use 'block' (SDAR's)")
     if self.views not in VIEWS:
       bad("views", f"must be one of {list(VIEWS)}", "use 'single'")
     elif self.views == "mixed" and (self.skills_in_student or not self.scores_teacher):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from sdar_jax.algos.config import AlgoConfig
-from sdar_jax.algos.sections import AgentOPSD, Retire, TeacherStage
+from sdar_jax.algos.sections import EMA, AgentOPSD, Retire, TeacherStage
 
 BASE = AlgoConfig()
 _SDAR = {"distill": "sdar", "lam": 0.01, "beta": 5.0, "gate": "gap", "form": "reference"}
@@ -114,6 +114,23 @@ ALGO_PRESETS: dict[str, AlgoConfig] = {
     # by the teacher's turn-mean gap within [0.9, 1.1], in mixed groups only. Its teacher reads a
     # reflection prior; ours reads the skills.
     _preset("grsd", advantage="grsd"),
+    # Ours, after SDPO (arXiv 2601.20802; lasgroup/SDPO@0e6d510; docs/reference.md, "SDPO"): its
+    # self-distillation loss in place of the policy gradient (top-100 divergence with a tail
+    # bucket, α = 0.5, importance ratio clipped at 2), the teacher an EMA of the policy at 0.05
+    # per iteration, reprompted with a success of the group, else the feedback of the next
+    # observation.
+    _preset(
+      "sdpo",
+      distill="sdpo",
+      lam=1.0,
+      pg_coef=0.0,
+      kl_coef=0.0,
+      entropy_coef=0.0,
+      teacher_source="update",
+      teacher_weights="ema",
+      ema=EMA(decay=0.95),
+      context="sibling_or_hindsight",
+    ),
   )
 }
 

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from sdar_jax.algos.contexts import Hindsight, Sibling
+from sdar_jax.algos.sdpo import SDPO
+
 
 @dataclasses.dataclass(frozen=True)
 class PPOClip:
@@ -148,5 +151,10 @@ SECTIONS: dict[str, type] = {
   "ema": EMA,
   "ucob": UCOB,
   "teacher_stage": TeacherStage,
+  # the teacher context sources' settings (sdar_jax.algos.contexts)
+  "sibling": Sibling,
+  "hindsight": Hindsight,
+  # SDPO's loss (sdar_jax.algos.sdpo)
+  "sdpo": SDPO,
 }
 RETIRE_WINDOWS = ("fixed", "sliding")

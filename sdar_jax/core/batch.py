@@ -77,6 +77,10 @@ class TurnSample:
   skills_in_prompt: bool = False  # the student's prompt held the skills (Skill-GRPO, UCOB's view)
   # a distillation row's per-token weights (UCOB's pairs, `algos.ucob`); None: a PPO row
   distill_weight: list[float] | None = None
+  # whether a source gave the teacher a privileged context (sdar_jax.algos.contexts); without one
+  # the teacher prompt is the student's and the sample is left out of the distillation term
+  context: bool = True
+  context_sources: tuple[str, ...] = ()  # the sources that gave it (algo.context's names)
 
 
 @flax.struct.dataclass
@@ -87,7 +91,9 @@ class TurnBatch:
       student_tokens [B, Ps+R]  student prompt LEFT-padded to Ps, then the response RIGHT-padded
                                 to R
       teacher_tokens [B, Pt+R]  skills block + the same chat-templated prompt, left-padded to Pt,
-                                then the SAME response tokens
+                                then the SAME response tokens (a row whose sample has no
+                                teacher context: response part of teacher_mask 0, left out of
+                                the distillation term)
       *_mask                    1 = real token (left pads and right pads are 0)
       response_mask  [B, R]     response tokens up to and including the first stop token
       old_logp       [B, R]     behaviour log-probs from the sampler

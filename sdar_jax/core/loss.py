@@ -127,6 +127,14 @@ def micro_loss(
   )
   if head_teacher_logp is not None:
     teacher_logp = head_teacher_logp
+  if teacher_logp is not None and micro_batch.teacher_mask is not None:
+    # a row whose teacher has no privileged context (response part of teacher_mask 0,
+    # rollout.batching.pack_batch) reads as teacher = behaviour policy and leaves the distillation
+    # term: its teacher log-probs were scored without the response in view
+    response = micro_batch.teacher_mask[:, -micro_batch.response_len :]
+    with_context = jnp.max(response, axis=-1, keepdims=True).astype(jnp.float32)  # [B, 1]
+    distill_mask = distill_mask * with_context
+    teacher_logp = jnp.where(with_context > 0, teacher_logp, micro_batch.old_logp)
   if algo.entropy_coef == 0:
     entropy = jax.lax.stop_gradient(entropy)  # a metric (and gate input) only
   agg = dict(agg=algo.agg, denom=denom, num_seqs=num_seqs)
@@ -170,6 +178,7 @@ def micro_loss(
       form=algo.form,
       vocab_term=vocab_term,
       distill_weight=micro_batch.distill_weight,
+      sdpo=algo.sdpo,
       **(agg if distill_agg is None else distill_agg),
     )
     metrics.update(dist_metrics)

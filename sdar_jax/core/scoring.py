@@ -169,6 +169,10 @@ def sdar_vocab_extras(algo, vocab_size: int) -> Extras:
       entropy=jax.lax.stop_gradient(entropy),
       vocab_size=vocab_size,
     )
+    if algo.distill == "sdpo":  # SDPO's divergence (algos.sdpo), not a gated term
+      s = algo.sdpo
+      term = algos.sdpo_divergence(ls, lt, top_k=s.top_k, alpha=s.alpha, add_tail=s.add_tail)
+      return {"term": term}
     if algo.form == "topk":
       return {"term": algos.topk_distill_term(ls, lt, top_k=algo.top_k, **gated)}
     return {"term": algos.vocab_distill_term(ls, lt, **gated)}

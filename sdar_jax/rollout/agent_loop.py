@@ -217,13 +217,15 @@ class AgentLoop:
   ) -> tuple[list[int], list[int] | None]:
     """(student prompt ids, teacher prompt ids or None) for one episode's current turn (`skills`:
     with mixed views, an episode that plays with the skills)."""
-    student, teacher, _ = self._build_prompts(view, sample_id, where, skills)
+    student, teacher, _, _ = self._build_prompts(view, sample_id, where, skills)
     return student, teacher
 
   def _build_prompts(
     self, view: EpisodeView, sample_id: Any, where: str, skills: bool = False
-  ) -> tuple[list[int], list[int] | None, int | None]:
-    """`build_prompts` plus the student prompt's length before truncation (None when uncut).
+  ) -> tuple[list[int], list[int] | None, int | None, str | None]:
+    """`build_prompts` plus the student prompt's length before truncation (None when uncut) and
+    the skill block's text (None without a teacher, with Skill-GRPO, the skills in the teacher's
+    message or mixed views).
 
     Student: the chat-templated user message (Skill-GRPO, or `skills` with mixed views:
     `SkillRetriever.student_block` at the start of the message), then fitted to max_prompt_len.
@@ -253,7 +255,7 @@ class AgentLoop:
 
     own_skills = self.skills_in_student or (self.mixed_views and skills)
     student, full_len = fitted(with_skills() if own_skills else user)
-    teacher = None
+    teacher = block = None
     if self.with_teacher:
       if self.skills_in_student:
         teacher = student
@@ -270,7 +272,7 @@ class AgentLoop:
           task=view.task,
         )
         teacher = self.tokenizer.encode(block) + student
-    return student, teacher, (full_len if full_len > len(student) else None)
+    return student, teacher, (full_len if full_len > len(student) else None), block
 
   # ------------------------------------------------------------------------------- rollout
   def run(
@@ -394,7 +396,7 @@ class AgentLoop:
     start = time.perf_counter()
     out = self.sampler.generate(
       play.params,
-      [p for p, _, _ in prompts],
+      [p[0] for p in prompts],
       play.sampling,
       play.turn_keys[turn],
       row_ids=row_ids,
@@ -424,6 +426,7 @@ class AgentLoop:
           finish_reason=out.finish_reasons[k],
           observation=view.observation,
           prompt_truncated_from=prompts[k][2],
+          skill_block=prompts[k][3],
           admissible=check(actions[k][0], view) if check is not None else None,
           skills_in_prompt=self.skills_in_student or bool(play.skills and play.skills[i]),
         )
@@ -451,7 +454,7 @@ class AgentLoop:
         history=[],
       )
     else:
-      views[i].observation = result.observation
+      views[i].observation = ep.final_observation = result.observation
       views[i].admissible = list(info.get("admissible_commands", []))
       if info.get("search_error"):  # the episode goes on; the trainer counts and warns
         ep.search_errors.append((str(info.get("search_error_kind", "error")), info["search_error"]))
@@ -496,10 +499,10 @@ def skills_views(group_ids: Sequence[int]) -> list[bool]:
 
 @dataclasses.dataclass
 class _Decoded:
-  """One sampler call's turn: its episodes, their (student, teacher, uncut length) prompts, the
-  generation and the projected (action, valid) pairs."""
+  """One sampler call's turn: its episodes, their (student, teacher, uncut length, skill block)
+  prompts, the generation and the projected (action, valid) pairs."""
 
   active: list[int]
-  prompts: list[tuple[list[int], list[int] | None, int | None]]
+  prompts: list[tuple[list[int], list[int] | None, int | None, str | None]]
   out: GenerationResult
   actions: list[tuple[str, bool]]

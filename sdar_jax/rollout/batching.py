@@ -95,6 +95,8 @@ def episodes_to_samples(
       observation=turn.observation,
       reward=float(turn.reward),
       skills_in_prompt=bool(turn.skills_in_prompt),
+      context=turn.teacher_context,
+      context_sources=turn.context_sources,
     )
     for (ep, turn), (e, k), s, a in zip(rows, where, scores, advantages)
   ]
@@ -286,6 +288,8 @@ def pack_batch(
     _place_prompt_and_response(student, student_mask, i, s.prompt_ids, Ps, s.response_ids)
     if with_teacher:
       _place_prompt_and_response(teacher, teacher_mask, i, s.teacher_prompt_ids, Pt, s.response_ids)
+      if not s.context:  # no privileged context: out of the distillation term (core.loss)
+        teacher_mask[i, Pt:] = 0
     response_mask[i, :n] = 1.0
     old_logp[i, :n] = s.logprobs
     advantages[i] = s.advantage

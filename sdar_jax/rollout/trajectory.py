@@ -35,6 +35,9 @@ class Turn:
   admissible: bool | None = None
   reward: float = 0.0  # the env's reward for this turn's action
   skills_in_prompt: bool = False  # the student prompt held the skills (Skill-GRPO, UCOB's view)
+  skill_block: str | None = None  # the retrieved skill block (teacher context source "skills")
+  teacher_context: bool = True  # whether a source gave the teacher a context (algos.contexts)
+  context_sources: tuple[str, ...] = ()  # the sources that did
 
 
 @dataclasses.dataclass
@@ -56,6 +59,7 @@ class Episode:
   # Search-QA's retrieval); the episode goes on, its observation says "Search error: ..."
   search_errors: list[tuple[str, str]] = dataclasses.field(default_factory=list)
   info: dict[str, Any] = dataclasses.field(default_factory=dict)
+  final_observation: str = ""  # the observation after the last turn's action
 
   @property
   def length(self) -> int:

@@ -124,3 +124,42 @@ def apply_turn_advantages(
     "turn_adv/sign_flips": float(np.mean(np.sign(new) * np.sign(old) < 0)) if n else 0.0,
   }
   return out, metrics
+
+
+def context_gap_metrics(
+  batches: Sequence[TurnBatch],
+  samples: Sequence[TurnSample],
+  names: Sequence[str],
+  with_teacher: bool,
+  order: str = "rollout",
+) -> dict[str, float]:
+  """context/<name>/teacher_old_gap: the teacher's minus the behaviour policy's log-prob over the
+  response tokens of the turn-samples whose teacher context source `name` gave (token-weighted,
+  every process's mini-batches, scored teacher_logp), per name of `names`."""
+  member = np.asarray(
+    [[name in s.context_sources for name in names] for s in samples], np.float64
+  ).reshape(-1, len(names))
+  lengths = sample_lengths(samples, True if jax.process_count() == 1 else with_teacher)
+  if jax.process_count() > 1:
+    member = np.concatenate(multihost.allgather(member))
+    lengths = np.concatenate(multihost.allgather(lengths))
+  member = member[minibatch_permutation(lengths, order)]
+  n = len(member)
+  gap_sum, tokens = [], []
+  for b in batches:
+    mask = multihost.fetch(b.response_mask).astype(np.float64) > 0
+    gap = multihost.fetch(b.teacher_logp).astype(np.float64) - multihost.fetch(b.old_logp)
+    gap_sum.append(np.where(mask, gap, 0.0).sum(axis=1))
+    tokens.append(mask.sum(axis=1))
+  size = batches[0].batch_size if batches else 0
+  real = np.zeros(sum(len(g) for g in gap_sum), bool)
+  for j in range(len(batches)):
+    real[j * size : j * size + min(size, n - j * size)] = True
+  gap_sum = np.concatenate(gap_sum)[real] if batches else np.zeros(0)
+  tokens = np.concatenate(tokens)[real] if batches else np.zeros(0)
+  return {
+    f"context/{name}/teacher_old_gap": float(
+      (member[:, k] * gap_sum).sum() / max((member[:, k] * tokens).sum(), 1.0)
+    )
+    for k, name in enumerate(names)
+  }

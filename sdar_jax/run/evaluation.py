@@ -16,6 +16,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from sdar_jax import algos
 from sdar_jax.algos import AlgoConfig
 from sdar_jax.infra import multihost, paths
 from sdar_jax.infra.errors import UserError
@@ -245,15 +246,18 @@ class EvaluationMixin:
           repeats=repeat_of,
         )
         if first:
+          algo = self._view_algo()
+          if algo.context_beyond_skills:  # the teacher's context as training composes it
+            algos.compose_teacher_contexts(
+              episodes, algo, self.tokenizer.encode, self.tokenizer.decode
+            )
           token_view.write_token_view(
             token_view.token_view_candidates(episodes),
             paths.join(out_dir, token_view.TOKEN_VIEW_FILE),
             token_view.TokenViewSource(
               self.model_config,
               params,
-              self.step_fn.algo_config
-              if self.step_fn
-              else AlgoConfig.from_config(self.config.algo),
+              algo,
               self.tokenizer,
               self.pad_id,
               initial_params=self.ref_params,
@@ -290,6 +294,10 @@ class EvaluationMixin:
     if self.eval_only:
       return self.workdir
     return paths.join(self.workdir, "eval", f"step_{self.loop_state.iteration}")
+
+  def _view_algo(self):
+    """The algorithm the token view scores with: the run's, or the config's (evaluation only)."""
+    return self.step_fn.algo_config if self.step_fn else AlgoConfig.from_config(self.config.algo)
 
   def _view_retriever(self, loop):
     """The skill retriever the token view's teacher prompts use when `loop` has none: the

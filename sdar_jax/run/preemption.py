@@ -66,3 +66,19 @@ class StopRequest:
     if got and self.signum is None:
       self.signum = signal.SIGTERM
     return got
+
+
+def preempted(signum: int, ckpt: Any, iterations: int, total: int) -> Preempted:
+  """The Preempted error of a run stopped by `signum` after `iterations` of `total`, saying what
+  `ckpt` (the run's CheckpointManager) holds."""
+  saved = ckpt.latest_step()
+  what = (
+    f"iteration {saved} is saved in {ckpt.directory}"
+    if saved is not None
+    else "no iteration had finished, nothing is saved"
+  )
+  return Preempted(
+    signum,
+    f"stopped by {signal.Signals(signum).name} after {iterations} of {total} iterations: {what}. "
+    "Run the same command again to resume from there.",
+  )

@@ -503,7 +503,7 @@ def dry_run_prompt_check(config, model_config: ModelConfig, eval_only: bool = Fa
       return 0
   from sdar_jax.algos import AlgoConfig
 
-  with_teacher = not eval_only and AlgoConfig.from_config(config.algo).scores_teacher
+  with_teacher = not eval_only and AlgoConfig.from_config(config.algo).records_skill_block
   loops = build_agent_loops(
     config,
     envs.env_family(config.env.name),

@@ -18,7 +18,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import signal
 import time
 
 import jax
@@ -48,6 +47,7 @@ from sdar_jax.rollout import ReplayQueue, episodes_to_samples
 from sdar_jax.rollout.global_batches import global_minibatches
 from sdar_jax.rollout.shaping import RewardShaping
 from sdar_jax.rollout.trajectory import episode_summaries
+from sdar_jax.rollout.turn_advantages import context_gap_metrics
 from sdar_jax.rollout.worker import RolloutWorker
 from sdar_jax.run import setup as run_setup
 from sdar_jax.run.checkpoint import CheckpointManager, export_hf
@@ -55,7 +55,7 @@ from sdar_jax.run.config_validation import validate
 from sdar_jax.run.evaluation import EvaluationMixin, evaluated_source, start_eval_record
 from sdar_jax.run.guards import RunGuards
 from sdar_jax.run.iteration import Iteration, RunView
-from sdar_jax.run.preemption import Preempted, StopRequest
+from sdar_jax.run.preemption import StopRequest, preempted
 from sdar_jax.run.resume import LoopState, ResumeMixin
 from sdar_jax.run.rollouts import Queued, RolloutsMixin
 from sdar_jax.run.setup import (
@@ -166,7 +166,8 @@ class Trainer(RolloutsMixin, EvaluationMixin, ResumeMixin):
       self.sampler,
       self.tokenizer,
       self.chat_template,
-      with_teacher=self.with_teacher,
+      # the rollout retrieves each turn's skill block when a teacher context source reads it
+      with_teacher=self.with_teacher and self.step_fn.algo_config.records_skill_block,
       eval_only=self.eval_only,
     )
     self.pool, self.loop, self.train_games = loops.pool, loops.loop, loops.train_games
@@ -256,6 +257,7 @@ class Trainer(RolloutsMixin, EvaluationMixin, ResumeMixin):
       self.replay.load_state_dict(replay)
       return None
     with view.phase("teacher_context"):
+      self._teacher_context_phase(view)
       view.hooks("after_rollout")
       self._teacher_context_metrics(view)
     if not view.metrics["rollout/turn_samples"]:
@@ -300,6 +302,19 @@ class Trainer(RolloutsMixin, EvaluationMixin, ResumeMixin):
     self.guards.report_search_errors(view.episodes, "training")
     if self._searches:
       metrics["rollout/search_errors"] = search_error_count(everyone)
+
+  def _teacher_context_phase(self, view: Iteration) -> None:
+    """The teacher's context of every turn-sample composed from the finished episodes and their
+    groups (`algos.compose_teacher_contexts`, the sources `algo.context` names), then the
+    turn-samples with GRPO advantages through the replay queue."""
+    it, metrics = view.iteration, view.metrics
+    if self.with_teacher:
+      algo = self.step_fn.algo_config
+      encode, decode = self.tokenizer.encode, self.tokenizer.decode
+      counts = algos.compose_teacher_contexts(view.episodes, algo, encode, decode)
+      keys = sorted(counts)
+      summed = multihost.sum_over_processes([counts[k] for k in keys])
+      metrics.update(algos.context_metrics(dict(zip(keys, summed))))
     samples = episodes_to_samples(view.episodes, **self.shaping.kwargs())
     self.replay.put(samples)
     dropped = self.replay.dropped_stale
@@ -362,6 +377,15 @@ class Trainer(RolloutsMixin, EvaluationMixin, ResumeMixin):
     view.metrics.update(
       teacher_old_gap_metrics(
         view.batches, rows=multihost.host_rows, combine=multihost.sum_over_processes
+      )
+    )
+    view.metrics.update(  # the teacher–student gap of each context source's turn-samples
+      context_gap_metrics(
+        view.batches,
+        view.samples,
+        algo.context_names,
+        self.with_teacher,
+        self.config.train.minibatch_order,
       )
     )
 
@@ -452,8 +476,10 @@ class Trainer(RolloutsMixin, EvaluationMixin, ResumeMixin):
     stop = StopRequest()
     with stop:
       last = self._train_loop(total, progress, last, stop)
-    if stop.signum is not None:
-      self._preempted(stop.signum)
+    if stop.signum is not None:  # rollouts and workers stopped, the checkpoint written, then raise
+      self._stop_rollouts()
+      self.ckpt.wait_until_finished()
+      raise preempted(stop.signum, self.ckpt, self.loop_state.iteration, total)
     self._stop_rollouts()  # idle by now: no rollout is queued past the last iteration
     self.ckpt.wait_until_finished()
     self.guards.check_trained(self.loop_state.iteration - started)
@@ -505,24 +531,6 @@ class Trainer(RolloutsMixin, EvaluationMixin, ResumeMixin):
       self.save(force=True)
     return last
 
-  def _preempted(self, signum: int) -> None:
-    """Stops the rollouts and the env workers, waits for the checkpoint, raises Preempted."""
-    self._stop_rollouts()
-    self.ckpt.wait_until_finished()
-    saved = self.ckpt.latest_step()
-    what = (
-      f"iteration {saved} is saved in {self.ckpt.directory}"
-      if saved is not None
-      else "no iteration had finished, nothing is saved"
-    )
-    raise Preempted(
-      signum,
-      f"stopped by {signal.Signals(signum).name} after {self.loop_state.iteration} of "
-      f"{self.config.train.iterations} iterations: {what}. Run the same command again to "
-      "resume from there.",
-    )
-
-  # --------------------------------------------------------------------------- hooks
   def set_algo(self, algo: AlgoConfig) -> None:
     """Trains on with `algo` (a hook's request, e.g. RetireOPD's retired algorithm): the update
     rebuilt with the same model, optimizer, mesh and settings (one more compilation), the teacher

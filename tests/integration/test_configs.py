@@ -262,7 +262,7 @@ def test_unknown_names_list_the_valid_ones(key, registry):
     registry.names()
     if registry
     else {
-      "distill": ["none", "sdar", "skill_sd", "ucob"],
+      "distill": ["none", "sdar", "sdpo", "skill_sd", "ucob"],
       "teacher_source": ["rollout", "update"],
       "teacher_weights": ["current", "initial", "ema", "frozen", "old"],
     }[key]

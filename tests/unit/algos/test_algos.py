@@ -489,6 +489,22 @@ EXPECTED_PRESETS = {
     **{"retire.window": 0},
     teacher=True,
   ),
+  # issue 54: SDPO's loss, no KL and no entropy term (its actor.yaml: use_kl_loss false,
+  # entropy_coeff 0)
+  "sdpo": dict(
+    pg_coef=0.0,
+    distill="sdpo",
+    lam=1.0,
+    teacher_source="update",
+    teacher_weights="ema",
+    **{"ema.decay": 0.95},
+    **{"sdpo.top_k": 100},
+    **{"sdpo.alpha": 0.5},
+    **{"sdpo.is_clip": 2.0},
+    kl_coef=0.0,
+    entropy_coef=0.0,
+    teacher=True,
+  ),
 }
 
 
@@ -508,6 +524,8 @@ def test_presets_values_and_shared_keys():
     # UCOB's launcher trains without the entropy bonus (entropy_coeff 0.00)
     entropy = 0.0 if name == "ucob" else 0.001
     common = dict(entropy_coef=entropy, kl_coef=0.01, kl_kind="low_var_kl", agg="token-mean")
+    if name == "sdpo":  # SDPO has neither term
+      common.update(entropy_coef=0.0, kl_coef=0.0)
     assert {k: p[k] for k in common} == common
     assert p["ppo"] == dict(clip_low=0.2, clip_high=0.2, clip_c=3.0)
     assert p["skills_in_student"] == (name == "skill_grpo")
