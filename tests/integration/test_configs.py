@@ -247,9 +247,9 @@ def test_unknown_names_list_the_valid_ones(key, registry):
     registry.names()
     if registry
     else {
-      "distill": ["none", "sdar", "skill_sd"],
+      "distill": ["none", "sdar", "skill_sd", "ucob"],
       "teacher_source": ["rollout", "step"],
-      "teacher_weights": ["current", "initial", "ema"],
+      "teacher_weights": ["current", "initial", "ema", "frozen", "old"],
     }[key]
   )
   assert str(sorted(valid)) in msg

@@ -60,7 +60,9 @@ def test_ucob_trains_one_iteration_with_distillation_rows(tmp_path, monkeypatch)
     ),
   )
   workdir = str(tmp_path / "ucob")
-  trainer.run(tiny_run_config(1, "ucob", **ONE_ITERATION, **{"algo.top_k": 4}), workdir)
+  # one mini-batch for the PPO rows and the distillation rows: one compiled update
+  one_batch = {"algo.top_k": 4, "train.mini_batch_size": 8}
+  trainer.run(tiny_run_config(1, "ucob", **ONE_ITERATION, **one_batch), workdir)
   row = _rows(workdir)[1]
   assert row["train/skipped_update"] == 0.0 and math.isfinite(row["train/loss"])
   assert row["ucob/pairs"] >= 1 and row["train/distill_tokens"] > 0
@@ -68,6 +70,7 @@ def test_ucob_trains_one_iteration_with_distillation_rows(tmp_path, monkeypatch)
   assert row["ucob/coef"] == pytest.approx(0.1)
   assert row["ucob/skills_to_plain"] + row["ucob/plain_to_skills"] == row["ucob/pairs"]
   assert row["ucob/skills_share"] == 0.5  # one episode of the group of two played with them
+  assert row["train/compilations"] == 1.0
 
 
 def test_retire_opd_in_two_stages_retires_across_a_resume(tmp_path):
