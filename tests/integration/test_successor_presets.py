@@ -73,6 +73,8 @@ def test_ucob_trains_one_iteration_with_distillation_rows(tmp_path, monkeypatch)
   assert row["train/compilations"] == 1.0
 
 
+# About 60 s cold on 2 cores (50 s for the one-stage test it replaced): two runs' builds and
+# compilations (the teacher's and the student's), a resume and an evaluation-only run.
 def test_retire_opd_in_two_stages_retires_across_a_resume(tmp_path):
   """Stage 1 trains the teacher (`skill_grpo`, one iteration) in <workdir>/teacher; stage 2 reads
   its checkpoint as the frozen teacher, whose with-skills success is the competence reference.
