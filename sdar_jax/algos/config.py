@@ -78,8 +78,9 @@ class AlgoConfig:
   pg_coef: float = 1.0
   """Weight of the PPO policy-gradient term; 0 leaves the distillation term alone (OPSD)."""
   distill: str = "none"
-  """Distillation term (`DISTILL_LOSSES`): "none", "sdar" (gated, uses beta / gate / form) or
-  "skill_sd" (c·ρ·k3). Any term needs the teacher's log-probs."""
+  """Distillation term (`DISTILL_LOSSES`): "none", "sdar" (gated, uses beta / gate / form),
+  "skill_sd" (c·ρ·k3) or "ucob" (UCOB's top-k term on its paired rows, `algos.ucob`). Any term
+  needs the teacher's log-probs."""
   lam: float = 0.0
   """λ, the weight of the distillation term (SDAR 0.01; Skill-SD's c = 0.001)."""
   beta: float = 5.0
@@ -96,7 +97,7 @@ class AlgoConfig:
   top_k: int = 32
   """Form "topk": how many of the teacher's most likely tokens each response position sums over
   (their own probabilities, not renormalised; capped at the vocabulary size, where "topk" equals
-  "vocab"). Read by no other form."""
+  "vocab"). Also the k of UCOB's term (distill="ucob"). Read by no other form."""
   vocab_chunk: int = 64
   """Forms "vocab" / "topk": response positions per chunk of the lm_head pass that forms both
   branches' [mb, chunk, V] log-softmax (scanned, each chunk recomputed in the backward pass), so

@@ -214,6 +214,14 @@ def compose_teacher_contexts(
         if not turn.response_ids:
           continue
         counts["turn_samples"] += 1
+        if list(names) == ["skills"] and _placed_at_rollout(turn):
+          # the skills sit elsewhere than before the prompt (UCOB's other view, the message of a
+          # teacher trained with them): the rollout built the teacher prompt; it stays
+          counts["with_context"] += 1
+          counts["skills/with_context"] += 1
+          counts["skills/tokens"] += len(turn.teacher_prompt_ids) - len(turn.prompt_ids)
+          turn.teacher_context, turn.context_sources = True, ("skills",)
+          continue
         given = [(n, texts[n][k]) for n in names if texts[n][k] is not None]
         for n, text in given:
           counts[f"{n}/with_context"] += 1
@@ -224,6 +232,17 @@ def compose_teacher_contexts(
         context = encode("".join(text for _, text in given)) if given else []
         turn.teacher_prompt_ids = context + list(turn.prompt_ids)
   return counts
+
+
+def _placed_at_rollout(turn: Any) -> bool:
+  """Whether the rollout built this turn's teacher prompt with the skills placed other than as a
+  block before the student prompt (no block recorded, a teacher prompt of its own)."""
+  teacher = turn.teacher_prompt_ids
+  return (
+    getattr(turn, "skill_block", None) is None
+    and teacher is not None
+    and list(teacher) != list(turn.prompt_ids)
+  )
 
 
 def context_metrics(counts: dict[str, float]) -> dict[str, float]:

@@ -193,14 +193,16 @@ def micro_loss(
       teacher_logp - micro_batch.old_logp, mask, denom
     )
     # Δ = lT − lθ of the current student, the gap the SDAR gate reads: the share of tokens the
-    # teacher endorses (gives a higher log-prob than the student does).
+    # teacher endorses (gives a higher log-prob than the student does), over the tokens the
+    # distillation term reads (a weighted term's distillation rows)
     gap = jax.lax.stop_gradient(teacher_logp - logp)
+    gap_denom = denom if distill_agg is None else distill_agg["denom"]
     metrics["sdar/positive_gap_share"] = algos.masked_mean(
-      (gap > 0).astype(jnp.float32), mask, denom
+      (gap > 0).astype(jnp.float32), distill_mask, gap_denom
     )
     if histograms:
       gate = algos.term_gate(algo, gap=gap, entropy=entropy, vocab_size=config.vocab_size)
-      metrics.update(update_histograms(gap, gate, mask))
+      metrics.update(update_histograms(gap, gate, distill_mask))
   metrics["train/loss"] = loss
   return loss, jax.lax.stop_gradient(metrics)
 

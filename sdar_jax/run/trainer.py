@@ -335,8 +335,8 @@ class Trainer(RolloutsMixin, EvaluationMixin, ResumeMixin):
       return
     block_tokens, teacher_samples = multihost.sum_over_processes(
       [
-        sum(
-          len(s.teacher_prompt_ids) - len(s.prompt_ids)
+        sum(  # (with mixed views a turn's teacher prompt may be the shorter one)
+          abs(len(s.teacher_prompt_ids) - len(s.prompt_ids))
           for s in view.samples
           if s.teacher_prompt_ids is not None
         ),

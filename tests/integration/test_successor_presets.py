@@ -60,7 +60,9 @@ def test_ucob_trains_one_iteration_with_distillation_rows(tmp_path, monkeypatch)
     ),
   )
   workdir = str(tmp_path / "ucob")
-  trainer.run(tiny_run_config(1, "ucob", **ONE_ITERATION, **{"algo.top_k": 4}), workdir)
+  # one mini-batch for the PPO rows and the distillation rows: one compiled update
+  one_batch = {"algo.top_k": 4, "train.mini_batch_size": 8}
+  trainer.run(tiny_run_config(1, "ucob", **ONE_ITERATION, **one_batch), workdir)
   row = _rows(workdir)[1]
   assert row["train/skipped_update"] == 0.0 and math.isfinite(row["train/loss"])
   assert row["ucob/pairs"] >= 1 and row["train/distill_tokens"] > 0
@@ -68,8 +70,11 @@ def test_ucob_trains_one_iteration_with_distillation_rows(tmp_path, monkeypatch)
   assert row["ucob/coef"] == pytest.approx(0.1)
   assert row["ucob/skills_to_plain"] + row["ucob/plain_to_skills"] == row["ucob/pairs"]
   assert row["ucob/skills_share"] == 0.5  # one episode of the group of two played with them
+  assert row["train/compilations"] == 1.0
 
 
+# About 60 s cold on 2 cores (50 s for the one-stage test it replaced): two runs' builds and
+# compilations (the teacher's and the student's), a resume and an evaluation-only run.
 def test_retire_opd_in_two_stages_retires_across_a_resume(tmp_path):
   """Stage 1 trains the teacher (`skill_grpo`, one iteration) in <workdir>/teacher; stage 2 reads
   its checkpoint as the frozen teacher, whose with-skills success is the competence reference.
