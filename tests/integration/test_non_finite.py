@@ -221,10 +221,10 @@ def test_a_run_whose_updates_keep_failing_stops_and_keeps_its_checkpoints(tmp_pa
   run = trainer.Trainer(config, workdir)
   real = run.train_iteration
 
-  def failing_from_the_second():
+  def failing_from_the_second(stop=None):
     if run.loop_state.iteration == 1:
       run.step_fn = _NanAdvantages(run.step_fn)
-    return real()
+    return real(stop)
 
   run.train_iteration = failing_from_the_second
   try:
