@@ -50,16 +50,6 @@ _FLOATS = ("lr", "reward", "value", "wall_seconds")
 WITH_SKILL_MODE = "with_skill"  # the eval mode of a validation with the skills in the prompt
 
 
-def game_id(gamefile: str) -> str:
-  """A game's identity across machines: its path below the cache's `sdar_jax/` folder (the game
-  set's folder, split, problem and trial), or the path as given when it has none."""
-  parts = gamefile.replace("\\", "/").split("/")
-  if "sdar_jax" in parts:
-    cut = len(parts) - parts[::-1].index("sdar_jax")
-    return "/".join(parts[cut:])
-  return gamefile
-
-
 def _cell(value: Any) -> str:
   if value is None:
     return ""
@@ -170,7 +160,7 @@ def step_rows(
   "train": its validation outcomes at every evaluation and its metrics.jsonl) or an evaluation
   (any other `kind`: the outcomes it wrote; no metric rows). `commit`: the code's
   commit when run_status.json does not record it."""
-  from sdar_jax.observe import collect, transcripts
+  from sdar_jax.observe import collect, pairing, transcripts
 
   status = _status(folder)
   attempts = status.get("attempts", [])
@@ -196,7 +186,7 @@ def step_rows(
           "eval_iteration": row["step"] if iteration is None else iteration,
           "repeat": row["repeat"],
           "task_id": row["task_id"],
-          "game": game_id(row["gamefile"]) or f"task{row['task_id']}",
+          "game": pairing.game_key(row["gamefile"], row["task_id"]),
           "task_type": row["task_type"],
           "success": row["success"],
           "reward": row["reward"],
