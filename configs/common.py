@@ -137,6 +137,8 @@ def base(model: str = "qwen2.5-3b", algo_name: str = "sdar") -> mlc.ConfigDict:
       expert_invalid_share=0.0,  # share of those random actions that are inadmissible commands
       expert_search_order="shuffled",  # knowledge-free order: "shuffled" | "room" (description order)
       expert_holdout=0.1,  # share of games held out to measure the teacher-student gap before RL
+      contexts="",  # other teacher context blocks taught too: "sibling", "hindsight" (expert source)
+      measure=False,  # with steps=0: measure the starting policy's gaps, train nothing
     )
   )
   config.rollout = mlc.ConfigDict(

@@ -20,6 +20,12 @@ Both modes know the game's mechanics above; they differ only in where they look 
   order, then the rest of the room in the knowledge-free order. An object type the text does not
   list falls back to the knowledge-free order.
 
+A third mode, "demo", follows a demonstration: the steps of another, successful episode of the same
+game (`demonstration_places`): the receptacles where that episode took the task's object and used
+the lamp are searched first, then the rest as above. It is how the demo's context-reading policy
+learns to read a worked example in the teacher's prompt (`algo.context=sibling`); the expert still
+sees only the transcript and the demonstration, never the game file.
+
 `epsilon` is the share of turns on which it sends a uniformly drawn admissible command instead
 (an imperfect expert; such turns are marked in the recorded steps). With `invalid_share` > 0, that
 share of the random turns sends an inadmissible command instead, of the kinds a small policy gets
@@ -40,6 +46,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = [
+  "DEMO_MODE",
   "MODES",
   "SEARCH_ORDERS",
   "Goal",
@@ -47,10 +54,12 @@ __all__ = [
   "parse_goal",
   "play_episodes",
   "replay",
+  "demonstration_places",
   "search_priorities",
 ]
 
 MODES = ("plain", "skills")  # knowledge-free search, skill-following search
+DEMO_MODE = "demo"  # follows another episode's steps (played on request, not one of MODES)
 # ALFRED's receptacle classes as the engine names them (lower case): where an inadmissible "go to"
 # of an imperfect expert may point when the room lacks them.
 RECEPTACLE_TYPES = (
@@ -170,6 +179,26 @@ def search_priorities(skill_text: str) -> dict[str, list[str]]:
   return priorities
 
 
+def demonstration_places(steps: Sequence[dict[str, Any]]) -> dict[str, list[str]]:
+  """Object type -> the receptacles (by name) where a demonstration took an object of that type or
+  used it (a lamp is used where one stands), in the order it did so, from its steps' actions
+  ("go to R", "take X from R", "use X") alone."""
+  places: dict[str, list[str]] = {}
+  here = None
+  for step in steps:
+    action = step.get("action", "").strip()
+    go = re.fullmatch(rf"go to ({_NAME})", action)
+    take = re.fullmatch(rf"take ({_NAME}) from ({_NAME})", action)
+    use = re.fullmatch(rf"use ({_NAME})", action)
+    if go:
+      here = go.group(1)
+    elif take:
+      places.setdefault(_type(take.group(1)), []).append(take.group(2))
+    elif use and here:
+      places.setdefault(_type(use.group(1)), []).append(here)
+  return {k: list(dict.fromkeys(v)) for k, v in places.items()}
+
+
 def _things(listing: str) -> list[str]:
   """["apple 1", "mug 2"] from "a apple 1, and a mug 2" ("nothing" -> [])."""
   if listing.strip() == "nothing":
@@ -207,6 +236,8 @@ class SearchExpert:
     search_order: the knowledge-free order, "shuffled" (seeded) or "room" (room description order).
     invalid_share: share of the random turns that send an inadmissible command instead of an
       admissible one (0: every random command is admissible).
+    demonstration: the steps of a successful episode of the same game (mode "demo"): the places
+      `demonstration_places` reads from it are searched before any others.
   """
 
   def __init__(
@@ -216,6 +247,7 @@ class SearchExpert:
     seed: int | str = 0,
     search_order: str = "shuffled",
     invalid_share: float = 0.0,
+    demonstration: Sequence[dict[str, Any]] | None = None,
   ):
     if not 0.0 <= epsilon <= 1.0:
       raise ValueError(f"epsilon={epsilon} must be in [0, 1] (the share of random turns).")
@@ -228,6 +260,9 @@ class SearchExpert:
       raise ValueError(f"search_order={search_order!r}; choose one of {SEARCH_ORDERS}.")
     self.priorities = search_priorities(skill_text) if skill_text else {}
     self.mode = "skills" if skill_text else "plain"
+    self.shown: dict[str, list[str]] = {}  # object type -> receptacles a demonstration used
+    if demonstration is not None:
+      self.shown, self.mode = demonstration_places(demonstration), DEMO_MODE
     self.epsilon = epsilon
     self.invalid_share = invalid_share
     self.search_order = search_order
@@ -266,9 +301,9 @@ class SearchExpert:
     )
 
   def _prioritised(self, obj: str, receptacles: list[str], free: list[str]) -> list[str]:
-    first: list[str] = []
+    first = [r for r in self.shown.get(obj, []) if r in receptacles]
     for rtype in self.priorities.get(obj, []):
-      first += sorted((r for r in receptacles if _type(r) == rtype), key=_number)
+      first += sorted((r for r in receptacles if _type(r) == rtype and r not in first), key=_number)
     return first + [r for r in free if r not in first]
 
   def _observe(self, observation: str) -> None:
@@ -433,27 +468,32 @@ def play_episodes(
   seed: int = 0,
   search_order: str = "shuffled",
   invalid_share: float = 0.0,
+  demonstration: Callable[[dict[str, Any]], Sequence[dict[str, Any]]] | None = None,
 ) -> list[dict[str, Any]]:
   """Plays game `tasks[i]` on env i of `pool` (an `envs.EnvPool` of ALFWorld envs; its envs'
   `max_steps` is the turn limit) with a `SearchExpert` in `modes[i]`, all episodes in lock-step.
 
   `skill_text(info)` gives the skill text of an episode in "skills" mode from the env's reset
   info (its task type and game file; the expert itself sees neither) with the first observation
-  added under "observation". Episode i's expert is seeded with f"{seed}:{tasks[i]}:{modes[i]}".
+  added under "observation"; `demonstration(info)`, from the same info, the steps an episode in
+  mode "demo" follows. Episode i's expert is seeded with f"{seed}:{tasks[i]}:{modes[i]}".
 
-  Returns one record per episode: task, task_type, gamefile, mode, won, failed (the env crashed)
-  and steps, each step the observation before the command, the admissible commands, the command
-  and whether it was a random one: exactly the text the agent loop turns into a prompt.
+  Returns one record per episode: task, task_type, gamefile, mode, won, failed (the env crashed),
+  steps, each step the observation before the command, the admissible commands, the command
+  and whether it was a random one (exactly the text the agent loop turns into a prompt), and
+  final_observation, what the env answered to the last command.
   """
   if len(tasks) != len(modes):
     raise ValueError(f"{len(tasks)} tasks but {len(modes)} modes; give one mode per task.")
   if len(tasks) > len(pool):
     raise ValueError(f"{len(tasks)} episodes requested but the env pool has {len(pool)} envs.")
-  bad = sorted(set(modes) - set(MODES))
+  bad = sorted(set(modes) - {*MODES, DEMO_MODE})
   if bad:
-    raise ValueError(f"unknown expert modes {bad}; choose from {MODES}.")
+    raise ValueError(f"unknown expert modes {bad}; choose from {(*MODES, DEMO_MODE)}.")
   if "skills" in modes and skill_text is None:
     raise ValueError("'skills' mode needs skill_text (a function of the env's reset info).")
+  if DEMO_MODE in modes and demonstration is None:
+    raise ValueError("'demo' mode needs demonstration (a function of the env's reset info).")
   n = len(tasks)
   records: list[dict[str, Any]] = []
   experts: list[SearchExpert] = []
@@ -463,8 +503,11 @@ def play_episodes(
     text = None
     if modes[i] == "skills" and skill_text and not result.failed:
       text = skill_text(dict(info, observation=result.observation))
+    shown = demonstration(info) if modes[i] == DEMO_MODE and demonstration else None
     experts.append(
-      SearchExpert(text, epsilon, f"{seed}:{tasks[i]}:{modes[i]}", search_order, invalid_share)
+      SearchExpert(
+        text, epsilon, f"{seed}:{tasks[i]}:{modes[i]}", search_order, invalid_share, shown
+      )
     )
     records.append(
       {
@@ -499,6 +542,7 @@ def play_episodes(
         records[i]["failed"] = True
         continue
       records[i]["won"] = bool(result.info.get("won", False))
+      records[i]["final_observation"] = result.observation
       current[i] = (result.observation, list(result.info.get("admissible_commands", [])))
       if not (result.done or records[i]["won"]):
         still.append(i)

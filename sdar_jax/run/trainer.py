@@ -66,7 +66,7 @@ from sdar_jax.run.setup import (
   check_first_prompts,
   restore_policy,
 )
-from sdar_jax.run.warm_start import built_policy_metrics, warm_start_run
+from sdar_jax.run.warm_start import built_policy_metrics, warm_start_run, warm_start_wanted
 from sdar_jax.run.workdir_lock import WorkdirLock
 
 log = logging.getLogger(__name__)
@@ -182,7 +182,7 @@ class Trainer(RolloutsMixin, EvaluationMixin, ResumeMixin):
     if self.eval_only:
       self.eval_params = params
     else:
-      if config.get("warm_start") and config.warm_start.steps > 0:
+      if config.get("warm_start") and warm_start_wanted(config.warm_start):
         params, self.warm_start_metrics = warm_start_run(
           config,
           params,

@@ -26,6 +26,7 @@ import numpy as np
 import optax
 
 from envs.base import EnvFamily
+from sdar_jax.algos.config import AlgoConfig
 from sdar_jax.core.batch import TurnSample, prompt_bucket
 from sdar_jax.core.scoring import response_logprobs
 from sdar_jax.infra import multihost, paths
@@ -33,7 +34,9 @@ from sdar_jax.infra.console import show_progress_bars
 from sdar_jax.models import ModelConfig, Params, load_pretrained
 from sdar_jax.rollout.agent_loop import AgentLoop, EpisodeView
 from sdar_jax.rollout.batching import pack_batch
+from sdar_jax.run import context_warm_start
 from sdar_jax.run.checkpoint import export_hf
+from sdar_jax.run.context_warm_start import DEMO_MODE
 from sdar_jax.run.setup import build_retriever
 
 log = logging.getLogger(__name__)
@@ -198,9 +201,12 @@ def record_expert_games(
   search_order: str = "shuffled",
   invalid_share: float = 0.0,
   progress: bool = True,
+  modes: Sequence[str] | None = None,
+  demonstration=None,
 ) -> list[dict[str, Any]]:
   """Plays every game of `tasks` once with each of `family`'s expert modes (ALFWorld:
-  knowledge-free, then skill-following) on `pool` (its envs' `max_steps` is the turn limit) and
+  knowledge-free, then skill-following; or `modes`, with `demonstration(info)` for mode "demo":
+  `context_warm_start`) on `pool` (its envs' `max_steps` is the turn limit) and
   returns the episode records (`family.play_expert`). The skill-following expert reads the skill
   text the teacher's block holds at the game's first turn (`retriever.skill_text` for its task
   type, game file and the adapter's skill query of the first turn): the block of every turn with
@@ -231,13 +237,13 @@ def record_expert_games(
       task=info.get("task", ""),
     )
 
-  jobs = [(mode, t) for mode in family.expert_modes for t in tasks]
+  jobs = [(mode, t) for mode in (modes or family.expert_modes) for t in tasks]
   records: list[dict[str, Any]] = []
   n = len(pool)
   bars = show_progress_bars(progress)
   for start in tqdm(range(0, len(jobs), n), desc="expert games", leave=False, disable=not bars):
     chunk = jobs[start : start + n]
-    records += family.play_expert(
+    played = family.play_expert(
       pool,
       [t for _, t in chunk],
       [m for m, _ in chunk],
@@ -246,7 +252,9 @@ def record_expert_games(
       seed=seed,
       search_order=search_order,
       invalid_share=invalid_share,
+      **({"demonstration": demonstration} if demonstration else {}),
     )
+    records += [dict(r, task_index=t) for r, (_, t) in zip(played, chunk)]
   return [r for r in records if not r["failed"]]
 
 
@@ -290,23 +298,26 @@ def expert_warm_start_data(
   family: EnvFamily,
   seed: int = 0,
   progress: bool = True,
-) -> tuple[list[TurnSample], list[TurnSample], dict[str, float]]:
+  algo: Any = None,
+) -> tuple[list[TurnSample], dict[str, list[TurnSample]], dict[str, float]]:
   """Plays the search expert on the training games and turns its episodes into samples.
 
   `settings` is the config's `warm_start` section; read with defaults: `expert_games` (games
   played, each once per mode; 0 = all `num_games`), `expert_epsilon` (share of random turns),
   `expert_search_order` ("shuffled" | "room"), `expert_invalid_share` (share of the random turns
   that send an inadmissible command), `expert_holdout` (share of the games kept out of the
-  SFT for the teacher-student gap). `loop` builds the plain and the skill prompts
-  (`warm_start_loop`); `family` is the environment's `envs.EnvFamily` (it plays the expert).
-  Returns (SFT samples, held-out gap samples, expert metrics).
+  SFT for the teacher-student gap), `contexts` (the other context blocks taught,
+  `context_warm_start`; their blocks follow `algo`, the run's AlgoConfig). `loop` builds the plain
+  and the skill prompts (`warm_start_loop`); `family` is the environment's `envs.EnvFamily` (it
+  plays the expert). Returns (SFT samples, held-out gap samples per context source ("skills" and
+  each taught one), expert metrics).
   """
   games = settings.get("expert_games", 0) or num_games
   tasks = sorted(np.random.default_rng(seed).permutation(num_games)[: min(games, num_games)])
-  records = record_expert_games(
+  play = functools.partial(
+    record_expert_games,
     pool,
-    [int(t) for t in tasks],
-    loop.retriever,
+    retriever=loop.retriever,
     family=family,
     epsilon=settings.get("expert_epsilon", 0.0),
     seed=seed,
@@ -314,9 +325,23 @@ def expert_warm_start_data(
     invalid_share=settings.get("expert_invalid_share", 0.0),
     progress=progress,
   )
+  records = play([int(t) for t in tasks])
+  contexts = context_warm_start.taught_contexts(settings)
+  if "sibling" in contexts:  # the demonstration-following expert, on the games someone won
+    records += context_warm_start.play_demonstrations(
+      records, lambda todo, shown: play(todo, modes=(DEMO_MODE,), demonstration=shown)
+    )
   train, held_out = split_held_out(records, settings.get("expert_holdout", 0.1), seed=seed)
-  samples = expert_samples(train, loop, end_token_id)
-  gap = gap_samples(held_out, loop, end_token_id)
+  samples = expert_samples([r for r in train if r["mode"] != DEMO_MODE], loop, end_token_id)
+  gap = {"skills": gap_samples(held_out, loop, end_token_id)}
+  for name in contexts:
+    kwargs = dict(record_turns=_record_turns, make_sample=_sample)
+    samples += context_warm_start.context_samples(
+      name, train, loop, end_token_id, algo, for_gap=False, **kwargs
+    )
+    gap[name] = context_warm_start.context_samples(
+      name, held_out, loop, end_token_id, algo, for_gap=True, **kwargs
+    )
   return samples, gap, expert_summary(records)
 
 
@@ -389,10 +414,12 @@ def teacher_student_gap_on_expert(
   *,
   batch_size: int = 8,
   shard_batch=lambda b: b,
+  key: str = "warm_start/teacher_student_gap_on_expert",
 ) -> dict[str, float]:
-  """The teacher's advantage on skill-following expert turns (`gap_samples`), under `params`.
+  """The teacher's advantage on skill-following expert turns (`gap_samples`), under `params`
+  (or on another source's turns, `context_warm_start.context_samples`, under another `key`).
 
-  Returns `warm_start/teacher_student_gap_on_expert`: the mean over all response tokens of
+  Returns `key` (`warm_start/teacher_student_gap_on_expert`): the mean over all response tokens of
   log p(response | skill prompt) - log p(response | plain prompt); `..._search`: the same over the
   turns whose action is a "go to" (where the skill text decides which receptacle comes next; absent
   when there are none); and `..._tokens`: how many response tokens were scored. Positive: the skill text makes the model
@@ -430,7 +457,6 @@ def teacher_student_gap_on_expert(
     tokens += mask.sum()
     search += (diff.sum(axis=1) * is_search).sum()
     search_tokens += (mask.sum(axis=1) * is_search).sum()
-  key = "warm_start/teacher_student_gap_on_expert"
   out = {key: float(total / tokens), f"{key}_tokens": float(tokens)}
   if search_tokens:
     out[f"{key}_search"] = float(search / search_tokens)
@@ -438,6 +464,12 @@ def teacher_student_gap_on_expert(
 
 
 # ------------------------------------------------------------------------------------ in a run
+def warm_start_wanted(section) -> bool:
+  """Whether a run's `warm_start` section asks for one: SFT steps, or (`measure`) the starting
+  policy's teacher-student gaps alone."""
+  return section.steps > 0 or section.get("measure", False) is True
+
+
 def setting_problems(section) -> list[str]:
   """What cannot work in a run config's ``warm_start`` section, one "<key>=<value>: <problem>.
   Fix: <fix>" line each (reported with the config's other problems)."""
@@ -451,7 +483,7 @@ def setting_problems(section) -> list[str]:
       problems.append(f"warm_start.{key}={value!r}: must be a number >= {low}. Fix: {fix}")
   if not section.get("lr", 1.0) > 0:
     problems.append(f"warm_start.lr={section.lr!r}: must be > 0. Fix: set a positive learning rate")
-  return problems
+  return problems + context_warm_start.setting_problems(section)
 
 
 # What `python -m sdar_jax.tools.build_demo_policy` writes beside a warm-started policy: its
@@ -492,14 +524,15 @@ def warm_start_run(
   mesh,
   workdir: str,
 ) -> tuple[Params, dict[str, float]]:
-  """A run's warm start (warm_start.steps > 0): expert SFT on the env family's expert records
+  """A run's warm start (`warm_start_wanted`): expert SFT on the env family's expert records
   (ALFWorld: the walkthroughs), or (warm_start.source="expert") on its expert's games with and
   without skills (played on `pool`'s `num_games` training games through `loop`), then the
   teacher-student gap on held-out expert turns. Once per workdir: the result is saved as a Hugging
   Face directory in `<workdir>/warm_start_policy` and reloaded on resume (metrics {} then), so the
   KL reference stays the warm-started policy. `shard_batch` places a batch on the run's mesh
   (`TrainStep.shard_batch`), `end_token_id` ends each expert response. Returns (params,
-  warm_start/* metrics)."""
+  warm_start/* metrics). With warm_start.measure and no steps, only the gaps of `params`: nothing
+  is trained or written."""
   out = paths.join(workdir, "warm_start_policy")
   if paths.exists(paths.join(out, "config.json")):  # complete: config.json is written last
     with paths.local_copy(out) as local_dir:  # a download when the workdir is remote
@@ -507,7 +540,7 @@ def warm_start_run(
     return params, {}
   w = config.warm_start
   end = end_token_id
-  gap, metrics = [], {}
+  gap, metrics = {}, {}
   if w.get("source", "walkthroughs") == "expert":
     samples, gap, metrics = expert_warm_start_data(
       w,
@@ -517,6 +550,7 @@ def warm_start_run(
       end,
       family=family,
       seed=config.train.seed,
+      algo=AlgoConfig.from_config(config.algo),
     )
   else:
     if family.expert_records is None:
@@ -527,40 +561,35 @@ def warm_start_run(
       )
     records = family.expert_records(config.env, w.split)
     samples = expert_samples(records, loop, end_token_id=end)
-  params, losses = warm_start(
-    model_config,
-    params,
-    samples,
-    steps=w.steps,
-    batch_size=w.batch_size,
-    lr=w.lr,
-    seed=config.train.seed,
-    shard_batch=shard_batch,
-  )
-  metrics = {
-    "warm_start/loss_first": losses[0],
-    "warm_start/loss_last": losses[-1],
-    "warm_start/expert_samples": float(len(samples)),
-    **metrics,
-  }
-  if gap:  # measured before RL: does the skill text raise the skill-following actions?
+  metrics["warm_start/expert_samples"] = float(len(samples))
+  if w.steps > 0:
+    params, losses = warm_start(
+      model_config,
+      params,
+      samples,
+      steps=w.steps,
+      batch_size=w.batch_size,
+      lr=w.lr,
+      seed=config.train.seed,
+      shard_batch=shard_batch,
+    )
+    metrics.update({"warm_start/loss_first": losses[0], "warm_start/loss_last": losses[-1]})
+    log.info("warm start: %d expert turn-samples, %d steps, loss %.3f -> %.3f",
+             len(samples), w.steps, losses[0], losses[-1])  # fmt: skip
+  for name, held in gap.items():  # measured before RL: does each block raise the expert's turns?
+    if not held:
+      continue
+    key = "warm_start/teacher_student_gap_on_expert"
+    key = key if name == "skills" else f"warm_start/{name}_gap_on_expert"
     metrics.update(
       teacher_student_gap_on_expert(
-        model_config, params, gap, batch_size=w.batch_size, shard_batch=shard_batch
+        model_config, params, held, batch_size=w.batch_size, shard_batch=shard_batch, key=key
       )
     )
-    log.info(
-      "warm start: teacher-student gap on held-out expert turns %.4f (search turns %.4f)",
-      metrics["warm_start/teacher_student_gap_on_expert"],
-      metrics.get("warm_start/teacher_student_gap_on_expert_search", np.nan),
-    )
-  log.info(
-    "warm start: %d expert turn-samples, %d steps, loss %.3f -> %.3f",
-    len(samples),
-    w.steps,
-    losses[0],
-    losses[-1],
-  )
+    log.info("warm start: the %s block's teacher-student gap on held-out expert turns %.4f "
+             "(search turns %.4f)", name, metrics[key], metrics.get(f"{key}_search", np.nan))  # fmt: skip
+  if w.steps == 0:  # warm_start.measure: the starting policy's gaps, nothing trained or written
+    return params, metrics
   # Every process calls it (a multi-host gather); the primary one writes, through a local folder
   # when the workdir is remote.
   export_hf(model_config, params, out)

@@ -2,6 +2,8 @@
 
     python -m sdar_jax.tools.build_demo_policy --out runs/demo_policy --stages 4 --steps 300
     python -m sdar_jax.tools.build_demo_policy --out runs/more --init runs/demo_policy --stages 2
+    python -m sdar_jax.tools.build_demo_policy --measure runs/demo_policy \
+        --set warm_start.contexts=sibling,hindsight
     python -m sdar_jax.train --config=configs/default.py --config.model.path=runs/demo_policy \
         --workdir=runs/demo_from_policy
 
@@ -9,8 +11,12 @@ Each stage is the demo config's own warm start (`warm_start.steps` = --steps, `t
 = 0) run by the trainer, continuing from the previous stage's weights; after every stage the
 folder is rewritten whole (the policy as safetensors, the tokenizer, `warm_start_metrics.json`,
 `build_log.json`, a README), so `--init <the folder>` continues an interrupted build. The committed
-policy is sdar_jax/assets/policies/alfworld_demo (its README lists the commands). Why a prebuilt
-policy: docs/environments.md, "The expert warm start".
+policies are sdar_jax/assets/policies/alfworld_demo and alfworld_demo_context (which also reads
+the "sibling" and "hindsight" teacher blocks, `--set warm_start.contexts=sibling,hindsight`); each
+README lists its commands. `--measure POLICY` plays the build's expert games and prints the
+policy's teacher-student gaps on the held-out ones (per block named in warm_start.contexts, the
+skill block's always), training and writing nothing. Why a prebuilt policy: docs/environments.md,
+"The expert warm start".
 """
 
 from __future__ import annotations
@@ -95,6 +101,35 @@ def build(
   return metrics
 
 
+def measure(policy: str | os.PathLike, overrides: dict | None = None, seed: int = 0) -> dict:
+  """The teacher-student gaps of the policy folder `policy` on the held-out expert games of a
+  build stage with train.seed `seed` (the skill block's, and each block of
+  `warm_start.contexts` in `overrides`); nothing is trained or written."""
+  from configs import common, default
+  from sdar_jax.observe.metrics import read_history
+  from sdar_jax.run import trainer
+
+  config = default.get_config()
+  common.override(
+    config,
+    {
+      **BUILD_OVERRIDES,
+      **(overrides or {}),
+      "train.seed": seed,
+      "warm_start.steps": 0,
+      "warm_start.measure": True,
+      "model.path": str(policy),
+      "model.random_init": False,
+      "train.eval_before_train": False,
+      "train.eval_every": 0,
+    },
+  )
+  with tempfile.TemporaryDirectory(prefix="sdar-demo-measure-") as workdir:
+    trainer.run(config, workdir)
+    rows = read_history(os.path.join(workdir, "metrics.jsonl"))
+  return {k: v for row in rows for k, v in row.items() if k.startswith("warm_start/")}
+
+
 def _stage(init: str | None, steps: int | None, extra: dict, seed: int) -> tuple[dict, dict]:
   from configs import common, default
   from sdar_jax.observe.metrics import read_history
@@ -162,7 +197,13 @@ def _read_log(folder: str | os.PathLike) -> list:
 
 
 def _brief(metrics: dict) -> dict:
-  keys = ("loss_last", "expert_plain_success", "expert_skills_success", "gap_on_expert")
+  keys = (
+    "loss_last",
+    "expert_plain_success",
+    "expert_skills_success",
+    "expert_demo_success",
+    "gap_on_expert",
+  )
   return {
     k: round(v, 4) if isinstance(v, float) else v
     for k, v in metrics.items()
@@ -217,8 +258,14 @@ def main(argv: Sequence[str] | None = None) -> None:
   parser.add_argument("--init", default=None, help="continue from this policy folder")
   parser.add_argument("--seed", type=int, default=0, help="train.seed of the first stage")
   parser.add_argument("--set", action="append", default=[], help="KEY=VALUE config override")
+  parser.add_argument(
+    "--measure", default=None, metavar="POLICY", help="only measure this policy folder's gaps"
+  )
   add_verbosity_argument(parser)
   args = parser.parse_args(argv)
+  if args.measure:
+    print(json.dumps(measure(args.measure, _parse_set(args.set), args.seed), indent=1))
+    return
   metrics = build(
     args.out,
     args.steps,

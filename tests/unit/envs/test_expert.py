@@ -149,7 +149,8 @@ def test_a_wrong_object_in_hand_is_put_back():
 
 def test_the_expert_sees_only_text():
   """Its whole interface is the observation text and the admissible commands (the task is in the
-  first observation), and its code never touches a game file, PDDL facts or a plan."""
+  first observation; in mode "demo", another episode's transcript too), and its code never
+  touches a game file, PDDL facts or a plan."""
   assert list(inspect.signature(SearchExpert.act).parameters) == [
     "self",
     "observation",
@@ -162,6 +163,7 @@ def test_the_expert_sees_only_text():
     "seed",
     "search_order",
     "invalid_share",
+    "demonstration",
   ]
   source = inspect.getsource(SearchExpert).lower()
   for hidden in ("gamefile", "pddl", "policy_commands", "walkthrough", "facts", "info", "engine"):

@@ -255,6 +255,8 @@ def test_expert_games_on_the_real_engine_become_both_kinds_of_samples(alfworld_g
   block = tok.encode(f"{BLOCK_HEADER}{GENERAL_SKILLS}\n\n")
   with_block = [s for s in samples if s.prompt_ids[: len(block)] == block]
   assert 0 < len(with_block) < len(samples)  # both experts' turns of the training game
+  assert list(gap) == ["skills"]  # no other block taught (warm_start.contexts empty)
+  gap = gap["skills"]
   assert gap and all(s.teacher_prompt_ids == block + s.prompt_ids for s in gap)
   steps = 2 * (metrics["warm_start/expert_plain_steps"] + metrics["warm_start/expert_skills_steps"])
   assert len(samples) + len(gap) < steps  # the held-out game's plain turns are in neither
