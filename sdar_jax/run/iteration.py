@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
+import numpy as np
 
 from sdar_jax.core.batch import TurnSample
 from sdar_jax.core.sampling import SamplingParams
@@ -162,7 +163,8 @@ class Iteration(RunView):
         t.state, m = t.step_fn(
           t.state, b, t.ref_params, iteration=self.iteration + 1, teacher_params=teacher_params
         )
-        per.append((jax.device_get(m), multihost.total(b.response_mask)))
+        m = {k: v for k, v in jax.device_get(m).items() if np.ndim(v) == 0}  # no histograms
+        per.append((m, multihost.total(b.response_mask)))
     return {
       f"{prefix}/{k.split('/', 1)[1]}": v
       for k, v in mean_over_updates(per).items()
