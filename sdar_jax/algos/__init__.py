@@ -62,6 +62,7 @@ from sdar_jax.algos.losses import (
   policy_loss,
 )
 from sdar_jax.algos.presets import ALGO_PRESETS, PRESET_RUN_SETTINGS, get_preset
+from sdar_jax.algos.reflection import Reflection, reflect_episodes
 from sdar_jax.algos.registry import Registry
 from sdar_jax.algos.retirement import Retirement, RetirementHooks
 from sdar_jax.algos.sections import (
@@ -102,6 +103,9 @@ __all__ = [
   "compose_teacher_contexts",
   "context_metrics",
   "register_context_source",
+  # source "reflection": reflector, judge, GRSD's prior (sdar_jax.algos.reflection)
+  "Reflection",
+  "reflect_episodes",
   # SDPO's loss (sdar_jax.algos.sdpo)
   "SDPO",
   "sdpo_divergence",

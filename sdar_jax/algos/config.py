@@ -34,6 +34,7 @@ from sdar_jax.algos.sdpo import SDPO, sdpo_problems
 from sdar_jax.algos.gates import GATES
 from sdar_jax.algos.hooks import METHOD_HOOKS
 from sdar_jax.algos.losses import KL_PENALTIES
+from sdar_jax.algos.reflection import Reflection, reflection_problems
 from sdar_jax.algos.sections import (
   EMA,
   GRSD,
@@ -146,6 +147,8 @@ class AlgoConfig:
   """Source "sibling"'s settings (`algo.sibling.tokens`)."""
   hindsight: Hindsight = dataclasses.field(default_factory=Hindsight)
   """Source "hindsight"'s settings (`algo.hindsight.k`, `.outcome`, `.tokens`)."""
+  reflection: Reflection = dataclasses.field(default_factory=Reflection)
+  """Source "reflection"'s reflector, judge and reflection-training term (`algos.reflection`)."""
   sdpo: SDPO = dataclasses.field(default_factory=SDPO)
   """SDPO's loss (distill "sdpo": `algo.sdpo.top_k`, `.alpha`, `.is_clip`, `.add_tail`)."""
   skills_in_student: bool = False
@@ -496,7 +499,7 @@ class AlgoConfig:
         "a distillation weight with algo.distill='none' has no effect",
         "set algo.distill to 'sdar' or 'skill_sd', or lam=0",
       )
-    out += context_problems(self) + sdpo_problems(self)
+    out += context_problems(self) + sdpo_problems(self) + reflection_problems(self)
     return out
 
   def _teacher_problems(self, bad) -> None:

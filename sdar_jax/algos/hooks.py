@@ -2,7 +2,9 @@
 
 A method that acts once per iteration is a `MethodHooks` subclass returned by a factory
 registered for the `AlgoConfig`s it applies to. The trainer builds each run's hooks once and calls
-them in registration order: `after_rollout(view)`, `after_teacher_scoring(view)` (may rewrite the
+them in registration order: `before_teacher_context(view)` (the episodes played, no teacher context
+composed yet: a source's own preparation, e.g. reflections), `after_rollout(view)`,
+`after_teacher_scoring(view)` (may rewrite the
 advantages), `after_updates(view)`, `at_evaluation(view, evaluation, start)`,
 `at_iteration_end(view)`; `state_dict` / `load_state_dict` go into each checkpoint and
 `run_problems(config)` refuses a run config before anything is built. Each returns metrics to
@@ -28,6 +30,16 @@ class IterationView(Protocol):
   metrics: Mapping[str, float]  # the iteration's metrics so far
   samples: list  # the iteration's TurnSamples (after_rollout may replace the list)
   tokenizer: Any  # the run's tokenizer (sdar_jax.text.Tokenizer), to read responses as text
+  episodes: list  # the iteration's episodes (this process's; sdar_jax.rollout.trajectory.Episode)
+
+  def generate(self, conversations: list, max_new_tokens: int, temperature: float) -> list:
+    """The policy's continuations of chat `conversations` (lists of role/content dicts) through
+    the in-process sampler at the current params, one batched call: per conversation (prompt
+    ids, response ids, log-probs, text)."""
+
+  def update_on(self, rows: list, prefix: str) -> Metrics:
+    """One more pass of the update over extra rows (dicts: prompt_ids, response_ids, logprobs,
+    advantage), no teacher context; returns the updates' mean metrics under `prefix`/."""
 
   def rewrite_advantages(self, fn: Callable[..., Any]) -> Metrics:
     """Replaces every turn-sample's advantage by fn(table, num_groups=...) of the iteration's
@@ -54,6 +66,9 @@ class MethodHooks:
   start_eval_weights: str = "policy"
   # the loop-state key a checkpoint written before hooks existed kept this hook's state under
   legacy_state_key: str | None = None
+
+  def before_teacher_context(self, view: IterationView) -> Metrics | None:
+    return None
 
   def after_rollout(self, view: IterationView) -> Metrics | None:
     return None

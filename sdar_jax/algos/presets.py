@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from sdar_jax.algos.config import AlgoConfig
+from sdar_jax.algos.reflection import Reflection
 from sdar_jax.algos.sections import EMA, AgentOPSD, Retire, TeacherStage
 
 BASE = AlgoConfig()
@@ -114,6 +115,26 @@ ALGO_PRESETS: dict[str, AlgoConfig] = {
     # by the teacher's turn-mean gap within [0.9, 1.1], in mixed groups only. Its teacher reads a
     # reflection prior; ours reads the skills.
     _preset("grsd", advantage="grsd"),
+    # GRSD as its reflect launcher runs it (docs/reference.md, "GRSD with reflections"): the
+    # policy reflects on each episode, writes its group's DO/AVOID prior (the teacher's context,
+    # mixed groups only), and its reflection tokens get GRPO at α 0.01 on a judge's 0-3 score
+    # (an OpenAI-compatible endpoint: algo.reflection.judge_url / .judge_model).
+    _preset(
+      "grsd_reflect",
+      advantage="grsd",
+      context="reflection",
+      reflection=Reflection(reflector="policy", judge="openai", loss_coef=0.01),
+    ),
+    # The repository's ablation: an external model (algo.reflection.url / .model) writes the
+    # reflections, only in mixed groups, and the prior; nothing is judged or trained on them.
+    _preset(
+      "grsd_reflect_external",
+      advantage="grsd",
+      context="reflection",
+      reflection=Reflection(
+        reflector="openai", every_episode=False, temperature=0.0, tokens=1024, obs_chars=1200
+      ),
+    ),
     # Ours, after SDPO (arXiv 2601.20802; lasgroup/SDPO@0e6d510; docs/reference.md, "SDPO"): its
     # self-distillation loss in place of the policy gradient (top-100 divergence with a tail
     # bucket, α = 0.5, importance ratio clipped at 2), the teacher an EMA of the policy at 0.05

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 from sdar_jax.algos.contexts import Hindsight, Sibling
+from sdar_jax.algos.reflection import Reflection
 from sdar_jax.algos.sdpo import SDPO
 
 
@@ -154,6 +155,7 @@ SECTIONS: dict[str, type] = {
   # the teacher context sources' settings (sdar_jax.algos.contexts)
   "sibling": Sibling,
   "hindsight": Hindsight,
+  "reflection": Reflection,  # source "reflection" (sdar_jax.algos.reflection)
   # SDPO's loss (sdar_jax.algos.sdpo)
   "sdpo": SDPO,
 }

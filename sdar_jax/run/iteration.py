@@ -13,8 +13,14 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
+import numpy as np
 
+from sdar_jax.core.batch import TurnSample
+from sdar_jax.core.sampling import SamplingParams
+from sdar_jax.infra import multihost
+from sdar_jax.observe.metrics import mean_over_updates
 from sdar_jax.observe.perf import IterationClock
+from sdar_jax.rollout.global_batches import global_minibatches
 from sdar_jax.rollout.turn_advantages import apply_turn_advantages
 
 PHASES = ("rollout", "teacher_context", "batches", "teacher_scoring", "advantages", "update")
@@ -96,3 +102,71 @@ class Iteration(RunView):
 
   def updates_applied(self) -> bool:
     return any(float(m.get("train/skipped_update", 0.0)) == 0.0 for m, _ in self.per_batch)
+
+  def generate(self, conversations: list, max_new_tokens: int, temperature: float) -> list:
+    """The policy's continuations of chat `conversations` at the current params, one batched call
+    of the in-process sampler (each prompt left-cut to rollout.max_prompt_len; its own key, a
+    function of the seed and the iteration): per conversation (prompt ids, response ids,
+    log-probs, text)."""
+    t = self.trainer
+    if not conversations:
+      return []
+    limit = t.sampler.max_prompt_len
+    prompts = [t.tokenizer.encode(t.chat_template.render(c))[-limit:] for c in conversations]
+    sampling = SamplingParams(
+      max_new_tokens=int(max_new_tokens),
+      temperature=float(temperature),
+      stop_token_ids=t.tokenizer.eos_token_ids,
+    )
+    key = jax.random.fold_in(jax.random.fold_in(t.rng, self.iteration), 7)
+    with t.device_turn():
+      out = t.sampler.generate(t.state.params, prompts, sampling, key)
+    texts = t.tokenizer.decode_batch(out.tokens, skip_special_tokens=True)
+    return list(zip(prompts, out.tokens, out.logprobs, texts))
+
+  def update_on(self, rows: list, prefix: str) -> dict[str, float]:
+    """One more pass of the compiled update over `rows` (dicts: prompt_ids, response_ids,
+    logprobs, advantage; each its own group, no teacher context, so out of the distillation
+    term), packed into mini-batches as the iteration's, the teacher scored on them as on the
+    iteration's; the updates' token-weighted mean metrics, train/x as `prefix`/x."""
+    t = self.trainer
+    algo = t.step_fn.algo_config
+    samples = [
+      TurnSample(
+        prompt_ids=list(r["prompt_ids"]),
+        response_ids=list(r["response_ids"]),
+        logprobs=list(r["logprobs"]),
+        score=float(r.get("score", 0.0)),
+        advantage=float(r["advantage"]),
+        group_id=-1 - k,
+        policy_version=self.iteration,
+        valid=True,
+        teacher_prompt_ids=list(r["prompt_ids"]),
+        context=False,
+      )
+      for k, r in enumerate(rows)
+    ]
+    cfg = t.config.train
+    batches = global_minibatches(
+      t.step_fn, samples, cfg.mini_batch_size, t.with_teacher, t.pad_id, order=cfg.minibatch_order
+    )
+    if algo.recompute_old_logp:
+      batches = [t.step_fn.recompute_old_logp(t.state.params, b)[0] for b in batches]
+    if t.with_teacher and algo.teacher_source == "rollout":
+      with t.device_turn():
+        teacher = t.teacher_weights()
+        batches = [b.replace(teacher_logp=t.step_fn.score_teacher(teacher, b)) for b in batches]
+    teacher_params = t._update_teacher_params()
+    per = []
+    for b in batches:
+      with t.device_turn():
+        t.state, m = t.step_fn(
+          t.state, b, t.ref_params, iteration=self.iteration + 1, teacher_params=teacher_params
+        )
+        m = {k: v for k, v in jax.device_get(m).items() if np.ndim(v) == 0}  # no histograms
+        per.append((m, multihost.total(b.response_mask)))
+    return {
+      f"{prefix}/{k.split('/', 1)[1]}": v
+      for k, v in mean_over_updates(per).items()
+      if k.startswith("train/")
+    }

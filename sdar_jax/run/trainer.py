@@ -309,9 +309,9 @@ class Trainer(RolloutsMixin, EvaluationMixin, ResumeMixin):
     turn-samples with GRPO advantages through the replay queue."""
     it, metrics = view.iteration, view.metrics
     if self.with_teacher:
-      algo = self.step_fn.algo_config
-      encode, decode = self.tokenizer.encode, self.tokenizer.decode
-      counts = algos.compose_teacher_contexts(view.episodes, algo, encode, decode)
+      view.hooks("before_teacher_context")  # a source's preparation (e.g. reflections)
+      algo, tok = self.step_fn.algo_config, self.tokenizer
+      counts = algos.compose_teacher_contexts(view.episodes, algo, tok.encode, tok.decode)
       keys = sorted(counts)
       summed = multihost.sum_over_processes([counts[k] for k in keys])
       metrics.update(algos.context_metrics(dict(zip(keys, summed))))

@@ -489,6 +489,25 @@ EXPECTED_PRESETS = {
     **{"retire.window": 0},
     teacher=True,
   ),
+  # issue 55: GRSD's reflect launcher (REFLECT_LOSS_COEF 0.01, JUDGE_* on an endpoint) and the
+  # repository's external-reflector ablation (SkillReflector: temperature 0, 1024 tokens)
+  "grsd_reflect": dict(
+    advantage="grsd",
+    context="reflection",
+    teacher_source="rollout",
+    teacher=True,
+    **{"reflection.reflector": "policy", "reflection.judge": "openai"},
+    **{"reflection.loss_coef": 0.01, "reflection.every_episode": True},
+    **{"reflection.max_turns": 50, "reflection.obs_chars": 400},
+    **{"reflection.judge_tokens": 16, "reflection.judge_temperature": 0.0},
+  ),
+  "grsd_reflect_external": dict(
+    advantage="grsd",
+    context="reflection",
+    **{"reflection.reflector": "openai", "reflection.judge": "none"},
+    **{"reflection.loss_coef": 0.0, "reflection.every_episode": False},
+    **{"reflection.temperature": 0.0, "reflection.tokens": 1024, "reflection.obs_chars": 1200},
+  ),
   # issue 54: SDPO's loss, no KL and no entropy term (its actor.yaml: use_kl_loss false,
   # entropy_coeff 0)
   "sdpo": dict(
