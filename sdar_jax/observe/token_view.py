@@ -105,7 +105,8 @@ class TurnScores:
   student_logp: np.ndarray  # [n]
   teacher_logp: np.ndarray | None  # [n]; None: no teacher prompt
   gate: np.ndarray | None  # [n]
-  skill_block: str = ""  # the teacher's prompt before the student prompt (decoded)
+  skill_block: str = ""  # the teacher's context: its prompt before the student prompt (decoded)
+  sources: tuple[str, ...] = ()  # the context sources that gave it (algo.context)
   teacher_top: list[list[tuple[str, float]]] | None = None  # per token: the teacher's top 3
   drive: Drive | None = None  # forms "vocab" / "topk": what drives the gradient (the shade)
 
@@ -261,14 +262,19 @@ def render_token_view(
     parts.append(f"<p>{esc(note)}</p>")
   if any(t.teacher_logp is not None for t in turns):
     parts.append(f'<p class="legend">{_legend(form, top_k)}</p>')
-  skill_block = next((t.skill_block for t in turns if t.skill_block), "")
-  if skill_block:
-    parts.append(
-      "<details><summary>the teacher's privileged block (before the student prompt, first "
-      f"turn)</summary><pre>{esc(skill_block)}</pre></details>"
-    )
+  shown_block = None
   for k, turn in enumerate(turns):
     parts.append(f'<div class="turn"><b>turn {k + 1}</b>')
+    if turn.skill_block != shown_block:  # each turn's teacher context, where it changes
+      shown_block = turn.skill_block
+      named = f" from {', '.join(turn.sources)}" if turn.sources else ""
+      if turn.skill_block:
+        parts.append(
+          f"<details><summary>the teacher's context{esc(named)} (before the student prompt, "
+          f"from this turn on)</summary><pre>{esc(turn.skill_block)}</pre></details>"
+        )
+      elif turn.teacher_logp is not None:
+        parts.append("<p><i>no teacher context from this turn on (no source gave one)</i></p>")
     spans = []
     for i, piece in enumerate(turn.pieces):
       tip, colour = _hover(turn, i)
@@ -397,6 +403,7 @@ def _write_token_view(
         teacher_logp=got.get("teacher"),
         gate=got.get("gate"),
         skill_block=block,
+        sources=tuple(getattr(turn, "context_sources", ()) or ()),
         teacher_top=top,
         drive=drive,
       )

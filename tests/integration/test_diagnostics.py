@@ -203,6 +203,28 @@ def test_token_view_escapes_text_and_hover_titles():
   assert "http" not in page and "<link" not in page and "src=" not in page  # self-contained
 
 
+def test_token_view_shows_each_turns_teacher_context_where_it_changes():
+  """Hindsight gives each turn its own context: each is shown once, at the turn it starts, with
+  the sources that gave it; a turn without one says so."""
+
+  def turn(block, sources):
+    return token_view.TurnScores(
+      "obs", "look", True, ["a"], np.array([-1.0]), np.array([-0.5]), np.array([0.5]),
+      skill_block=block, sources=sources,
+    )  # fmt: skip
+
+  turns = [
+    turn("[Hindsight]\nThen: A\n\n", ("hindsight",)),
+    turn("[Hindsight]\nThen: A\n\n", ("hindsight",)),
+    turn("[Hindsight]\nThen: B\n\n", ("hindsight",)),
+    turn("", ()),
+  ]
+  page = token_view.render_token_view(turns, title="t")
+  assert page.count("the teacher's context from hindsight") == 2
+  assert page.index("Then: A") < page.index("<b>turn 2</b>") < page.index("Then: B")
+  assert page.count("no teacher context from this turn on") == 1
+
+
 def test_token_view_without_teacher_is_unshaded():
   turn = token_view.TurnScores("obs", "look", False, ["a", "b"], np.array([-1.0, -2.0]), None, None)
   page = token_view.render_token_view([turn], title="t")
