@@ -446,6 +446,11 @@ def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--dry-run", action="store_true", help="tiny sizes on CPU")
   parser.add_argument("--peak-tflops", type=float, default=None, help="bf16 peak for the MFU")
+  parser.add_argument(
+    "--skip",
+    default="",
+    help="comma-separated steps to leave out (update,sampler,profile,iteration)",
+  )
   parser.add_argument("--step", choices=sorted(STEPS), help=argparse.SUPPRESS)  # one step's process
   args = parser.parse_args(argv)
   sizes = DRY if args.dry_run else FULL
@@ -482,6 +487,8 @@ def main(argv=None) -> int:
   sys.stdout.flush()
   rows = [_timed("parity tests", run_parity, sizes, platform)]
   for step in STEPS:
+    if step in args.skip.split(","):
+      continue
     rows.append(_timed(f"{step} {sizes.model} bf16", _step_process, step, sizes, args, platform))
     print(f"{rows[-1][0]}: {rows[-1][1]} ({rows[-1][2]})", flush=True)
   print(f"\n{device}; MFU against {peak:g} TFLOP/s (dense bf16 peak)\n{table(rows)}")
