@@ -51,11 +51,20 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from _common import PEER_HF_CONFIG, interleaved, peer_model  # noqa: E402
+from _common import (  # noqa: E402
+  PEER_HF_CONFIG,
+  bound_line,
+  interleaved,
+  machine_peaks,
+  median_time,
+  peer_model,
+)
 
 from sdar_jax.core import sharding  # noqa: E402
 from sdar_jax.core.sampling import Sampler, SamplingParams  # noqa: E402
-from sdar_jax.models import load_pretrained  # noqa: E402
+from sdar_jax.models import attention, load_pretrained  # noqa: E402
+from sdar_jax.models.qwen import KVCache, decode_step, unstack_layers  # noqa: E402
+from sdar_jax.models.roofline import decode_work, sampler_work  # noqa: E402
 
 
 def write_checkpoint(path: str, seed: int = 0):
@@ -173,6 +182,49 @@ def tunix(path, prompts, new):
   return call
 
 
+# --------------------------------------------------------------------- decode vs filled length
+def decode_filled(config, params, rows: int, buffer: int, filled: tuple[int, ...], steps: int):
+  """Seconds per decode step of `rows` rows on a cache buffer of `buffer` slots holding `filled`
+  slots (random keys and values, every slot real), `steps` steps in one jitted loop, with the
+  blocked decode attention (`attention.DECODE_BLOCK`) and with one block over the whole buffer
+  (the masked product, as before the blocked path): {(path, filled): seconds per step}."""
+  layers_shape = (rows, config.num_kv_heads)
+  rng = np.random.default_rng(0)
+  dt = config.jnp_dtype
+  k = [
+    jax.numpy.asarray(rng.normal(size=(*layers_shape, config.head_dim, buffer)), dt)
+    for _ in range(config.num_layers)
+  ]
+  v = [jax.numpy.swapaxes(a, 2, 3) for a in k]
+  valid = jax.numpy.ones((rows, buffer), bool)
+  tokens = jax.numpy.asarray(rng.integers(1, config.vocab_size, rows), jax.numpy.int32)
+  out = {}
+  default_block = attention.DECODE_BLOCK
+  for path, block in (("blocked", default_block), ("whole buffer", buffer)):
+    attention.DECODE_BLOCK = block
+
+    def loop(params, cache, tokens):
+      layers = unstack_layers(config, params)
+
+      def body(i, carry):
+        cache, tokens = carry
+        positions = jax.numpy.full(tokens.shape, cache.index, jax.numpy.int32)
+        h, cache = decode_step(config, params, tokens, positions, cache, layers)
+        return cache, jax.numpy.argmax(h[:, :8], axis=-1).astype(jax.numpy.int32)
+
+      return jax.lax.fori_loop(0, steps, body, (cache, tokens))[1]
+
+    run = jax.jit(loop)  # a new function each path: traced with its block
+    for n in filled:
+      cache = KVCache(tuple(k), tuple(v), valid, jax.numpy.int32(n - steps))
+      run(params, cache, tokens).block_until_ready()
+      out[(path, n)] = (
+        median_time(lambda r=run, c=cache: r(params, c, tokens).block_until_ready(), 5) / steps
+      )
+  attention.DECODE_BLOCK = default_block
+  return out
+
+
 # ------------------------------------------------------------------------------------- main
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -189,7 +241,15 @@ def main():
     help="also run ours on a data-parallel and on a tensor-parallel mesh of this many CPU devices",
   )
   parser.add_argument("--no-tunix", action="store_true")
+  parser.add_argument(
+    "--decode-buffer", type=int, default=2048, help="cache slots of the filled-length lines"
+  )
   args = parser.parse_args()
+  peaks = machine_peaks()
+  print(
+    f"bound: {peaks[0] / 1e9:.0f} GFLOP/s, {peaks[1] / 1e9:.1f} GB/s ({peaks[2]}); "
+    "x% of bound = roofline time (sdar_jax.models.roofline) / measured time"
+  )
   print(
     f"jax {jax.__version__} ({jax.device_count()} {jax.devices()[0].platform} devices), "
     f"torch {torch.__version__} ({torch.get_num_threads()} threads), {os.cpu_count()} CPUs, "
@@ -227,6 +287,10 @@ def main():
       print(
         f"{name:<14} {median:>14.4f} {generated / median:>10.0f} {base / median:>6.2f}x {first:>13.2f}"
       )
+    config, params = load_pretrained(path)
+    work = sampler_work(config, args.batch, args.batch, args.prompt_len, args.new)
+    for name, (_, median, _) in results.items():
+      print(f"{name:<14} {bound_line(work, median, peaks)}")
     if not callable(tunix_call):
       print(f"{'tunix':<14} {tunix_call}")
     else:
@@ -242,8 +306,21 @@ def main():
         )
     print(f"sdar_jax compilations: {sampler.num_compilations}")
 
+    # Decode cost against the filled length, the buffer fixed.
+    buffer = args.decode_buffer
+    filled = (args.prompt_len + args.new, buffer - 16)
+    per_step = decode_filled(config, params, args.batch, buffer, filled, 16)
+    print(
+      f"\ndecode step, {args.batch} rows, cache buffer {buffer} slots, filled short and long "
+      f"(block {attention.DECODE_BLOCK}); median of 5 calls of 16 steps"
+    )
+    for (path, n), seconds in per_step.items():
+      work = decode_work(config, args.batch, n)
+      print(
+        f"{path:<13} filled {n:>5}: {1e3 * seconds:.3f} ms/step, {bound_line(work, seconds, peaks)}"
+      )
+
     # Group prefix sharing: `group` copies of batch/group distinct prompts, sharing on vs off.
-    config, params = load_pretrained(path)
     sp = SamplingParams(max_new_tokens=args.new, temperature=1.0, stop_token_ids=())
     key = jax.random.key(0)
     print(

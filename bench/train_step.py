@@ -53,7 +53,7 @@ if "--mfu" not in sys.argv:  # the comparison is a CPU benchmark; --mfu runs on 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from _common import median_time, peer_model  # noqa: E402
+from _common import bound_line, machine_peaks, median_time, peer_model  # noqa: E402
 
 from sdar_jax.algos import AlgoConfig, get_preset  # noqa: E402
 from sdar_jax.core.batch import TurnBatch  # noqa: E402
@@ -62,6 +62,7 @@ from sdar_jax.core.scoring import response_logprobs  # noqa: E402
 from sdar_jax.core.train_step import TrainStep  # noqa: E402
 from sdar_jax.models.flops import update_flops  # noqa: E402
 from sdar_jax.models import ModelConfig, init_params  # noqa: E402
+from sdar_jax.models.roofline import ADAMW_WORDS, Work, update_work  # noqa: E402
 
 # Dense bf16 peak FLOP/s per chip, by a substring of jax.Device.device_kind (first match wins).
 PEAK_BF16_FLOPS = (
@@ -328,6 +329,22 @@ def compare(args) -> None:
       f"{peer:<18}{variant:<28}{r['median']:>10.4f}{tokens / r['median']:>10.0f}"
       f"{r['cpu']:>8.2f}{r['first']:>9.2f}{compile_s:>11}{_mib(r['peak']):>14}"
     )
+  peaks = machine_peaks()
+  print(
+    f"bound: {peaks[0] / 1e9:.0f} GFLOP/s, {peaks[1] / 1e9:.1f} GB/s ({peaks[2]}); "
+    "x% of bound = roofline time (sdar_jax.models.roofline) / measured time"
+  )
+  for peer, variant, branches, r in rows:
+    work = update_work(
+      config,
+      B,
+      args.prompt,
+      args.response,
+      teacher_prompt_len=args.prompt if branches == 2 else None,
+    )
+    if "update" not in variant:  # no optimizer step: AdamW's bytes are not moved
+      work = Work(work.flops, work.bytes - ADAMW_WORDS * config.num_params * 4)
+    print(f"{peer:<18}{variant:<28}{bound_line(work, r['median'], peaks)}")
   print(
     f"parity: student loss ours {float(ours_loss):.4f} vs torch {float(torch_loss):.4f}; "
     f"teacher log-probs max |diff| {tlp_diff:.2e}"
@@ -424,6 +441,9 @@ def mfu(args) -> None:
       else f"MFU n/a: no peak-FLOPs entry for {device.device_kind!r} (pass --peak-tflops)"
     )
   )
+  work = update_work(config, B, ps, r, teacher_prompt_len=pt)
+  peaks = machine_peaks(args.peak_tflops)
+  print(f"roofline ({peaks[2]}): {bound_line(work, result['median'], peaks)}")
   print(
     f"loss {float(result['metrics']['train/loss']):.4f}, skipped "
     f"{float(result['metrics']['train/skipped_update']):.0f}"

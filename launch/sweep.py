@@ -102,8 +102,16 @@ def distinct_points(points: list[dict], base=None) -> list[dict]:
 
 
 def commands(
-  config_spec: str, root: str, only: list[str], rows: bool, extra: list[str]
+  config_spec: str,
+  root: str,
+  only: list[str],
+  rows: bool,
+  extra: list[str],
+  model_dirs: dict[str, str] | None = None,
 ) -> list[list[str]]:
+  """The runs' command lines. With `rows`, `model_dirs` (preset name -> the model's folder) gives
+  each row of that model `--config.model.path=<folder>`; given at all, the rows of the models it
+  does not name are left out (they could not start: the paper's rows need real weights)."""
   path, _, arg = config_spec.partition(":")
   module = _module(path)
   out = []
@@ -118,6 +126,9 @@ def commands(
           f"Fix: pick rows with --only {clash[0]}=<value>, and keep in the config argument only "
           "what the rows leave open (e.g. local=True)."
         )
+      if model_dirs and point.get("model") not in model_dirs:
+        continue
+      weights = [f"--config.model.path={model_dirs[point['model']]}"] if model_dirs else []
       if _matches(point, only):
         out.append(
           [
@@ -125,6 +136,7 @@ def commands(
             "-m",
             "sdar_jax.train",
             f"--config={path}:{','.join([row_arg, *given])}",
+            *weights,
             f"--workdir={os.path.join(root, row_arg.replace('=', '-').replace(',', '_'))}",
             *extra,
           ]
@@ -234,14 +246,32 @@ def main(argv=None):
   parser.add_argument("--root", default="runs/sweep", help="parent of the runs' workdirs")
   parser.add_argument("--only", action="append", default=[], help="key=value filter (repeatable)")
   parser.add_argument("--rows", action="store_true", help="use rows() (configs/paper.py)")
+  parser.add_argument(
+    "--model_dir",
+    action="append",
+    default=[],
+    metavar="PRESET=FOLDER",
+    help="--rows: the Hugging Face folder of a model preset (repeatable), e.g. "
+    "qwen2.5-3b=/data/Qwen2.5-3B-Instruct; rows of other models are left out",
+  )
   parser.add_argument("--run", action="store_true", help="run the commands here, sequentially")
   parser.add_argument("--emit", choices=EMIT_KINDS, help="print one SLURM / TPU pod job per run")
   parser.add_argument("--job-args", default="", help="--emit=slurm: extra sbatch options")
   args, extra = parser.parse_known_args(argv)
   if args.emit and args.run:
     raise SystemExit("--emit prints jobs for a scheduler; --run runs here. Fix: pass one of them.")
-  cmds = commands(args.config, args.root, args.only, args.rows, extra)
+  bad = [d for d in args.model_dir if "=" not in d]
+  if bad:
+    raise SystemExit(f"--model_dir {bad[0]!r}: expected PRESET=FOLDER, e.g. qwen2.5-3b=/data/q3b.")
+  model_dirs = dict(d.split("=", 1) for d in args.model_dir)
+  cmds = commands(args.config, args.root, args.only, args.rows, extra, model_dirs)
   print(f"# {len(cmds)} run(s)", file=sys.stderr)
+  if args.rows and not model_dirs and not any("model.path" in e for e in extra):
+    print(
+      "# the paper's rows need real weights: each command is refused without model.path. "
+      "Pass --model_dir PRESET=FOLDER per model (docs/scaling.md).",
+      file=sys.stderr,
+    )
   for line in emit_jobs(cmds, args.emit, args.job_args) if args.emit else map(shlex.join, cmds):
     print(line)
   if args.run and cmds:

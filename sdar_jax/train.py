@@ -184,11 +184,42 @@ def _summary(config, model_config, mesh) -> str:
   leaves = jax.tree.leaves(state)
   total = sum(math.prod(x.shape) * x.dtype.itemsize for x in leaves)
   per_device = sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in leaves)
+  memory, where = device_memory()
+  fits = f"train state: {total / 2**30:.3f} GiB in all, {per_device / 2**30:.3f} GiB per device"
+  if memory:
+    share = per_device / memory
+    fits += f", {100 * share:.0f}% of {memory / 2**30:.1f} GiB per device ({where})"
+    if share >= 1.0:
+      fits += (
+        "\nWARNING: the train state alone does not fit the devices' memory; this run cannot "
+        "start here. Fix: more devices on the fsdp axis (config.mesh), param_dtype bfloat16, or "
+        "a smaller model (docs/scaling.md)."
+      )
+    elif share >= 0.6:
+      fits += (
+        "\nWARNING: the train state leaves under 40% of the devices' memory for activations, "
+        "the sampler's KV cache and the teacher (docs/scaling.md)."
+      )
   return (
     f"model: {model_config.name} ({model_config.family}), {model_config.num_params:,} "
-    f"parameters\nmesh: {dict(mesh.shape)} over {mesh.devices.size} device(s)\n"
-    f"train state: {total / 2**30:.3f} GiB in all, {per_device / 2**30:.3f} GiB per device"
+    f"parameters\nmesh: {dict(mesh.shape)} over {mesh.devices.size} device(s)\n{fits}"
   )
+
+
+def device_memory() -> tuple[int | None, str]:
+  """(bytes of memory per local device, where the figure comes from): the accelerator's own
+  limit (`memory_stats`), else the host's RAM shared by its CPU devices; (None, why) if unknown."""
+  import jax
+
+  device = jax.local_devices()[0]
+  stats = device.memory_stats() if device.platform != "cpu" else None
+  if stats and stats.get("bytes_limit"):
+    return int(stats["bytes_limit"]), f"{device.device_kind} memory"
+  try:
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  except (ValueError, OSError, AttributeError):
+    return None, "unknown"
+  return ram // max(jax.local_device_count(), 1), "host RAM / CPU devices"
 
 
 def use_xla_cache(path: str) -> str:
@@ -288,9 +319,13 @@ def main(argv: Sequence[str]) -> None:
   if flags.FLAGS.dry_run:
     from sdar_jax.run.setup import dry_run_prompt_check
 
-    print(_summary(config, model_config, mesh))
+    summary = _summary(config, model_config, mesh)
+    print(summary)
     if dry_run_prompt_check(config, model_config):  # with rollout.prompt_truncation='error'
       print("first prompts fit rollout.max_prompt_len.")
+    if "does not fit" in summary:
+      print("dry run: config valid, but the train state does not fit here; nothing trained.")
+      return
     print("dry run: config valid, nothing trained.")
     return
   if config.train.get("xla_cache_dir"):

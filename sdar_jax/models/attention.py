@@ -3,7 +3,10 @@ layout (keys [B, K, H, S], values [B, K, S, H]), one function per backend, each 
 others and against float64.
 
 * "xla" (`xla_attention`): the float32 [B, N, T, S] scores materialised, with a hand-written
-  backward pass (FlashAttention-2's form on the whole block); also the decode step's product.
+  backward pass (FlashAttention-2's form on the whole block).
+* `decode_attention`: the decode step's product, over the cache slots written so far only (a
+  loop over blocks of `DECODE_BLOCK` slots up to the filled length, online softmax), so a step's
+  cost follows the filled length, not the buffer; a buffer of one block uses `xla_attention`.
 * "chunked" (`chunked_attention`): an online softmax over key blocks with its own backward, so
   no more than [B, N, block, block] scores exist at once.
 * "cudnn" (`fused_gpu_attention`): cuDNN's fused kernel through `jax.nn.dot_product_attention`.
@@ -103,6 +106,74 @@ def _attention_bwd(residuals, d_out):
 
 
 xla_attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+# -------------------------------------------------------------------------- decode attention
+# Cache slots per block of `decode_attention`: a step reads ceil(filled / DECODE_BLOCK) blocks of
+# keys and values, so at most DECODE_BLOCK - 1 unwritten slots per step; buffers of at most one
+# block take the masked product over the whole buffer (one pass, no loop).
+DECODE_BLOCK = 256
+
+
+def decode_attention(
+  q: jax.Array,
+  k: jax.Array,
+  v: jax.Array,
+  valid: jax.Array,
+  filled: jax.Array,
+  block: int | None = None,
+) -> jax.Array:
+  """Attention of decode queries q [B, T, N, H] (T = 1 in the sampler) over a KV cache, keys
+  k [B, K, H, S] and values v [B, K, S, H], of which slots 0 .. `filled` - 1 are written (a scalar,
+  the same for every row: prompts are left-padded to one length); `valid` [B, S] marks the real
+  slots (left padding is not). Every query sees every valid written slot.
+
+  The same function as `xla_attention(q, k, v, valid[:, None, :] & (slot < filled))`, computed
+  over ceil(filled / `block`) blocks of slots in a `lax.fori_loop` with an online softmax (running
+  maximum, running sum, float32 accumulator, FlashAttention's rescaling), so the keys and values
+  beyond the last written block are never read: a step's bytes and FLOPs follow the filled length.
+  The last block of a buffer that is not a multiple of `block` starts at S - `block` and skips
+  the slots an earlier block counted. With S <= `block` (default `DECODE_BLOCK`, read at the
+  call) it is the masked product over the whole buffer (`xla_attention`), bit for bit. Not
+  differentiable in reverse mode (the trip count is traced)."""
+  block = int(block or DECODE_BLOCK)
+  B, T, N, H = q.shape
+  K, S = k.shape[1], k.shape[3]
+  filled = jnp.asarray(filled, jnp.int32)
+  if S <= block:
+    seen = valid.astype(jnp.bool_) & (jnp.arange(S) < filled)[None]
+    return xla_attention(q, k, v, jnp.broadcast_to(seen[:, None, :], (B, T, S)))
+  qg = _group_queries(q, K)  # [B, K, rows, H], rows = T * G
+  rows = qg.shape[2]
+  scale = H**-0.5
+  valid = valid.astype(jnp.bool_)
+
+  def body(j, carry):
+    m, l, acc = carry
+    start = jnp.minimum(j * block, S - block)
+    k_j = lax.dynamic_slice_in_dim(k, start, block, axis=3)
+    v_j = lax.dynamic_slice_in_dim(v, start, block, axis=2)
+    slot = start + jnp.arange(block)
+    # real, written, and not counted by an earlier block (the clamped last block overlaps)
+    seen = lax.dynamic_slice_in_dim(valid, start, block, axis=1)
+    seen = (seen & (slot >= j * block) & (slot < filled))[:, None, None, :]  # [B, 1, 1, block]
+    s = jnp.einsum("bkqh,bkhs->bkqs", qg, k_j, preferred_element_type=jnp.float32) * scale
+    s = jnp.where(seen, s, MASKED)
+    m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+    p = jnp.where(seen, jnp.exp(s - m_new[..., None]), 0.0)
+    alpha = jnp.exp(m - m_new)
+    pv = jnp.einsum("bkqs,bksh->bkqh", p.astype(v.dtype), v_j, preferred_element_type=jnp.float32)
+    return m_new, alpha * l + jnp.sum(p, axis=-1), alpha[..., None] * acc + pv
+
+  init = (
+    jnp.full((B, K, rows), MASKED, jnp.float32),
+    jnp.zeros((B, K, rows), jnp.float32),
+    jnp.zeros((B, K, rows, H), jnp.float32),
+  )
+  blocks = (filled + block - 1) // block
+  _, l, acc = lax.fori_loop(0, blocks, body, init)
+  out = acc / jnp.where(l > 0, l, 1.0)[..., None]  # a row that saw no slot: zeros
+  return _ungroup_queries(out, T).astype(v.dtype)
 
 
 # ------------------------------------------------------------------------ sequence attention

@@ -6,7 +6,8 @@
 stacked on a leading `layers` axis, scanned on TPU / GPU and unrolled on CPU: `config.layer_loop`).
 Numerics follow transformers' Qwen2 / Qwen3 modules (RMSNorm, RoPE tables, softmax and logits in
 float32). Attention over a sequence is `config.attention` (`sdar_jax.models.attention`); a decode
-step always uses the "xla" product. Nothing here holds state or reads files (`models.hf_io` does).
+step always uses `attention.decode_attention` (the written cache slots only, block by block).
+Nothing here holds state or reads files (`models.hf_io` does).
 The parameter layout and why functions, not modules: docs/design.md, "The model".
 """
 
@@ -421,10 +422,8 @@ def decode_step(
   )
   x = jnp.take(params["embed"], tokens[:, None], axis=0).astype(config.jnp_dtype)
   cos, sin = rope_tables(positions[:, None], config.head_dim, config.rope_theta)
-  mask = valid[:, None, :]
-  attend = functools.partial(
-    attention.xla_attention, mask=mask
-  )  # one query: xla whatever config.attention
+  # One query per row, whatever config.attention: the written slots only, block by block.
+  attend = functools.partial(attention.decode_attention, valid=valid, filled=slot + 1)
   keys, values = [], []
   for layer_params, k, v in zip(layers, cache.k, cache.v):
     x, (k, v) = _layer(config, layer_params, x, cos, sin, attend, (k, v), slot)

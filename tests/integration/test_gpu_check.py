@@ -25,7 +25,8 @@ def test_plan_names_the_qwen2_5_3b_shapes_and_the_peak():
   assert "16 turn-samples, student 512+512, teacher 1024+512, micro-batch 2" in plan
   assert "64 prompts x 512 tokens, 256 new tokens each" in plan
   assert "MFU against 989 TFLOP/s" in plan
-  assert sum(gpu_check.FULL.seconds) < 8 * 60  # the step limits keep the check under 8 minutes
+  assert "top operations by time" in plan and "two iterations of python -m sdar_jax.train" in plan
+  assert sum(gpu_check.FULL.seconds) < 15 * 60  # the step limits keep the check under 15 minutes
 
 
 def test_peak_is_the_h200_figure_unless_told_otherwise(monkeypatch):
@@ -42,7 +43,8 @@ def test_peak_is_the_h200_figure_unless_told_otherwise(monkeypatch):
 @pytest.mark.slow
 def test_dry_run_runs_every_step_on_cpu_and_prints_one_table():
   proc = subprocess.run(
-    ["bash", "bench/gpu_check.sh", "--dry-run"],
+    # the profile and trainer-iteration steps (minutes on CPU) are left out of the suite
+    ["bash", "bench/gpu_check.sh", "--dry-run", "--skip=profile,iteration"],
     cwd=REPO,
     capture_output=True,
     text=True,
@@ -57,5 +59,6 @@ def test_dry_run_runs_every_step_on_cpu_and_prints_one_table():
   rows = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in table[2:5]}
   assert rows["parity tests"] == "ok"
   assert rows["update tiny bf16"].endswith("%") and "tokens/s; MFU" in rows["update tiny bf16"]
-  assert rows["sampler tiny bf16"].endswith("tokens/s")
+  assert rows["sampler tiny bf16"].endswith("ms/step") and "tokens/s" in rows["sampler tiny bf16"]
+  assert "of bound" in out
   assert "MFU against 989 TFLOP/s (dense bf16 peak)" in out
