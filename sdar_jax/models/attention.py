@@ -113,6 +113,11 @@ xla_attention.defvjp(_attention_fwd, _attention_bwd)
 # keys and values, so at most DECODE_BLOCK - 1 unwritten slots per step; buffers of at most one
 # block take the masked product over the whole buffer (one pass, no loop).
 DECODE_BLOCK = 256
+# Buffers shorter than this take the masked product too when no block is given: on XLA:CPU the
+# block loop cost 2.4x the masked product at a nearly full 2,048-slot buffer and saved 40% only
+# when it was short (docs/throughput.md, 2026-12-06, one loaded run), and the demo's buffers are
+# 288-416 slots; its accelerator timing is bench/gpu_check.sh's to measure.
+DECODE_BLOCKED_FROM = 1024
 
 
 def decode_attention(
@@ -134,13 +139,15 @@ def decode_attention(
   beyond the last written block are never read: a step's bytes and FLOPs follow the filled length.
   The last block of a buffer that is not a multiple of `block` starts at S - `block` and skips
   the slots an earlier block counted. With S <= `block` (default `DECODE_BLOCK`, read at the
-  call) it is the masked product over the whole buffer (`xla_attention`), bit for bit. Not
+  call), or no `block` given and S < `DECODE_BLOCKED_FROM`, it is the masked product over the
+  whole buffer (`xla_attention`), bit for bit. Not
   differentiable in reverse mode (the trip count is traced)."""
+  short = block is None and k.shape[3] < DECODE_BLOCKED_FROM
   block = int(block or DECODE_BLOCK)
   B, T, N, H = q.shape
   K, S = k.shape[1], k.shape[3]
   filled = jnp.asarray(filled, jnp.int32)
-  if S <= block:
+  if S <= block or short:
     seen = valid.astype(jnp.bool_) & (jnp.arange(S) < filled)[None]
     return xla_attention(q, k, v, jnp.broadcast_to(seen[:, None, :], (B, T, S)))
   qg = _group_queries(q, K)  # [B, K, rows, H], rows = T * G

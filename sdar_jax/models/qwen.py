@@ -6,7 +6,8 @@
 stacked on a leading `layers` axis, scanned on TPU / GPU and unrolled on CPU: `config.layer_loop`).
 Numerics follow transformers' Qwen2 / Qwen3 modules (RMSNorm, RoPE tables, softmax and logits in
 float32). Attention over a sequence is `config.attention` (`sdar_jax.models.attention`); a decode
-step always uses `attention.decode_attention` (the written cache slots only, block by block).
+step always uses `attention.decode_attention` (from `DECODE_BLOCKED_FROM` buffer slots on, the
+written cache slots only, block by block; below it the masked product over the buffer).
 Nothing here holds state or reads files (`models.hf_io` does).
 The parameter layout and why functions, not modules: docs/design.md, "The model".
 """

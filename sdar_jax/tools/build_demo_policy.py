@@ -106,7 +106,6 @@ def measure(policy: str | os.PathLike, overrides: dict | None = None, seed: int 
   build stage with train.seed `seed` (the skill block's, and each block of
   `warm_start.contexts` in `overrides`); nothing is trained or written."""
   from configs import common, default
-  from sdar_jax.observe.metrics import read_history
   from sdar_jax.run import trainer
 
   config = default.get_config()
@@ -120,14 +119,13 @@ def measure(policy: str | os.PathLike, overrides: dict | None = None, seed: int 
       "warm_start.measure": True,
       "model.path": str(policy),
       "model.random_init": False,
-      "train.eval_before_train": False,
-      "train.eval_every": 0,
     },
   )
+  trainer.validate(config)
   with tempfile.TemporaryDirectory(prefix="sdar-demo-measure-") as workdir:
-    trainer.run(config, workdir)
-    rows = read_history(os.path.join(workdir, "metrics.jsonl"))
-  return {k: v for row in rows for k, v in row.items() if k.startswith("warm_start/")}
+    run = trainer.Trainer(config, workdir)  # its warm start measures the gaps when it is built
+    run.close()
+  return dict(run.warm_start_metrics)
 
 
 def _stage(init: str | None, steps: int | None, extra: dict, seed: int) -> tuple[dict, dict]:

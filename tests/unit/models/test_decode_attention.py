@@ -95,6 +95,7 @@ def test_sampler_with_small_decode_blocks_keeps_tokens_and_logprobs(monkeypatch)
   prompts = [rng.integers(1, 256, size=n).tolist() for n in (19, 4, 27, 1)]
   sampling = SamplingParams(max_new_tokens=12, temperature=1.0, stop_token_ids=())
   results = {}
+  monkeypatch.setattr(attention, "DECODE_BLOCKED_FROM", 0)  # the sampler's short buffers too
   for block in (1024, 8):
     monkeypatch.setattr(attention, "DECODE_BLOCK", block)
     sampler = Sampler(config, max_prompt_len=32)  # a new Sampler traces anew
