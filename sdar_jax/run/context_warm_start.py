@@ -11,10 +11,13 @@ taught on:
   targets under the sibling block built from the successful episode + the student prompt.
 - "hindsight": every expert turn is also a target under the hindsight block of its own episode
   (the observations its action led to) + the student prompt.
+- "reflection" is measured, not taught: the group of a game's expert episodes (both modes, and
+  the demonstration-following one) gets GRSD's contrastive prior from the `oracle` reflector
+  (`sdar_jax.algos.reflection`) when it holds a success and a failure.
 
 The teacher–student gap of each source is measured on the held-out games' turns of the expert
 whose action the block explains: the demonstration-following expert's for "sibling", the
-knowledge-free expert's for "hindsight" (`warm_start/<source>_gap_on_expert`; the skill block's
+knowledge-free expert's for "hindsight" and "reflection" (`warm_start/<source>_gap_on_expert`; the skill block's
 keeps its name, `warm_start/teacher_student_gap_on_expert`). With `warm_start.measure` and no
 steps, a run measures these gaps of its starting policy and trains nothing
 (`python -m sdar_jax.tools.build_demo_policy --measure`).
@@ -22,6 +25,7 @@ steps, a run measures these gaps of its starting policy and trains nothing
 
 from __future__ import annotations
 
+import dataclasses
 import types
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -36,6 +40,7 @@ from sdar_jax.core.batch import TurnSample
 from sdar_jax.rollout.agent_loop import AgentLoop
 
 TAUGHT = ("sibling", "hindsight")  # the sources a warm start can teach besides the skill block
+MEASURED = ("reflection",)  # measured only: the oracle's prior, no expert follows it
 DEMO_MODE = "demo"  # envs.alfworld.expert.DEMO_MODE (envs is not imported here)
 
 
@@ -49,10 +54,11 @@ def setting_problems(section: Any) -> list[str]:
   problems = []
   names = taught_contexts(section)
   for name in names:
-    if name not in TAUGHT:
+    if name not in TAUGHT + MEASURED:
       problems.append(
-        f"warm_start.contexts={section.contexts!r}: {name!r} cannot be taught. Fix: name any of "
-        f"{list(TAUGHT)} (the skill block is taught by the 'skills' expert already), or ''"
+        f"warm_start.contexts={section.contexts!r}: {name!r} cannot be taught or measured. Fix: "
+        f"name any of {list(TAUGHT + MEASURED)} (the skill block is taught by the 'skills' "
+        "expert already), or ''"
       )
   if names and section.get("source", "walkthroughs") != "expert":
     problems.append(
@@ -99,6 +105,29 @@ def _episode(record: dict[str, Any]) -> types.SimpleNamespace:
   )
 
 
+def reflection_texts(
+  records: Sequence[dict[str, Any]], algo: Any, templates: dict[str, str]
+) -> dict[int, list[str | None]]:
+  """Source "reflection"'s block on each step of each record (by id), its group a game's records,
+  the prior written by the `oracle` reflector (`algo.reflection`'s budgets and templates)."""
+  from sdar_jax.algos.reflection import reflect_episodes, reflection_source, writers
+
+  settings = dataclasses.replace(algo.reflection, reflector="oracle", judge="none")
+  episodes = []
+  for record in records:
+    episode = _episode(record)
+    episode.task, episode.group_id, episode.env_error, episode.info = (
+      record.get("task", ""), record.get("gamefile", ""), None, {}
+    )  # fmt: skip
+    episodes.append(episode)
+  writer, _ = writers(settings)
+  reflect_episodes(episodes, settings, writer, None, templates)
+  return {
+    id(r): reflection_source(ContextRequest(ep, [], algo, templates, None))
+    for r, ep in zip(records, episodes)
+  }
+
+
 def block_texts(
   source: str, record: dict[str, Any], algo: Any, templates: dict[str, str], cut
 ) -> list[str | None]:
@@ -126,9 +155,11 @@ def context_samples(
   source gives no block is left out. `record_turns` and `make_sample` are the warm start's own
   (`warm_start._record_turns`, `warm_start._sample`): the student prompts and responses exactly
   as its other samples'."""
+  if source in MEASURED and not for_gap:
+    return []  # measured only
   if source == "sibling":
     chosen = [r for r in records if r.get("mode") == DEMO_MODE]
-  else:  # hindsight: the knowledge-free expert's turns for the gap, every expert's for SFT
+  else:  # the knowledge-free expert's turns for the gap, every expert's for SFT
     keep = ("plain",) if for_gap else ("plain", "skills")
     chosen = [r for r in records if r.get("mode") in keep]
   templates = load_templates(algo.context_templates)
@@ -142,7 +173,10 @@ def context_samples(
   steps = {
     id(r): [k for k, s in enumerate(r["steps"]) if not s.get("random", False)] for r in chosen
   }
-  texts = {id(r): block_texts(source, r, algo, templates, cut) for r in chosen}
+  if source == "reflection":
+    texts = reflection_texts(records, algo, templates)  # groups: all of a game's records
+  else:
+    texts = {id(r): block_texts(source, r, algo, templates, cut) for r in chosen}
   seen: dict[int, int] = {}
   out = []
   for record, plain, _, response, action in rows:

@@ -166,5 +166,30 @@ def test_warm_start_context_settings_are_checked():
   assert cws.setting_problems(ok) == []
   bad = mlc.ConfigDict({"contexts": "skills,future", "source": "walkthroughs", "measure": 1})
   problems = "\n".join(cws.setting_problems(bad))
-  assert "'skills' cannot be taught" in problems and "'future' cannot be taught" in problems
+  assert "'skills' cannot be taught or measured" in problems
+  assert "'future' cannot be taught or measured" in problems
   assert "needs warm_start.source='expert'" in problems and "warm_start.measure=1" in problems
+
+
+def test_reflection_is_measured_on_mixed_games_only_and_never_taught(loop):
+  """A game with a success and a failure: every knowledge-free turn of it gets the oracle's prior
+  (the won episode's "Do" lessons, the lost one's "Avoid" ones) as its block; a game won by every
+  record gets none; no SFT sample."""
+  tok = loop.tokenizer
+  algo = AlgoConfig.from_config({"context": "reflection"})
+  lost = {
+    **DEMO,
+    "won": False,
+    "steps": [_step(ROOM, "go to shelf 1"), _step("You arrive at shelf 1.", "go to shelf 1")],
+    "final_observation": "Nothing happens.",
+  }
+  gaps = _samples("reflection", [DEMO, lost], loop, algo, for_gap=True)
+  assert len(gaps) == 5 + 2  # both records are the knowledge-free expert's
+  block = tok.decode(gaps[5].teacher_prompt_ids[: -len(gaps[5].prompt_ids)])
+  assert block.startswith("[Lessons drawn from this task's other attempts")
+  assert "Do `use desklamp 1`: it finished the task." in block  # from the won episode
+  assert "Avoid `go to shelf 1`: it changed nothing." in block  # from the lost one
+  assert gaps[5].prompt_ids == _plain(tok, lost, 0)
+  assert gaps[0].teacher_prompt_ids == tok.encode(block) + _plain(tok, DEMO, 0)
+  assert _samples("reflection", [DEMO, {**DEMO, "mode": "skills"}], loop, algo, for_gap=True) == []
+  assert _samples("reflection", [DEMO, lost], loop, algo, for_gap=False) == []
