@@ -174,6 +174,10 @@ def base(model: str = "qwen2.5-3b", algo_name: str = "sdar") -> mlc.ConfigDict:
       # same at every evaluation of a run and for every train.seed (common random numbers: the
       # change between two evaluations is the policy's, not a new draw's).
       seed=0,
+      # Whose stream an episode's draws are within a turn: "rank" (its rank among the episodes
+      # still playing) or "task" (its game: two policies on one panel share their draws for as
+      # long as their actions agree; common random numbers for comparing arms).
+      streams="rank",
     )
   )
   config.checkpoint = mlc.ConfigDict(

@@ -8,7 +8,10 @@ with the teacher prompt (the skill block, then the student prompt as the student
 half of each group plays with the skills and each turn's teacher prompt is the other view) when
 the algorithm needs one. Returns `Episode`s (`rollout.trajectory`). A turn's draws depend on the
 call's key, the turn and the episodes still playing, not on how the turn is split into sampler
-calls, so `overlap="halves"` plays the serial loop's episodes. Never imports the update.
+calls, so `overlap="halves"` plays the serial loop's episodes; with `row_streams="task"` (an
+evaluation's common random numbers, `eval.streams`) on the call's key, the turn and the episode's
+task alone, so two policies on one panel share their draws for as long as their actions agree.
+Never imports the update.
 Prompting, keys and the overlap: docs/design.md, "The agent loop".
 """
 
@@ -34,6 +37,9 @@ from sdar_jax.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
+# Whose random stream a sampled row draws from: its rank among the episodes decoding the turn, or
+# its episode's task (one episode per task in a call: evaluations).
+ROW_STREAMS = ("rank", "task")
 OVERLAP_MODES = ("off", "halves")  # rollout.overlap: serial turns, or two halves in alternation
 
 
@@ -114,7 +120,12 @@ class AgentLoop:
     overlap: str = "off",
     teacher_context: str = "block",
     mixed_views: bool = False,
+    row_streams: str = "rank",
   ):
+    if row_streams not in ROW_STREAMS:
+      raise ValueError(
+        f"eval.streams={row_streams!r}: not a row stream rule. Fix: use one of {ROW_STREAMS}"
+      )
     if overlap_problem(overlap):
       raise ValueError(overlap_problem(overlap))
     if overlap != "off" and getattr(sampler, "collective", False):
@@ -157,6 +168,7 @@ class AgentLoop:
     self.overlap = overlap
     self.teacher_context = teacher_context
     self.mixed_views = mixed_views
+    self.row_streams = row_streams
     self.truncated_prompts = 0  # student prompts cut by truncation="left" so far
 
   # ------------------------------------------------------------------------------- prompts
@@ -295,6 +307,12 @@ class AgentLoop:
     n = len(tasks)
     if n > len(self.pool):
       raise ValueError(f"{n} episodes requested but the env pool has {len(self.pool)} envs.")
+    if self.row_streams == "task" and len(set(tasks)) < n:
+      raise ValueError(
+        "eval.streams='task' keys each episode's draws by its task, but a task is played twice "
+        "in one call (their draws would be the same). Fix: play each task once a call, or "
+        "eval.streams='rank'"
+      )
     episodes = [
       Episode(env_index=i, task_id=int(t), group_id=int(g))
       for i, (t, g) in enumerate(zip(tasks, group_ids))
@@ -382,7 +400,7 @@ class AgentLoop:
   ) -> _Decoded:
     """Prompts, one sampler call and the projected actions of episodes `active` at `turn`;
     `row_ids` name their random streams (default: their ranks in this call; docs/design.md, "The
-    agent loop")."""
+    agent loop"; with row_streams "task", their tasks)."""
     episodes, views = play.episodes, play.views
     prompts = [
       self._build_prompts(
@@ -393,6 +411,8 @@ class AgentLoop:
       )
       for i in active
     ]
+    if self.row_streams == "task":  # common random numbers: the task names the stream
+      row_ids = [episodes[i].task_id for i in active]
     start = time.perf_counter()
     out = self.sampler.generate(
       play.params,

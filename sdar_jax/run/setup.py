@@ -28,7 +28,7 @@ from sdar_jax.infra.errors import UserError
 from sdar_jax.models import ModelConfig, init_params, load_pretrained
 from sdar_jax.observe import wandb_log
 from sdar_jax.rollout import AgentLoop, validation_tasks
-from sdar_jax.rollout.agent_loop import overlap_problem
+from sdar_jax.rollout.agent_loop import ROW_STREAMS, overlap_problem
 from sdar_jax.text.chat_templates import ChatTemplate, resolve_chat_template
 from sdar_jax.text.tokenizer import Tokenizer
 
@@ -127,6 +127,7 @@ def setting_problems(config) -> list[str]:
         problems.append(f"{key}={value!r}: must be a number >= {low}. Fix: {fix}")
   for key, value, names in (
     ("eval.skills", config.eval.skills, tuple(EVAL_MODES)),
+    ("eval.streams", config.eval.get("streams", "rank"), ROW_STREAMS),
     ("rollout.prompt_truncation", config.rollout.prompt_truncation, ("error", "left")),
   ):
     if value not in names:
@@ -457,7 +458,13 @@ def build_agent_loops(
       validation.loops = [
         (
           prefix.replace("val", base, 1),
-          AgentLoop(pool, sampling=val_sampling, skills_in_student=skills, **common),
+          AgentLoop(
+            pool,
+            sampling=val_sampling,
+            skills_in_student=skills,
+            row_streams=config.eval.get("streams", "rank"),
+            **common,
+          ),
         )
         for prefix, skills in modes
       ]

@@ -417,3 +417,30 @@ def test_an_overlapped_asynchronous_run_logs_the_serial_run_s_rows(
     {k: v for k, v in row.items() if not any(t in k for t in timing)} for row in rows["off"]
   ]
   assert [r["step"] for r in rows["halves"]] == [1, 2] and "val/success_rate" in rows["halves"][-1]
+
+
+@pytest.mark.slow
+def test_task_streams_keep_an_episodes_draws_whoever_else_plays(model):
+  """eval.streams='task': an episode's draws are keyed by its task and turn, so task 2 plays the
+  same tokens beside tasks 0, 1 and 3 (ending at other turns) as alone, where rank streams
+  would give it rank 0's draws; a task played twice in one call is refused."""
+  config, params = model
+  sampler = Sampler(config)
+
+  def play(tasks, steps, streams):
+    kwargs = [{"max_steps": m} for m in steps]
+    with envs.EnvPool("dummy", len(tasks), env_kwargs=kwargs, num_workers=0) as pool:
+      loop = _loop(pool, sampler, "off")
+      loop.row_streams = streams
+      return loop.run(params, tasks, list(range(len(tasks))), jax.random.key(7))
+
+  together = play([0, 1, 2, 3], [1, 3, 3, 2], "task")
+  alone = play([2], [3], "task")
+  ranked = play([2], [3], "rank")
+  assert [t.response_ids for t in alone[0].turns] == [t.response_ids for t in together[2].turns]
+  assert [t.response_ids for t in ranked[0].turns] != [t.response_ids for t in alone[0].turns]
+  with pytest.raises(ValueError, match="a task is played twice"):
+    play([2, 2], [1, 1], "task")
+  with pytest.raises(ValueError, match="eval.streams='games'"):
+    AgentLoop(None, _WordAdapter(), sampler, Tokenizer.bundled_qwen(),
+              ChatTemplate.builtin("qwen3"), SAMPLING, max_turns=1, row_streams="games")  # fmt: skip
