@@ -45,7 +45,8 @@ import os
 import sys
 from collections.abc import Sequence
 
-from experiments.powered.plan import NICE, REPO, Step, evaluated, has_final_checkpoint, rate_name
+from experiments.powered import plan as powered
+from experiments.powered.plan import NICE, REPO, evaluated, has_final_checkpoint, rate_name
 from sdar_jax.observe import collect
 
 __all__ = ["REPO", "has_final_checkpoint"]
@@ -111,6 +112,24 @@ SMOKE = Design(
 # the panels whose PDDL problems the new ones must not share: (num_heldout, heldout_seed)
 EARLIER_PANELS = ((128, 1),)
 PANELS_FILE = "panels.json"  # <out>/panels.json: the panels step's record (its done marker)
+
+
+@dataclasses.dataclass(frozen=True)
+class Step(powered.Step):
+  """One process of the plan: the panels, a training run or a held-out evaluation."""
+
+  @property
+  def label(self) -> str:
+    if self.kind == "panels":
+      return "panels (generate and check)"
+    return super().label
+
+  @property
+  def results(self) -> str:
+    """Where the step's results and its done marker go."""
+    if self.kind == "train":
+      return self.workdir
+    return os.path.join(self.workdir, "panels" if self.kind == "panels" else "heldout")
 
 
 def run_dir(out: str, arm: str, seed: int) -> str:
@@ -195,11 +214,7 @@ def plan(
 
 def step_results(step: Step) -> str:
   """Where a step's results and its done marker go."""
-  if step.kind == "train":
-    return step.workdir
-  if step.kind == "panels":
-    return os.path.join(step.workdir, "panels")
-  return os.path.join(step.workdir, "heldout")
+  return step.results
 
 
 def step_done(step: Step) -> bool:

@@ -220,13 +220,6 @@ def status(design: Design = FULL, out: str | None = None, python: str = sys.exec
   }
   lines.append("seeds finished (trained and evaluated) per arm: " + str(seeds_done))
   trained = [s for s in done if s.kind == "train"]
-  lines += _lost_lines(lost_episodes([_as_results(s) for s in trained]))
-  lines += _commit_lines(step_commits([_as_results(s) for s in done if s.kind != "panels"]))
+  lines += _lost_lines(lost_episodes(trained))
+  lines += _commit_lines(step_commits([s for s in done if s.kind != "panels"]))
   return "\n".join(lines)
-
-
-class _as_results:
-  """A step seen by the powered helpers, which read `step.results` and `step.label`."""
-
-  def __init__(self, step: Step):
-    self.label, self.results = step.label, step_results(step)
