@@ -28,7 +28,8 @@ The design (docs/results.md, "The third stage: long budget", planned 2026-12-06)
 * HELDOUT: every final policy and the warm-started one on `heldout_seen` and `heldout_unseen`,
   640 games each, generator seed 2 (the powered stages' panels: 128 games, seed 1). The PANELS
   step generates them first and checks that no PDDL problem (the problem text without its name)
-  is shared with train, valid_seen, valid_unseen or the seed-1 panels; it fails otherwise.
+  is shared with train, valid_seen, valid_unseen or the seed-1 panels, nor between the two new
+  panels, with every number in the problem ignored (object numbers, scenes); it fails otherwise.
 * Order: the panels, the warm-started policy's evaluation, then seed-major (seed 0 of every arm,
   then seed 1, ...), each run followed by its held-out evaluation, so 2 seeds of every arm finish
   before the third starts.

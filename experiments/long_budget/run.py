@@ -28,13 +28,16 @@ from experiments.powered.run import _clock, _commit_lines, _lost_lines, lost_epi
 from sdar_jax.observe import collect
 
 _NAME = re.compile(r"\(\s*problem\s+[^)\s]+\s*\)")
+_NUMBER = re.compile(r"\d+")
 
 
 def problem_key(gamefile: str) -> str:
-  """A game's PDDL problem without its name (the name holds the trial, never the problem)."""
+  """A game's PDDL problem without its name (which holds the trial, never the problem) and with
+  every number ignored (object and receptacle numbers, scenes): two games with equal keys count
+  as sharing their problem, a stricter test than equal problem texts."""
   with open(gamefile) as f:
     text = json.load(f)["pddl_problem"]
-  return " ".join(_NAME.sub("(problem)", text).split())
+  return " ".join(_NUMBER.sub("#", _NAME.sub("(problem)", text)).split())
 
 
 def _problems(folder: str) -> dict[str, str]:

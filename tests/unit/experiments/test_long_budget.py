@@ -56,8 +56,15 @@ def test_the_measures_of_a_metrics_row():
 
 def test_problem_key_ignores_the_problem_name(tmp_path):
   a, b = tmp_path / "a.tw-pddl", tmp_path / "b.tw-pddl"
-  a.write_text(json.dumps({"pddl_problem": "(define (problem trial_x_1)\n (:init (at a b)))"}))
-  b.write_text(json.dumps({"pddl_problem": "(define (problem trial_y_2) (:init (at a b)))"}))
+  a.write_text(
+    json.dumps({"pddl_problem": "(define (problem trial_x_1)\n (:init (at apple_bar_1 b)))"})
+  )
+  b.write_text(
+    json.dumps({"pddl_problem": "(define (problem trial_y_2) (:init (at apple_bar_2 b)))"})
+  )
+  c = tmp_path / "c.tw-pddl"
+  c.write_text(json.dumps({"pddl_problem": "(define (problem p) (:init (at apple_bar_1 c)))"}))
+  assert run_mod.problem_key(str(a)) != run_mod.problem_key(str(c))
   assert run_mod.problem_key(str(a)) == run_mod.problem_key(str(b))
 
 
