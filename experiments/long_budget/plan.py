@@ -1,8 +1,8 @@
 r"""The third stage, long budget (issue 60): its design, fixed in writing before any run, and the
 plan of every step.
 
-    nohup nice -n 19 .venv/bin/python -m experiments.long_budget run --records=docs/results \
-        >> runs/long_budget/run.log 2>&1 &
+    mkdir -p runs/long_budget && nohup nice -n 19 .venv/bin/python -m experiments.long_budget \
+        run --records=docs/results >> runs/long_budget/run.log 2>&1 &
     .venv/bin/python -m experiments.long_budget status   # steps done, hours spent and left
     .venv/bin/python -m experiments.long_budget plan     # every command, runs nothing
     .venv/bin/python -m experiments.long_budget report   # from the tables in docs/results
