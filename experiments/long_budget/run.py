@@ -202,7 +202,7 @@ def status(design: Design = FULL, out: str | None = None, python: str = sys.exec
   out = out or design.out
   steps = plan_mod.plan(design, out, python)
   done = [s for s in steps if step_done(s)]
-  spent = sum(collect.wall_seconds(step_results(s)) or 0.0 for s in done if s.kind != "panels")
+  spent = sum(collect.wall_seconds(step_results(s)) or 0.0 for s in done)
   left = [s for s in steps if not step_done(s)]
   hours_left = sum(expected_hours(s, design) for s in left)
   partial = [s for s in left if s.kind == "train" and collect.run_state(s.workdir) == "partial"]
