@@ -113,7 +113,13 @@ class AlgoConfig:
   entropy_coef: float = 0.001
   """Weight of the entropy bonus (subtracted from the loss)."""
   kl_coef: float = 0.01
-  """Weight of the KL penalty to the frozen initial policy (0 = no reference policy kept)."""
+  """Weight of the KL penalty to the frozen initial policy (0 = no reference policy kept, unless
+  `measure_kl`)."""
+  measure_kl: bool = False
+  """Log `actor/kl_loss` (the KL estimate of kl_kind to the frozen initial policy on the sampled
+  response tokens, before its coefficient) also when kl_coef is 0: keeps the initial params and
+  adds one forward pass without gradient per micro-batch to the update; the loss is unchanged.
+  With kl_coef > 0 the metric is always logged."""
   kl_kind: str = "low_var_kl"
   """KL estimator (`KL_PENALTIES`); "low_var_kl" is k3, clipped to [-10, 10] as verl."""
   agg: str = "token-mean"
@@ -232,7 +238,12 @@ class AlgoConfig:
   def needs_ref_params(self) -> bool:
     """Whether the update reads the frozen initial policy: the KL term, or a frozen teacher."""
     # an EMA teacher starts from the params and lives in the train state (`keeps_ema`)
-    return bool(self.kl_coef) or (self.scores_teacher and self.teacher_weights == "initial")
+    return self.measures_kl or (self.scores_teacher and self.teacher_weights == "initial")
+
+  @property
+  def measures_kl(self) -> bool:
+    """Whether the update computes the KL to the initial policy: as a term, or as a metric only."""
+    return bool(self.kl_coef) or bool(self.measure_kl)
 
   @property
   def context_names(self) -> tuple[str, ...]:

@@ -184,10 +184,11 @@ def micro_loss(
     metrics.update(dist_metrics)
     if algo.lam:
       loss = loss + algo.lam * dist
-  if algo.kl_coef:
+  if ref_logp is not None:  # kl_coef > 0, or measured only (algo.measure_kl)
     kl, kl_metrics = algos.kl_loss(logp, ref_logp, mask, algo.kl_kind, **agg)
     metrics.update(kl_metrics)
-    loss = loss + algo.kl_coef * kl
+    if algo.kl_coef:
+      loss = loss + algo.kl_coef * kl
   if teacher_logp is not None:  # teacher vs behaviour policy (reference's trainer-side metric)
     metrics["teacher/gap_vs_old_mean"] = algos.masked_mean(
       teacher_logp - micro_batch.old_logp, mask, denom
@@ -292,7 +293,7 @@ def loss_and_grads(
         else teacher_branch_logp(config, algo, teacher_params, micro)
       )
     ref_logp = None
-    if algo.kl_coef:
+    if algo.measures_kl:
       ref_logp = (
         micro.ref_logp
         if ref_params is None

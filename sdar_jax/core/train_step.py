@@ -203,11 +203,12 @@ class TrainStep:
           "distill_weight [B, R] (pack_batch(..., distill_weights=True))."
         )
       expect["distill_weight"] = (B, R)
-    if for_update and algo.kl_coef:
+    if for_update and algo.measures_kl:
       if ref_params is None and batch.ref_logp is None:
         raise ValueError(
-          f"algo.kl_coef={algo.kl_coef} needs the reference policy: pass ref_params= "
-          "(frozen initial params) or batch.ref_logp [B, R]; or set kl_coef=0."
+          f"algo.kl_coef={algo.kl_coef} (measure_kl={algo.measure_kl}) needs the reference "
+          "policy: pass ref_params= (frozen initial params) or batch.ref_logp [B, R]; or set "
+          "kl_coef=0 and measure_kl=False."
         )
       if ref_params is None:
         expect["ref_logp"] = (B, R)

@@ -303,7 +303,7 @@ def plan(
         B,
         Ps,
         R,
-        with_ref=bool(algo.kl_coef),  # the KL term's reference forward (a frozen teacher's
+        with_ref=algo.measures_kl,  # the KL term's reference forward (a frozen teacher's
         # forward is the teacher's, counted below)
         teacher_prompt_len=Pt if teacher_in_update else None,
       ).values()

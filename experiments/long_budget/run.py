@@ -1,0 +1,228 @@
+"""Plays the long-budget plan (experiments.long_budget.plan) step by step: generates and checks the
+held-out panels, records each finished step in the tidy tables (experiments.records), restores a
+lost machine's state from them and says how far the plan got and what is left to pay."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Callable
+
+from experiments import records
+from experiments.long_budget import plan as plan_mod
+from experiments.long_budget.plan import (
+  EXPERIMENT,
+  FULL,
+  REPO,
+  STAGE,
+  Design,
+  Step,
+  step_done,
+  step_results,
+)
+from experiments.powered.run import _clock, _commit_lines, _lost_lines, lost_episodes, step_commits
+from sdar_jax.observe import collect
+
+_NAME = re.compile(r"\(\s*problem\s+[^)\s]+\s*\)")
+_NUMBER = re.compile(r"\d+")
+
+
+def problem_key(gamefile: str) -> str:
+  """A game's PDDL problem without its name (which holds the trial, never the problem) and with
+  every number ignored (object and receptacle numbers, scenes): two games with equal keys count
+  as sharing their problem, a stricter test than equal problem texts."""
+  with open(gamefile) as f:
+    text = json.load(f)["pddl_problem"]
+  return " ".join(_NUMBER.sub("#", _NAME.sub("(problem)", text)).split())
+
+
+def _problems(folder: str) -> dict[str, str]:
+  """problem key -> one game file, over the game files below `folder`."""
+  found = {}
+  for path in sorted(glob.glob(os.path.join(folder, "**", "*.tw-pddl"), recursive=True)):
+    found.setdefault(problem_key(path), path)
+  return found
+
+
+def make_panels(design: Design, out: str) -> dict[str, object]:
+  """Generates the design's held-out panels (and the train, valid and earlier panels they are
+  checked against, where missing), then checks that no PDDL problem of a new panel is in any other
+  game set or in the other new panel. Writes <out>/PANELS_FILE only when none is shared; raises
+  RuntimeError naming the shared games otherwise."""
+  from configs import default
+  from envs.alfworld import data
+
+  config = default.get_config("algo=grpo")
+  env = config.env
+  base = {
+    s: os.path.join(data.offline_dir(env, s), s) for s in ("train", "valid_seen", "valid_unseen")
+  }
+  sets = {name: _problems(folder) for name, folder in base.items()}
+
+  def panels(num: int, seed: int) -> dict[str, dict[str, str]]:
+    env.offline.num_heldout, env.offline.heldout_seed = num, seed
+    found = {}
+    for panel, split in data.HELDOUT_SPLITS.items():
+      found[f"{panel} n{num} s{seed}"] = _problems(
+        os.path.join(data.offline_dir(env, panel), split)
+      )
+    return found
+
+  for num, seed in plan_mod.EARLIER_PANELS:
+    sets.update(panels(num, seed))
+  new = panels(design.num_heldout, design.heldout_seed)
+  shared = []
+  for name, problems in new.items():
+    others = {**sets, **{n: p for n, p in new.items() if n != name}}
+    for other, theirs in others.items():
+      shared += [(name, other, problems[k]) for k in sorted(set(problems) & set(theirs))]
+    if len(problems) < design.num_heldout:
+      shared.append((name, name, f"{design.num_heldout - len(problems)} duplicate(s) inside"))
+  if shared:
+    lines = "\n".join(f"  {a} shares with {b}: {g}" for a, b, g in shared[:20])
+    raise RuntimeError(f"{len(shared)} held-out game(s) share a PDDL problem:\n{lines}")
+  record = {
+    "panels": {name: len(p) for name, p in new.items()},
+    "checked_against": {name: len(p) for name, p in sets.items()},
+    "shared_problems": 0,
+    "num_heldout": design.num_heldout,
+    "heldout_seed": design.heldout_seed,
+  }
+  os.makedirs(out, exist_ok=True)
+  with open(os.path.join(out, plan_mod.PANELS_FILE), "w") as f:
+    json.dump(record, f, indent=1)
+  return record
+
+
+def step_key(step: Step, out: str) -> dict[str, object]:
+  return {
+    "experiment": EXPERIMENT,
+    "stage": STAGE,
+    "run": os.path.relpath(step.workdir, out),
+    "kind": step.kind,
+    "arm": step.arm,
+    "seed": step.seed,
+    "lr": step.rate,
+  }
+
+
+def record(design: Design, out: str, tables: records.Tables, python: str = sys.executable) -> int:
+  """Appends every finished training or evaluation step not in the tables yet; returns how many."""
+  added = 0
+  for step in plan_mod.plan(design, out, python):
+    if step.kind == "panels" or not step_done(step):
+      continue
+    key = step_key(step, out)
+    if not tables.has(EXPERIMENT, key["run"], step.kind):
+      added += tables.add(*records.step_rows(step_results(step), **key))
+  return added
+
+
+def restore(tables: records.Tables, out: str) -> int:
+  """Writes every step the tables hold back into `out` as run records (no weights); `run` then
+  skips those steps and trains a run again before its evaluation needs the weights."""
+  written = 0
+  for row in tables.read("runs", experiment=EXPERIMENT):
+    folder = os.path.join(out, row["run"])
+    if row["kind"] != "train":
+      folder = os.path.join(folder, "heldout")
+    written += records.restore_step(tables, EXPERIMENT, row["run"], row["kind"], folder)
+  return written
+
+
+def _retrain_lost(design: Design, step: Step, out: str, python: str) -> Step:
+  """An evaluation whose run lost its weights: the run's folder moves aside to <run>.restored[-N]
+  and its training step is returned (played again from the start)."""
+  aside, n = f"{step.workdir}.restored", 1
+  while os.path.exists(aside):
+    n += 1
+    aside = f"{step.workdir}.restored-{n}"
+  os.rename(step.workdir, aside)
+  return plan_mod.train_step(design, out, step.arm, step.seed, python)
+
+
+def run(
+  design: Design = FULL,
+  out: str | None = None,
+  python: str = sys.executable,
+  runner: Callable[..., object] | None = None,
+  echo: Callable[[str], None] = lambda line: print(line, flush=True),
+  max_steps: int | None = None,
+  records_to: str | None = None,
+  smoke: bool = False,
+) -> int:
+  """Plays the steps not yet done in order; returns the number of failed steps. A step's output
+  goes to its results folder's <kind>.log, its wall time and attempts to run_status.json."""
+  import subprocess
+
+  out = out or design.out
+  runner = runner or subprocess.run
+  failed: set[str] = set()
+  played, start = 0, time.time()
+  while max_steps is None or played < max_steps:
+    steps = plan_mod.plan(design, out, python, smoke)
+    todo = [s for s in steps if not step_done(s) and s.label not in failed]
+    if not todo:
+      break
+    step = todo[0]
+    lost = step.kind == "heldout" and step.arm != "initial"
+    if lost and not plan_mod.has_final_checkpoint(step.workdir):
+      step = _retrain_lost(design, step, out, python)
+      echo(f"{step.label}: its final weights are gone; training again")
+    results = step_results(step)
+    echo(
+      f"[{len(steps) - len(todo) + 1}/{len(steps)}] {step.label}: starting, elapsed "
+      f"{_clock(time.time() - start)}, expected {expected_hours(step, design):.2f} h; "
+      f"output in {results}"
+    )
+    os.makedirs(results, exist_ok=True)
+    log = os.path.join(results, f"{step.kind}.log")
+    code = collect.run_and_record(step.command, results, cwd=REPO, log_path=log, runner=runner)
+    played += 1
+    if code:
+      failed.add(step.label)
+      echo(f"{step.label}: failed with exit code {code}; see {log}")
+    if records_to:
+      added = record(design, out, records.Tables(records_to), python)
+      echo(f"records: {added} finished step(s) appended to the tables in {records_to}")
+  echo(f"stopped after {played} step(s) in {_clock(time.time() - start)}; {len(failed)} failed")
+  return len(failed)
+
+
+def expected_hours(step: Step, design: Design = FULL) -> float:
+  return plan_mod.expected_seconds(step, design) / 3600
+
+
+def status(design: Design = FULL, out: str | None = None, python: str = sys.executable) -> str:
+  """Steps done, the wall time they took, the next ones, the cost plan's hours left."""
+  out = out or design.out
+  steps = plan_mod.plan(design, out, python)
+  done = [s for s in steps if step_done(s)]
+  spent = sum(collect.wall_seconds(step_results(s)) or 0.0 for s in done)
+  left = [s for s in steps if not step_done(s)]
+  hours_left = sum(expected_hours(s, design) for s in left)
+  partial = [s for s in left if s.kind == "train" and collect.run_state(s.workdir) == "partial"]
+  lines = [
+    (
+      f"{len(done)}/{len(steps)} steps done, {spent / 3600:.2f} h of wall time; "
+      f"{len(left)} left, about {hours_left:.1f} machine-hours by the cost plan "
+      "(a partial run counts in full)"
+    ),
+    *(f"  next: {s.label} ({expected_hours(s, design):.2f} h)" for s in left[:3]),
+    *(f"  partial: {s.label} (resumes from its checkpoint)" for s in partial),
+  ]
+  seeds_done = {
+    arm: sum(
+      step_done(s) for s in steps if s.arm == arm and s.kind == "heldout" and s.seed is not None
+    )
+    for arm in plan_mod.ARMS
+  }
+  lines.append("seeds finished (trained and evaluated) per arm: " + str(seeds_done))
+  trained = [s for s in done if s.kind == "train"]
+  lines += _lost_lines(lost_episodes(trained))
+  lines += _commit_lines(step_commits([s for s in done if s.kind != "panels"]))
+  return "\n".join(lines)

@@ -1,0 +1,142 @@
+"""The long-budget stage (experiments.long_budget): its plan's order and budget, the collapse rule,
+the measures read from the metrics, and the report on a tiny synthetic table (one seed an arm)."""
+
+import json
+import os
+
+import pytest
+
+from experiments import records
+from experiments.long_budget import plan as plan_mod
+from experiments.long_budget import report as report_mod
+from experiments.long_budget import run as run_mod
+
+
+def _flag(step, key):
+  return next(c.split("=", 1)[1] for c in step.command if c.startswith(f"--config.{key}="))
+
+
+def test_the_plan_is_seed_major_with_the_fixed_budget(tmp_path):
+  steps = plan_mod.plan(plan_mod.FULL, str(tmp_path), python="python")
+  assert [s.kind for s in steps[:2]] == ["panels", "heldout"] and steps[1].arm == "initial"
+  trains = [(s.seed, s.arm) for s in steps if s.kind == "train"]
+  assert trains == [(s, a) for s in (0, 1, 2) for a in ("grpo", "grpo_opsd", "sdar", "retire_opd")]
+  for s in steps[2:]:
+    assert s.command[:3] == ("nice", "-n", "19")
+    assert _flag(s, "optim.lr") == "0.0005" and _flag(s, "train.iterations") == "96"
+    assert _flag(s, "train.eval_every") == ("4" if s.arm == "retire_opd" else "8")
+    if s.kind == "heldout":
+      assert _flag(s, "env.offline.num_heldout") == "640"
+      assert _flag(s, "env.offline.heldout_seed") == "2"
+  assert not any(plan_mod.step_done(s) for s in steps)
+  assert sum(n * h for _, n, h in plan_mod.cost_table()) == pytest.approx(11.5, abs=1.0)
+
+
+def test_collapse_is_two_consecutive_validations_0_2_below_the_best_so_far():
+  assert report_mod.collapsed({0: 0.3, 8: 0.5, 16: 0.3, 24: 0.29}) == 24
+  assert report_mod.collapsed({0: 0.3, 8: 0.5, 16: 0.3, 24: 0.4, 32: 0.3}) is None  # not in a row
+  assert report_mod.collapsed({0: 0.1, 8: 0.2, 16: 0.5, 24: 0.6}) is None  # a later best: no
+  assert report_mod.collapsed({0: 0.5, 8: 0.2, 16: 0.31}) is None  # 0.19 below: no
+  assert report_mod.collapsed({}) is None
+
+
+def test_the_measures_of_a_metrics_row():
+  got = report_mod.measure_values(
+    {
+      "rollout/teacher_old_gap_mean": -0.3,
+      "rollout/teacher_old_gap_rms": 0.5,
+      "actor/kl_loss": 0.02,
+      "episode/valid_action_ratio": 0.9,
+      "train/grad_norm": 1.5,
+    }
+  )
+  assert got["gap sd"] == pytest.approx(0.4) and got["invalid actions"] == pytest.approx(0.1)
+  assert got["kl from initial"] == 0.02 and "entropy" not in got
+
+
+def test_problem_key_ignores_the_problem_name(tmp_path):
+  a, b = tmp_path / "a.tw-pddl", tmp_path / "b.tw-pddl"
+  a.write_text(
+    json.dumps({"pddl_problem": "(define (problem trial_x_1)\n (:init (at apple_bar_1 b)))"})
+  )
+  b.write_text(
+    json.dumps({"pddl_problem": "(define (problem trial_y_2) (:init (at apple_bar_2 b)))"})
+  )
+  c = tmp_path / "c.tw-pddl"
+  c.write_text(json.dumps({"pddl_problem": "(define (problem p) (:init (at apple_bar_1 c)))"}))
+  assert run_mod.problem_key(str(a)) != run_mod.problem_key(str(c))
+  assert run_mod.problem_key(str(a)) == run_mod.problem_key(str(b))
+
+
+def _synthetic(folder):
+  """One seed of grpo (stable), sdar (collapses at 24) and retire_opd (retires at 20)."""
+  games = [f"g{i}" for i in range(8)]
+  outcomes, metrics, runs = [], [], []
+  curves = {
+    "grpo": {0: 2, 8: 3, 16: 4, 24: 4, 32: 4},
+    "sdar": {0: 2, 8: 5, 16: 3, 24: 3, 32: 2},
+    "retire_opd": {0: 2, 8: 3, 16: 4, 24: 5, 32: 5},
+  }
+  held = {"grpo": 3, "sdar": 2, "retire_opd": 4, "initial": 2}
+  for arm, curve in curves.items():
+    key = {
+      "experiment": "long_budget",
+      "stage": 3,
+      "run": f"{arm}/lr5.0e-04/seed0",
+      "arm": arm,
+      "seed": 0,
+    }
+    key["lr"] = 5e-4
+    runs += [dict(key, kind=kind, finished=1, wall_seconds=60.0) for kind in ("train", "heldout")]
+    for it, wins in curve.items():
+      for i, g in enumerate(games):
+        outcomes.append(
+          dict(key, kind="train", panel="valid_seen", prompt="plain", eval_iteration=it)
+          | {"game": g, "success": int(i < wins), "task_id": i, "repeat": 0}
+        )
+    for it in range(1, 33):
+      row = {"actor/kl_loss": 0.001 * it, "actor/entropy": 0.5, "train/grad_norm": 1.0}
+      row["episode/valid_action_ratio"] = 0.9
+      if arm != "grpo":
+        row |= {"rollout/teacher_old_gap_mean": -0.1, "rollout/teacher_old_gap_rms": 0.2}
+      if arm == "retire_opd":
+        row |= {"retire/teacher_success": 0.5, "retire/competence": 0.8, "retire/progress": 0.1}
+        row |= {"retire/kl": 0.05} | ({"retire/retired_at": 20.0} if it >= 20 else {})
+      metrics += [dict(key, iteration=it, metric=m, value=v) for m, v in row.items()]
+  for arm, wins in held.items():
+    run = "initial" if arm == "initial" else f"{arm}/lr5.0e-04/seed0"
+    seed, lr = (None, None) if arm == "initial" else (0, 5e-4)
+    key = {"experiment": "long_budget", "stage": 3, "run": run, "arm": arm, "seed": seed, "lr": lr}
+    if arm == "initial":
+      runs.append(dict(key, kind="heldout", finished=1))
+    for panel in ("heldout_seen", "heldout_unseen"):
+      for i, g in enumerate(games):
+        outcomes.append(
+          dict(key, kind="heldout", panel=panel, prompt="plain", eval_iteration=32)
+          | {"game": f"{panel}/{g}", "success": int(i < wins), "task_id": i, "repeat": 0}
+        )
+  tables = records.Tables(str(folder))
+  records.append(tables.outcomes, outcomes, records.OUTCOME_COLUMNS)
+  records.append(tables.metrics, metrics, records.METRIC_COLUMNS)
+  records.append(tables.runs, runs, records.RUN_COLUMNS)
+  return tables
+
+
+def test_the_report_on_one_seed_an_arm(tmp_path):
+  tables = _synthetic(tmp_path / "tables")
+  dest = str(tmp_path / "report")
+  text = report_mod.report(tables, dest, resamples=200)
+  assert "| `sdar` | 1 | 1 | seed 0: 24 |" in text and "| `grpo` | 1 | 0 | - |" in text
+  assert "| 0 | iteration 20 |" in text  # retire_opd seed 0
+  assert "`grpo_opsd`" in text.split("arms with none:")[1].split("\n")[0]
+  assert "| `initial` | 1 | 0.250 | 0.250 |" in text
+  for name in ("report.md", "curves.png", "dynamics.csv", "collapse.csv", "retirement.csv"):
+    assert os.path.getsize(os.path.join(dest, name)) > 0
+  paired = records.read(os.path.join(dest, "paired.csv"))
+  assert {r["comparison"] for r in paired} == {"sdar - grpo", "retire_opd - grpo"}
+  row = next(r for r in paired if r["comparison"] == "sdar - grpo")
+  assert float(row["difference"]) == pytest.approx(-0.125)
+  dynamics = records.read(os.path.join(dest, "dynamics.csv"))
+  measures = {r["measure"] for r in dynamics}
+  assert {"kl from initial", "gap sd", "invalid actions", "valid_seen success"} <= measures
+  assert not any(r["arm"] == "grpo" and r["measure"] == "gap mean" for r in dynamics)
