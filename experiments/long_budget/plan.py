@@ -26,7 +26,8 @@ The design (docs/results.md, "The third stage: long budget", planned 2026-12-06)
   valid_seen success is each at least 0.2 below the best success of the run's validations up to
   and including it (the validation before training counts).
 * HELDOUT: every final policy and the warm-started one on `heldout_seen` and `heldout_unseen`,
-  640 games each, generator seed 2 (the powered stages' panels: 128 games, seed 1). The PANELS
+  640 games each, generator seed 2 (the powered stages' panels: 128 games, seed 1), each
+  episode's draws keyed by its game and turn (eval.streams=task: common random numbers). The PANELS
   step generates them first and checks that no PDDL problem (the problem text without its name)
   is shared with train, valid_seen, valid_unseen or the seed-1 panels, nor between the two new
   panels, with every number in the problem ignored (object numbers, scenes); it fails otherwise.
@@ -85,6 +86,7 @@ class Design:
       "eval.split=heldout_seen",
       "eval.splits=heldout_unseen",
       "eval.num_tasks=-1",
+      "eval.streams=task",  # common random numbers: each episode's draws keyed by its game
       f"env.offline.num_heldout={self.num_heldout}",
       f"env.offline.heldout_seed={self.heldout_seed}",
     )
