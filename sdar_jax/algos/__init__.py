@@ -76,6 +76,8 @@ from sdar_jax.algos.sections import (
   Retire,
   TeacherStage,
 )
+from sdar_jax.algos.skill_memory import SkillMemory
+from sdar_jax.algos.skill_memory_source import memory_round
 from sdar_jax.algos.teacher_schedules import PASSED_TEACHER_WEIGHTS, TEACHER_WEIGHTS
 from sdar_jax.algos.turn_credit import (
   TURN_ADVANTAGES,
@@ -106,6 +108,9 @@ __all__ = [
   # source "reflection": reflector, judge, GRSD's prior (sdar_jax.algos.reflection)
   "Reflection",
   "reflect_episodes",
+  # source "skill_memory": UCOB's evolving skill memory (sdar_jax.algos.skill_memory)
+  "SkillMemory",
+  "memory_round",
   # SDPO's loss (sdar_jax.algos.sdpo)
   "SDPO",
   "sdpo_divergence",

@@ -47,6 +47,7 @@ from sdar_jax.algos.sections import (
   Retire,
   TeacherStage,
 )
+from sdar_jax.algos.skill_memory import SkillMemory, skill_memory_problems
 from sdar_jax.algos.teacher_schedules import PASSED_TEACHER_WEIGHTS, TEACHER_WEIGHTS
 from sdar_jax.algos.turn_credit import TURN_ADVANTAGES
 from sdar_jax.config_keys import MOVED_ON, RENAMED_VALUES, translate_section
@@ -155,6 +156,8 @@ class AlgoConfig:
   """Source "hindsight"'s settings (`algo.hindsight.k`, `.outcome`, `.tokens`)."""
   reflection: Reflection = dataclasses.field(default_factory=Reflection)
   """Source "reflection"'s reflector, judge and reflection-training term (`algos.reflection`)."""
+  skill_memory: SkillMemory = dataclasses.field(default_factory=SkillMemory)
+  """Source "skill_memory"'s writer, retrieval and utility rules (`algos.skill_memory`)."""
   sdpo: SDPO = dataclasses.field(default_factory=SDPO)
   """SDPO's loss (distill "sdpo": `algo.sdpo.top_k`, `.alpha`, `.is_clip`, `.add_tail`)."""
   skills_in_student: bool = False
@@ -511,6 +514,7 @@ class AlgoConfig:
         "set algo.distill to 'sdar' or 'skill_sd', or lam=0",
       )
     out += context_problems(self) + sdpo_problems(self) + reflection_problems(self)
+    out += skill_memory_problems(self)
     return out
 
   def _teacher_problems(self, bad) -> None:

@@ -54,6 +54,9 @@ class IterationView(Protocol):
   def set_algo(self, algo: Any) -> None:
     """Runs the rest of the training with `algo` (one more compilation of the update)."""
 
+  def save_text(self, name: str, text: str) -> None:
+    """Writes `text` to the run folder's file `name` (the primary process only)."""
+
 
 class MethodHooks:
   """A method's hooks; every one is optional (the defaults do nothing)."""

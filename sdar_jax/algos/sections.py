@@ -10,6 +10,7 @@ import dataclasses
 from sdar_jax.algos.contexts import Hindsight, Sibling
 from sdar_jax.algos.reflection import Reflection
 from sdar_jax.algos.sdpo import SDPO
+from sdar_jax.algos.skill_memory import SkillMemory
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,6 +157,7 @@ SECTIONS: dict[str, type] = {
   "sibling": Sibling,
   "hindsight": Hindsight,
   "reflection": Reflection,  # source "reflection" (sdar_jax.algos.reflection)
+  "skill_memory": SkillMemory,  # source "skill_memory" (sdar_jax.algos.skill_memory)
   # SDPO's loss (sdar_jax.algos.sdpo)
   "sdpo": SDPO,
 }

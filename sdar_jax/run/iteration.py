@@ -17,7 +17,7 @@ import numpy as np
 
 from sdar_jax.core.batch import TurnSample
 from sdar_jax.core.sampling import SamplingParams
-from sdar_jax.infra import multihost
+from sdar_jax.infra import multihost, paths
 from sdar_jax.observe.metrics import mean_over_updates
 from sdar_jax.observe.perf import IterationClock
 from sdar_jax.rollout.global_batches import global_minibatches
@@ -65,6 +65,11 @@ class RunView:
 
   def set_algo(self, algo) -> None:
     self.trainer.set_algo(algo)
+
+  def save_text(self, name: str, text: str) -> None:
+    """Writes `text` to the workdir's file `name` (the primary process only)."""
+    if paths.is_primary_process():
+      paths.write_text(paths.join(self.trainer.workdir, name), text)
 
 
 @dataclasses.dataclass
