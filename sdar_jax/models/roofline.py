@@ -159,3 +159,130 @@ def device_peaks(device_kind: str) -> tuple[float, float] | None:
     if key.lower() in device_kind.lower():
       return flops, bandwidth
   return None
+
+
+def score_work(config: ModelConfig, rows: int, prompt_len: int, response_len: int) -> Work:
+  """A no-grad scoring forward of `rows` prompt + response rows (the teacher's log-probs at
+  θ_old, once per iteration): the forward with the lm_head at the response positions, the
+  weights once, the float32 logits of the response positions written and read."""
+  flops = forward_flops(config, rows, prompt_len + response_len, response_len)
+  logits = rows * response_len * config.vocab_size * 4
+  return Work(flops, weight_bytes(config) + 2 * logits)
+
+
+@dataclasses.dataclass(frozen=True)
+class IterationPlan:
+  """Projected seconds of one training iteration by phase (`plan_iteration`), with the token
+  counts they come from. A projection from the roofline and assumed fractions, not a
+  measurement."""
+
+  rollout_s: float  # the sampler's calls (prefill and decode), every turn of every episode
+  env_s: float  # the environments' steps, not overlapped with the sampler (rollout.overlap=off)
+  teacher_s: float  # the teacher's scoring forward over every turn-sample, once per iteration
+  update_s: float  # every mini-batch's update (forward, backward, reference forward, AdamW)
+  turn_samples: int
+  updates: int
+  prefill_tokens: int  # prompt tokens prefilled, every turn (the history window re-prefilled)
+  decode_tokens: int  # decode slots run: rows x new tokens per call, padding rows included
+  teacher_tokens: int  # prompt + response tokens the teacher forward runs
+  update_tokens: int  # student prompt + response tokens the updates run
+
+  @property
+  def total_s(self) -> float:
+    return self.rollout_s + self.env_s + self.teacher_s + self.update_s
+
+  @property
+  def phases(self) -> dict[str, float]:
+    return {
+      "rollout": self.rollout_s,
+      "environment": self.env_s,
+      "teacher": self.teacher_s,
+      "update": self.update_s,
+    }
+
+  @property
+  def dominant(self) -> str:
+    """The phase that takes the most time."""
+    return max(self.phases, key=self.phases.get)
+
+
+def plan_iteration(
+  config: ModelConfig,
+  *,
+  active_rows: list[int],
+  prompt_len: int,
+  teacher_prompt_len: int | None,
+  response_len: int,
+  new_tokens: int,
+  mini_batch_size: int,
+  chips: int,
+  peak_flops: float,
+  bandwidth: float,
+  sampler_fraction: float,
+  update_fraction: float,
+  env_step_s: float,
+  env_workers: int,
+  with_ref: bool = True,
+) -> IterationPlan:
+  """The projected time of one synchronous iteration (rollout, then teacher scoring, then the
+  updates), each phase as its roofline time per chip over an achieved fraction.
+
+  Args:
+    active_rows: the episodes still playing at each turn (one sampler call and one env step per
+      entry); their sum is the iteration's turn-samples.
+    prompt_len: the student prompt as the sampler and the update run it (padded to its bucket);
+      every call prefills it for every row (the history window makes each turn's prompt new).
+    teacher_prompt_len: the teacher's prompt (the student's with the skill block, padded); None:
+      no teacher scoring (GRPO).
+    response_len: response slots of each turn-sample in the teacher forward and the update.
+    new_tokens: tokens each call generates (the loop runs until its longest row stops).
+    mini_batch_size: turn-samples per update; ceil(turn_samples / mini_batch_size) updates, the
+      last counted full.
+    chips, peak_flops, bandwidth: the slice; per chip peak bf16 FLOP/s and bytes/s.
+    sampler_fraction, update_fraction: achieved fraction of the roofline of the sampler's calls
+      and of the update (the teacher's forward is taken at the update's).
+    env_step_s, env_workers: seconds per env step on one worker process, and the workers: a turn
+      steps its active episodes ceil(rows / workers) at a time.
+    with_ref: the update also runs the reference forward (the KL term, algo.kl_coef > 0).
+
+  The sampler's rows are split over the chips, and every chip reads all the weights at each
+  decode step (a replicated or gathered copy; the gathering itself is not counted). The teacher
+  and update FLOPs split evenly over the chips.
+  """
+  rollout_s = env_s = 0.0
+  decode_tokens = 0
+  for rows in active_rows:
+    per_chip = -(-rows // chips)
+    work = sampler_work(config, per_chip, per_chip, prompt_len, new_tokens)
+    rollout_s += work.seconds(peak_flops, bandwidth) / sampler_fraction
+    env_s += -(-rows // env_workers) * env_step_s
+    decode_tokens += per_chip * chips * new_tokens
+  turn_samples = sum(active_rows)
+  updates = -(-turn_samples // mini_batch_size)
+  per_chip_batch = -(-mini_batch_size // chips)
+  update = update_work(
+    config,
+    per_chip_batch,
+    prompt_len,
+    response_len,
+    with_ref=with_ref,
+  )
+  update_s = updates * update.seconds(peak_flops, bandwidth) / update_fraction
+  teacher_s = 0.0
+  teacher_tokens = 0
+  if teacher_prompt_len is not None:
+    score = score_work(config, -(-turn_samples // chips), teacher_prompt_len, response_len)
+    teacher_s = score.seconds(peak_flops, bandwidth) / update_fraction
+    teacher_tokens = turn_samples * (teacher_prompt_len + response_len)
+  return IterationPlan(
+    rollout_s=rollout_s,
+    env_s=env_s,
+    teacher_s=teacher_s,
+    update_s=update_s,
+    turn_samples=turn_samples,
+    updates=updates,
+    prefill_tokens=turn_samples * prompt_len,
+    decode_tokens=decode_tokens,
+    teacher_tokens=teacher_tokens,
+    update_tokens=updates * mini_batch_size * (prompt_len + response_len),
+  )
