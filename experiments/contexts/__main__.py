@@ -39,7 +39,11 @@ def main(argv: Sequence[str] | None = None) -> int:
   tables = records.Tables(args.records or RECORDS)
   if args.action == "report":
     dest = args.dest or report_mod.DEST
-    print(report_mod.report(tables, dest, resamples=args.resamples, seeds=design.seeds))
+    print(
+      report_mod.report(
+        tables, dest, args.resamples, seeds=design.seeds, pilot_seeds=design.pilot_seeds
+      )
+    )
     return 0
   if args.action == "restore":
     print(f"{run_mod.restore(tables, out)} file(s) restored into {out}")
