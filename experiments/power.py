@@ -67,3 +67,12 @@ def games_needed(
   if room <= 0:
     return None
   return math.ceil((parts.game + parts.residual / seeds) / room)
+
+
+def power_at(
+  parts: Components, seeds: int, games: int, effect: float, alpha: float = 0.05
+) -> float:
+  """The probability that a two-sided test at `alpha` detects a true difference `effect` (the
+  normal approximation, the far tail ignored): Phi(|effect| / se - z_{1-alpha/2})."""
+  z = NormalDist().inv_cdf(1.0 - alpha / 2.0)
+  return NormalDist().cdf(abs(effect) / parts.standard_error(seeds, games) - z)
