@@ -117,10 +117,8 @@ class AlgoConfig:
   """Weight of the KL penalty to the frozen initial policy (0 = no reference policy kept, unless
   `measure_kl`)."""
   measure_kl: bool = False
-  """Log `actor/kl_loss` (the KL estimate of kl_kind to the frozen initial policy on the sampled
-  response tokens, before its coefficient) also when kl_coef is 0: keeps the initial params and
-  adds one forward pass without gradient per micro-batch to the update; the loss is unchanged.
-  With kl_coef > 0 the metric is always logged."""
+  """Log `actor/kl_loss` (kl_kind's estimate to the frozen initial policy) also at kl_coef 0: the
+  initial params kept, one forward pass without gradient per micro-batch; the loss unchanged."""
   kl_kind: str = "low_var_kl"
   """KL estimator (`KL_PENALTIES`); "low_var_kl" is k3, clipped to [-10, 10] as verl."""
   agg: str = "token-mean"
