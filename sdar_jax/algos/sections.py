@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 from sdar_jax.algos.contexts import Hindsight, Sibling
+from sdar_jax.algos.opid import OPID
 from sdar_jax.algos.reflection import Reflection
 from sdar_jax.algos.sdpo import SDPO
 from sdar_jax.algos.skill_memory import SkillMemory
@@ -158,6 +159,7 @@ SECTIONS: dict[str, type] = {
   "hindsight": Hindsight,
   "reflection": Reflection,  # source "reflection" (sdar_jax.algos.reflection)
   "skill_memory": SkillMemory,  # source "skill_memory" (sdar_jax.algos.skill_memory)
+  "opid": OPID,  # OPID's source and advantage (sdar_jax.algos.opid)
   # SDPO's loss (sdar_jax.algos.sdpo)
   "sdpo": SDPO,
 }

@@ -524,6 +524,17 @@ EXPECTED_PRESETS = {
     entropy_coef=0.0,
     teacher=True,
   ),
+  # OPID (jinyangwu/OPID@37a15a5 run_alfworld_opid_guide.sh): GRPO (mean_std_norm) plus 0.001 x
+  # the hindsight skill's log-prob shift of θ_old (teacher at rollout, shared weights)
+  "opid": dict(
+    advantage="opid",
+    context="opid",
+    distill="none",
+    teacher_source="rollout",
+    teacher_weights="current",
+    **{"opid.teacher_adv_w": 0.001, "opid.max_step_skills": 5, "opid.reflector": "openai"},
+    teacher=True,
+  ),
 }
 
 
