@@ -221,11 +221,12 @@ class OPIDHooks(MethodHooks):
 
   def run_problems(self, config) -> list[str]:
     if config.algo.opid.reflector == "openai" and not config.algo.reflection.url:
-      return [
+      problem = (
         "algo.reflection.url='': OPID's analyzer 'openai' needs the endpoint's API base. Fix: "
         "--config.algo.reflection.url=http://HOST:PORT/v1 (and .model), or "
         "--config.algo.opid.reflector=policy"
-      ]
+      )
+      return [problem]
     return []
 
 
