@@ -128,6 +128,10 @@ class UCOB:
   to sum to one (cbsd.topk_norm_to_one); False keeps the full-vocabulary log-probs."""
   clip_log_ratio: bool = False
   """Clamp log pT − log pθ to [−5, 5] inside the sum (cbsd.topk_clip_log_ratio)."""
+  memory: bool = False
+  """The good view's skills from the evolving skill memory (`algo.skill_memory`, retrieved per
+  turn by the upper-confidence rule, written from the run's episodes) in place of env.skills'
+  static ones (`algos.skill_memory_source.MemoryRetriever`); needs views "mixed"."""
 
 
 @dataclasses.dataclass(frozen=True)

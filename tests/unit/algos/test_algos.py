@@ -455,6 +455,7 @@ EXPECTED_PRESETS = {
     **{"ucob.gamma": 0.95},
     **{"ucob.norm_to_one": True},
     **{"ucob.clip_log_ratio": False},
+    **{"ucob.memory": True, "skill_memory.reflector": "policy"},  # issue 56: its skill memory
     teacher=True,
   ),
   "agent_opsd": dict(
