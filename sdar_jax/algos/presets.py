@@ -156,7 +156,8 @@ ALGO_PRESETS: dict[str, AlgoConfig] = {
     # Ours, after OPID (arXiv 2606.26790; jinyangwu/OPID@37a15a5; docs/reference.md, "OPID"):
     # GRPO's advantage plus 0.001 x the shift of θ_old's log-prob of each response token under a
     # hindsight skill mined from its own finished episode (an analyzer endpoint by default).
-    _preset("opid", advantage="opid", context="opid"),
+    # ℓ_old as verl's actor recomputes it: the shift then compares two passes of one scorer.
+    _preset("opid", advantage="opid", context="opid", recompute_old_logp=True),
   )
 }
 

@@ -534,6 +534,7 @@ EXPECTED_PRESETS = {
     teacher_source="rollout",
     teacher_weights="current",
     **{"opid.teacher_adv_w": 0.001, "opid.max_step_skills": 5, "opid.reflector": "openai"},
+    recompute_old_logp=True,
     teacher=True,
   ),
 }

@@ -83,6 +83,7 @@ def test_the_preset_reads_the_teacher_at_theta_old():
   assert p.advantage == "opid" and p.context == "opid" and p.scores_teacher
   assert p.teacher_source == "rollout" and p.teacher_weights == "current"  # θ_old, shared weights
   assert p.distill == "none" and p.kl_coef == 0.01 and p.kl_kind == "low_var_kl"
+  assert p.recompute_old_logp  # ℓ_old re-scored at θ_old, as verl's actor does
   assert p.opid.teacher_adv_w == 0.001 and p.opid.max_step_skills == 5
   with pytest.raises(ValueError, match="algo.opid.reflector"):
     dataclasses.replace(p, opid=OPID(reflector="gpt"))
