@@ -60,10 +60,10 @@ def opid_problems(algo: Any) -> list[str]:
   s, out = algo.opid, []
   if s.reflector not in KINDS:
     out.append(f"algo.opid.reflector={s.reflector!r}: not a reflector. Fix: use one of {KINDS}")
-  for key in ("max_step_skills", "tokens"):
+  for key, low in (("max_step_skills", 0), ("tokens", 1)):
     v = getattr(s, key)
-    if not isinstance(v, int) or isinstance(v, bool) or v < (0 if key == "max_step_skills" else 1):
-      out.append(f"algo.opid.{key}={v!r}: must be a whole number >= 1. Fix: a positive number")
+    if not isinstance(v, int) or isinstance(v, bool) or v < low:
+      out.append(f"algo.opid.{key}={v!r}: must be a whole number >= {low}. Fix: e.g. 5")
   if not isinstance(s.teacher_adv_w, (int, float)) or s.teacher_adv_w < 0:
     out.append(f"algo.opid.teacher_adv_w={s.teacher_adv_w!r}: must be >= 0. Fix: e.g. 0.001")
   return out
