@@ -35,18 +35,9 @@ from sdar_jax.algos.gates import GATES
 from sdar_jax.algos.hooks import METHOD_HOOKS
 from sdar_jax.algos.losses import KL_PENALTIES
 from sdar_jax.algos.reflection import Reflection, reflection_problems
-from sdar_jax.algos.sections import (
-  EMA,
-  GRSD,
-  RETIRE_WINDOWS,
-  RLSD,
-  SECTIONS,
-  UCOB,
-  AgentOPSD,
-  PPOClip,
-  Retire,
-  TeacherStage,
-)
+from sdar_jax.algos.opid import OPID, opid_problems
+from sdar_jax.algos.sections import EMA, GRSD, RETIRE_WINDOWS, RLSD, SECTIONS, UCOB, AgentOPSD
+from sdar_jax.algos.sections import PPOClip, Retire, TeacherStage
 from sdar_jax.algos.skill_memory import SkillMemory, skill_memory_problems
 from sdar_jax.algos.teacher_schedules import PASSED_TEACHER_WEIGHTS, TEACHER_WEIGHTS
 from sdar_jax.algos.turn_credit import TURN_ADVANTAGES
@@ -156,6 +147,8 @@ class AlgoConfig:
   """Source "reflection"'s reflector, judge and reflection-training term (`algos.reflection`)."""
   skill_memory: SkillMemory = dataclasses.field(default_factory=SkillMemory)
   """Source "skill_memory"'s writer, retrieval and utility rules (`algos.skill_memory`)."""
+  opid: OPID = dataclasses.field(default_factory=OPID)
+  """OPID's analyzer and teacher-term weight (source and advantage "opid", `algos.opid`)."""
   sdpo: SDPO = dataclasses.field(default_factory=SDPO)
   """SDPO's loss (distill "sdpo": `algo.sdpo.top_k`, `.alpha`, `.is_clip`, `.add_tail`)."""
   skills_in_student: bool = False
@@ -294,7 +287,7 @@ class AlgoConfig:
   @property
   def terms_need_teacher(self) -> bool:
     """Whether a loss term or the advantage estimator reads the teacher's log-probs."""
-    return self.distill != "none" or self.advantage in ("rlsd", *TURN_ADVANTAGES)
+    return self.distill != "none" or self.advantage in ("rlsd", "opid", *TURN_ADVANTAGES)
 
   @property
   def turn_advantages(self) -> bool:
@@ -512,7 +505,7 @@ class AlgoConfig:
         "set algo.distill to 'sdar' or 'skill_sd', or lam=0",
       )
     out += context_problems(self) + sdpo_problems(self) + reflection_problems(self)
-    out += skill_memory_problems(self)
+    out += skill_memory_problems(self) + opid_problems(self)
     return out
 
   def _teacher_problems(self, bad) -> None:

@@ -57,6 +57,11 @@ class IterationView(Protocol):
   def save_text(self, name: str, text: str) -> None:
     """Writes `text` to the run folder's file `name` (the primary process only)."""
 
+  def set_rollout_retriever(self, retriever: Any) -> None:
+    """Makes `retriever` (`skill_text`, `privileged_block`, `student_block` as
+    envs.skills.SkillRetriever's) the training rollout's skill retriever from its next rollout on;
+    the validation loops keep theirs."""
+
 
 class MethodHooks:
   """A method's hooks; every one is optional (the defaults do nothing)."""

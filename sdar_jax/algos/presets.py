@@ -10,7 +10,7 @@ import dataclasses
 
 from sdar_jax.algos.config import AlgoConfig
 from sdar_jax.algos.reflection import Reflection
-from sdar_jax.algos.sections import EMA, AgentOPSD, Retire, TeacherStage
+from sdar_jax.algos.sections import EMA, UCOB, AgentOPSD, Retire, TeacherStage
 
 BASE = AlgoConfig()
 _SDAR = {"distill": "sdar", "lam": 0.01, "beta": 5.0, "gate": "gap", "form": "reference"}
@@ -89,8 +89,8 @@ ALGO_PRESETS: dict[str, AlgoConfig] = {
         "retire": Retire(window=5),
       },
     ),
-    # UCOB as published (TU2021/UCOB@d38292c, its ALFWorld launcher), without its evolving skill
-    # memory (the static skills are the "good" view): mixed rollouts, the better view's response
+    # UCOB as published (TU2021/UCOB@d38292c, its ALFWorld launcher), its evolving skill memory
+    # giving the "good" view's skills (the policy writes them): mixed rollouts, the better view's response
     # distilled into the other view's context over the teacher view's top 32 renormalised, gated
     # once per position, coefficient 0.1, on GiGPO's advantages (`PRESET_RUN_SETTINGS`).
     _preset(
@@ -104,6 +104,7 @@ ALGO_PRESETS: dict[str, AlgoConfig] = {
       views="mixed",
       teacher_source="update",
       teacher_weights="old",
+      ucob=UCOB(memory=True),  # the good view's skills from the evolving memory (policy-written)
     ),
     # AgentOPSD as published: GRPO's advantage scaled by a bounded factor from the z-scored
     # increments of a per-episode success belief that starts at the group's success rate.
@@ -152,6 +153,11 @@ ALGO_PRESETS: dict[str, AlgoConfig] = {
       ema=EMA(decay=0.95),
       context="sibling_or_hindsight",
     ),
+    # Ours, after OPID (arXiv 2606.26790; jinyangwu/OPID@37a15a5; docs/reference.md, "OPID"):
+    # GRPO's advantage plus 0.001 x the shift of θ_old's log-prob of each response token under a
+    # hindsight skill mined from its own finished episode (an analyzer endpoint by default).
+    # ℓ_old as verl's actor recomputes it: the shift then compares two passes of one scorer.
+    _preset("opid", advantage="opid", context="opid", recompute_old_logp=True),
   )
 }
 

@@ -127,7 +127,8 @@ class OracleWriter:
 
 
 def _chat(r: Request) -> list[dict[str, str]]:
-  return [{"role": "system", "content": r.system}, {"role": "user", "content": r.user}]
+  system = [{"role": "system", "content": r.system}] if r.system else []  # OPID's: user only
+  return [*system, {"role": "user", "content": r.user}]
 
 
 def build_writer(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 from sdar_jax.algos.contexts import Hindsight, Sibling
+from sdar_jax.algos.opid import OPID
 from sdar_jax.algos.reflection import Reflection
 from sdar_jax.algos.sdpo import SDPO
 from sdar_jax.algos.skill_memory import SkillMemory
@@ -127,6 +128,10 @@ class UCOB:
   to sum to one (cbsd.topk_norm_to_one); False keeps the full-vocabulary log-probs."""
   clip_log_ratio: bool = False
   """Clamp log pT − log pθ to [−5, 5] inside the sum (cbsd.topk_clip_log_ratio)."""
+  memory: bool = False
+  """The good view's skills from the evolving skill memory (`algo.skill_memory`, retrieved per
+  turn by the upper-confidence rule, written from the run's episodes) in place of env.skills'
+  static ones (`algos.skill_memory_source.MemoryRetriever`); needs views "mixed"."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,6 +163,7 @@ SECTIONS: dict[str, type] = {
   "hindsight": Hindsight,
   "reflection": Reflection,  # source "reflection" (sdar_jax.algos.reflection)
   "skill_memory": SkillMemory,  # source "skill_memory" (sdar_jax.algos.skill_memory)
+  "opid": OPID,  # OPID's source and advantage (sdar_jax.algos.opid)
   # SDPO's loss (sdar_jax.algos.sdpo)
   "sdpo": SDPO,
 }

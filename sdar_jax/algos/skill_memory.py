@@ -87,6 +87,11 @@ def skill_memory_problems(algo: Any) -> list[str]:
   """Every invalid algo.skill_memory value, one "algo.skill_memory.<key>=<value>: <problem>.
   Fix: <fix>" line each."""
   s, out = algo.skill_memory, []
+  if algo.ucob.memory and algo.views != "mixed":
+    out.append(
+      f"algo.ucob.memory=True with algo.views={algo.views!r}: the memory's skills go to UCOB's "
+      "good view. Fix: algo.views=mixed (preset ucob), or algo.ucob.memory=False"
+    )
   kinds = ("policy", "openai", "oracle")
   if s.reflector not in kinds:
     out.append(f"algo.skill_memory.reflector={s.reflector!r}: not a writer. Fix: use {kinds}")

@@ -166,9 +166,14 @@ def _groups(episodes: Sequence[Any]) -> dict[Any, list[Any]]:
   return out
 
 
-def retrieve_for(memory: Memory, episodes: Sequence[Any], t: dict[str, str]) -> dict[str, float]:
+def retrieve_for(
+  memory: Memory, episodes: Sequence[Any], t: dict[str, str], views: bool = False
+) -> dict[str, float]:
   """Sets on each episode `skill_memory_ids` (per turn: (task ids, state ids)) and
-  `skill_memory_blocks` (per turn: the teacher's text, or None when nothing was retrieved)."""
+  `skill_memory_blocks` (per turn: the teacher's text, or None when nothing was retrieved).
+  `views` (UCOB's rollout, `algo.ucob.memory`): only the turns played with the skills in the
+  prompt (`Turn.skills_in_prompt`) were given them (the retrieval is the rollout's: the memory has
+  not changed since); the others get none."""
   by_id = {e["id"]: e for e in memory.entries}
   cache: dict[tuple, list[str]] = {}
 
@@ -185,6 +190,10 @@ def retrieve_for(memory: Memory, episodes: Sequence[Any], t: dict[str, str]) -> 
       continue
     task_ids = ids("task", ep.task)
     for turn in ep.turns:
+      if views and not turn.skills_in_prompt:
+        ep.skill_memory_ids.append(([], []))
+        ep.skill_memory_blocks.append(None)
+        continue
       state_ids = ids("state", ep.task, turn.observation)
       ep.skill_memory_ids.append((list(task_ids), list(state_ids)))
       ep.skill_memory_blocks.append(_block(by_id, task_ids, state_ids, t))
@@ -268,7 +277,7 @@ def write_skills(
 
 def memory_round(memory: Memory, episodes, algo, writer, templates, iteration: int) -> dict:
   """One iteration's retrieval, utility update, writing and cut (module docstring)."""
-  metrics = retrieve_for(memory, episodes, templates)
+  metrics = retrieve_for(memory, episodes, templates, views=bool(algo.ucob.memory))
   metrics.update(update_utilities(memory, episodes, algo.skill_memory))
   metrics.update(write_skills(memory, episodes, algo, writer, templates, iteration))
   metrics["skill_memory/evicted"] = float(len(memory.evict()))
@@ -294,6 +303,45 @@ def skill_memory_source(request: ContextRequest) -> list[str | None]:
   return list(ep.skill_memory_blocks)
 
 
+# ------------------------------------------------------------------------------------ rollout
+# UCOB's good view reads the memory (TU2021/UCOB@d38292c: the rollout's `memory.retrieve` for the
+# skill-prompted half of each group; `algo.ucob.memory`): the hooks install a `MemoryRetriever` on
+# the training agent loop at their first round (and on a resume), so from the next rollout on the
+# episodes that play with the skills read, per turn, the task skills for the task and the state
+# skills for the turn's observation, template "skill_memory" (empty when nothing qualifies). The
+# retrieval is pure: the round re-derives the same ids for the utility update.
+def state_of(query: str, task: str) -> str:
+  """The observation in a rollout's skill query (the adapter's "<task> <observation>")."""
+  query = query or ""
+  if task and query.startswith(task):
+    return query[len(task) :].strip()
+  return query.strip()
+
+
+class MemoryRetriever:
+  """`envs.skills.SkillRetriever`'s interface over a `Memory` (the rollout calls `student_block`
+  for the good view's prompt; `privileged_block` serves a teacher block)."""
+
+  header = ""
+
+  def __init__(self, memory: Memory, templates: dict[str, str]):
+    self.memory, self.templates = memory, templates
+
+  def skill_text(self, task_type=None, gamefile=None, query="", sample_id=None, task="") -> str:
+    del task_type, gamefile, sample_id
+    task_ids = self.memory.retrieve("task", task)
+    state_ids = self.memory.retrieve("state", task, state_of(query, task))
+    by_id = {e["id"]: e for e in self.memory.entries}
+    return _block(by_id, task_ids, state_ids, self.templates) or ""
+
+  def privileged_block(self, task_type=None, gamefile=None, query="", sample_id=None, task=""):
+    return self.skill_text(task_type, gamefile, query, sample_id, task)
+
+  def student_block(self, prompt_text: str, **kwargs: Any) -> str:
+    del prompt_text
+    return self.skill_text(**kwargs)
+
+
 # ------------------------------------------------------------------------------------ hooks
 class SkillMemoryHooks(MethodHooks):
   """The memory across iterations: its round before the teacher's contexts, its JSON at each
@@ -301,8 +349,19 @@ class SkillMemoryHooks(MethodHooks):
 
   def __init__(self, algo):
     self.memory = Memory(algo.skill_memory)
+    self.installed = not algo.ucob.memory  # only UCOB's rollout reads the memory
+
+  def _install(self, view):
+    """UCOB's rollout (`algo.ucob.memory`): the good view's skills from the memory from the next
+    rollout on (`MemoryRetriever`)."""
+    if view is not None and not self.installed:
+      view.set_rollout_retriever(
+        MemoryRetriever(self.memory, load_templates(view.algo.context_templates))
+      )
+      self.installed = True
 
   def before_teacher_context(self, view):
+    self._install(view)
     templates = load_templates(view.algo.context_templates)
     writer = skill_writer(view.algo, getattr(view, "generate", None))
     start = time.perf_counter()
@@ -320,6 +379,7 @@ class SkillMemoryHooks(MethodHooks):
 
   def load_state_dict(self, state, view):
     self.memory.load_state_dict(state)
+    self._install(view)  # a resumed run's first rollout reads the restored memory
 
   def run_problems(self, config) -> list[str]:
     s = config.algo.skill_memory
@@ -329,12 +389,30 @@ class SkillMemoryHooks(MethodHooks):
         "base. Fix: --config.algo.reflection.url=http://HOST:PORT/v1 (and .model)"
       )
       return [problem]
+    async_run = (
+      config.train.get("max_staleness", 0) or config.rollout.get("overlap", "off") != "off"
+    )
+    if config.algo.ucob.memory and async_run:
+      problem = (
+        "algo.ucob.memory=True with train.max_staleness > 0 or rollout.overlap: a rollout would "
+        "play before the previous iteration's memory round. Fix: train.max_staleness=0 and "
+        "rollout.overlap=off"
+      )
+      return [problem]
     return []
 
 
 @register_hooks("skill_memory")
 def _skill_memory_hooks(algo) -> MethodHooks | None:
-  return SkillMemoryHooks(algo) if SOURCE in algo.context_names else None
+  wanted = SOURCE in algo.context_names or algo.ucob.memory
+  return SkillMemoryHooks(algo) if wanted else None
 
 
-__all__ = ["SOURCE", "SkillMemoryHooks", "memory_round", "oracle_skill", "skill_memory_source"]
+__all__ = [
+  "SOURCE",
+  "MemoryRetriever",
+  "SkillMemoryHooks",
+  "memory_round",
+  "oracle_skill",
+  "skill_memory_source",
+]

@@ -66,6 +66,12 @@ class RunView:
   def set_algo(self, algo) -> None:
     self.trainer.set_algo(algo)
 
+  def set_rollout_retriever(self, retriever) -> None:
+    loop = self.trainer.loop
+    if loop is None or loop.retriever is None:
+      raise RuntimeError("the training rollout has no skill retriever to replace (env.skills)")
+    loop.retriever = retriever
+
   def save_text(self, name: str, text: str) -> None:
     """Writes `text` to the workdir's file `name` (the primary process only)."""
     if paths.is_primary_process():

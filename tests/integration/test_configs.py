@@ -186,7 +186,7 @@ def test_every_algo_preset_is_selectable(name):
   config = _local(name)
   preset = dataclasses.asdict(get_preset(name))
   assert config.algo.to_dict() == {**preset, "kl_coef": 0.01}
-  if name.startswith("grsd_reflect"):  # its reflector or judge is an endpoint the user names
+  if name.startswith("grsd_reflect") or name == "opid":  # an endpoint the user names
     config.algo.reflection.url = "http://127.0.0.1:8000/v1"
   assert config.rollout.shaping.invalid_penalty == 0.1  # ALFWorld's, the rollout's setting
   validate(config, num_devices=8)

@@ -62,7 +62,8 @@ def test_ucob_trains_one_iteration_with_distillation_rows(tmp_path, monkeypatch)
   workdir = str(tmp_path / "ucob")
   # one mini-batch for the PPO rows and the distillation rows: one compiled update
   one_batch = {"algo.top_k": 4, "train.mini_batch_size": 8}
-  trainer.run(tiny_run_config(1, "ucob", **ONE_ITERATION, **one_batch), workdir)
+  oracle = {"algo.skill_memory.reflector": "oracle"}  # the memory's writer without sampling
+  trainer.run(tiny_run_config(1, "ucob", **ONE_ITERATION, **one_batch, **oracle), workdir)
   row = _rows(workdir)[1]
   assert row["train/skipped_update"] == 0.0 and math.isfinite(row["train/loss"])
   assert row["ucob/pairs"] >= 1 and row["train/distill_tokens"] > 0
@@ -71,6 +72,10 @@ def test_ucob_trains_one_iteration_with_distillation_rows(tmp_path, monkeypatch)
   assert row["ucob/skills_to_plain"] + row["ucob/plain_to_skills"] == row["ucob/pairs"]
   assert row["ucob/skills_share"] == 0.5  # one episode of the group of two played with them
   assert row["train/compilations"] == 1.0
+  # its skill memory: written from the group's failure after the rollout, saved in the workdir,
+  # the good view's retriever from the next rollout on
+  assert row["skill_memory/written"] >= 1.0 and row["skill_memory/turns_given"] == 0.0
+  assert os.path.exists(os.path.join(workdir, "skill_memory.json"))
 
 
 # About 60 s cold on 2 cores (50 s for the one-stage test it replaced): two runs' builds and

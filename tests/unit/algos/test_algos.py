@@ -455,6 +455,7 @@ EXPECTED_PRESETS = {
     **{"ucob.gamma": 0.95},
     **{"ucob.norm_to_one": True},
     **{"ucob.clip_log_ratio": False},
+    **{"ucob.memory": True, "skill_memory.reflector": "policy"},  # issue 56: its skill memory
     teacher=True,
   ),
   "agent_opsd": dict(
@@ -522,6 +523,18 @@ EXPECTED_PRESETS = {
     **{"sdpo.is_clip": 2.0},
     kl_coef=0.0,
     entropy_coef=0.0,
+    teacher=True,
+  ),
+  # OPID (jinyangwu/OPID@37a15a5 run_alfworld_opid_guide.sh): GRPO (mean_std_norm) plus 0.001 x
+  # the hindsight skill's log-prob shift of θ_old (teacher at rollout, shared weights)
+  "opid": dict(
+    advantage="opid",
+    context="opid",
+    distill="none",
+    teacher_source="rollout",
+    teacher_weights="current",
+    **{"opid.teacher_adv_w": 0.001, "opid.max_step_skills": 5, "opid.reflector": "openai"},
+    recompute_old_logp=True,
     teacher=True,
   ),
 }

@@ -174,3 +174,58 @@ def skill_memory_source_text(ep, k):
   from sdar_jax.algos.contexts import ContextRequest
 
   return skill_memory_source(ContextRequest(ep, [], ALGO, T, lambda s, n: s))[k]
+
+
+# ------------------------------------------------------------------------------ UCOB's rollout
+def test_ucob_good_view_reads_the_memory_through_the_rollout_retriever():
+  from sdar_jax.algos.sections import UCOB
+  from sdar_jax.algos.skill_memory_source import MemoryRetriever, _block
+
+  algo = dataclasses.replace(get_preset("ucob"), skill_memory=SkillMemory(reflector="oracle"))
+  assert algo.ucob.memory and algo.views == "mixed"
+  hooks = SkillMemoryHooks(algo)
+
+  class View:
+    def __init__(self, episodes, iteration):
+      self.algo, self.episodes, self.iteration, self.retriever = algo, episodes, iteration, None
+
+    def set_rollout_retriever(self, retriever):
+      self.retriever = retriever
+
+  # the first round installs the retriever over the (then empty) memory and writes into it
+  first = View(_group(0), 0)
+  for ep in first.episodes:  # UCOB's views: the second half of the group plays with the skills
+    for turn in ep.turns:
+      turn.skills_in_prompt = ep.env_index == 1
+  m = hooks.before_teacher_context(first)
+  retriever = first.retriever
+  assert isinstance(retriever, MemoryRetriever) and m["skill_memory/turns_given"] == 0.0
+  assert len(hooks.memory) >= 1
+  # the rollout's block is the memory's retrieval for (task, observation), as the round re-derives
+  task, obs = "put a apple in fridge", "You are in a room."
+  mem = hooks.memory
+  by_id = {e["id"]: e for e in mem.entries}
+  want = _block(by_id, mem.retrieve("task", task), mem.retrieve("state", task, obs), T)
+  assert want and retriever.student_block("user text", query=f"{task} {obs}", task=task) == want
+  assert retriever.privileged_block(query=f"{task} {obs}", task=task) == want
+  assert retriever.skill_text(query="clean a mug", task="clean a mug") == ""  # nothing relevant
+  # the next round: only the skill-view turns were given skills; the plain view is the baseline
+  second = View(_group(0), 1)
+  for ep in second.episodes:
+    for turn in ep.turns:
+      turn.skills_in_prompt = ep.env_index == 0  # the won episode played with them
+  m = hooks.before_teacher_context(second)
+  won, lost = second.episodes
+  assert all(a for a, _ in won.skill_memory_ids) and not any(
+    a or b for a, b in lost.skill_memory_ids
+  )
+  assert m["skill_memory/utility_groups"] == 1.0 and m["skill_memory/task_updates"] >= 1.0
+  assert second.retriever is None  # installed once
+  task_skill = mem.get(won.skill_memory_ids[0][0][0])
+  assert task_skill["utility"] == pytest.approx(0.2 * (1.0 - 0.0))  # β·(success − baseline)
+  # a resumed run installs it when the memory is restored
+  resumed, view = SkillMemoryHooks(algo), View([], 2)
+  resumed.load_state_dict(hooks.state_dict(), view)
+  assert isinstance(view.retriever, MemoryRetriever) and len(view.retriever.memory) == len(mem)
+  with pytest.raises(ValueError, match="algo.ucob.memory=True with algo.views='single'"):
+    dataclasses.replace(get_preset("sdar"), ucob=UCOB(memory=True))
