@@ -51,10 +51,10 @@ __all__ = [
   "SEARCH_ORDERS",
   "Goal",
   "SearchExpert",
+  "demonstration_places",
   "parse_goal",
   "play_episodes",
   "replay",
-  "demonstration_places",
   "search_priorities",
 ]
 

@@ -36,6 +36,7 @@ from sdar_jax.algos.contexts import (
   context_names,
   load_templates,
 )
+from sdar_jax.algos.reflection import reflect_episodes, reflection_source, writers
 from sdar_jax.core.batch import TurnSample
 from sdar_jax.rollout.agent_loop import AgentLoop
 
@@ -63,7 +64,7 @@ def setting_problems(section: Any) -> list[str]:
   if names and section.get("source", "walkthroughs") != "expert":
     problems.append(
       f"warm_start.contexts={section.contexts!r} needs warm_start.source='expert' (the blocks "
-      f"are taught on the search expert's games). Fix: set warm_start.source=expert"
+      "are taught on the search expert's games). Fix: set warm_start.source=expert"
     )
   measure = section.get("measure", False)
   if not isinstance(measure, bool):
@@ -110,8 +111,6 @@ def reflection_texts(
 ) -> dict[int, list[str | None]]:
   """Source "reflection"'s block on each step of each record (by id), its group a game's records,
   the prior written by the `oracle` reflector (`algo.reflection`'s budgets and templates)."""
-  from sdar_jax.algos.reflection import reflect_episodes, reflection_source, writers
-
   settings = dataclasses.replace(algo.reflection, reflector="oracle", judge="none")
   episodes = []
   for record in records:
