@@ -67,9 +67,8 @@ from collections.abc import Mapping, Sequence
 
 from experiments import power
 from experiments.long_budget import plan as long_budget
-from experiments.long_budget.plan import Step
-from experiments.powered.plan import NICE, REPO, evaluated, final_success, rate_name
-from sdar_jax.observe import collect
+from experiments.long_budget.plan import Step, step_done  # noqa: F401 (contexts' steps: the same done rule)
+from experiments.powered.plan import NICE, REPO, final_success, rate_name
 
 __all__ = ["REPO", "Step"]
 
@@ -403,14 +402,6 @@ def total_steps(design: Design = FULL) -> int:
   runs = len(ARMS) * len(design.seeds)
   pilot = 2 * len(PILOT_ARMS) * len(design.pilot_seeds)
   return 2 + pilot + runs - pilot // 2 + runs
-
-
-def step_done(step: Step) -> bool:
-  if step.kind == "train":
-    return collect.run_state(step.workdir) == "finished"
-  if step.kind == "panels":
-    return os.path.isfile(os.path.join(step.workdir, long_budget.PANELS_FILE))
-  return evaluated(step.results)
 
 
 # ---------------------------------------------------------------------------- the cost plan

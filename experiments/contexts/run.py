@@ -14,6 +14,7 @@ from collections.abc import Callable
 from experiments import records
 from experiments.contexts import plan as plan_mod
 from experiments.contexts.plan import EXPERIMENT, FULL, REPO, STAGE, Design, Step, step_done
+from experiments.long_budget import run as long_budget_run
 from experiments.powered.plan import has_final_checkpoint
 from experiments.powered.run import _clock, _commit_lines, _lost_lines, lost_episodes, step_commits
 from sdar_jax.observe import collect
@@ -21,40 +22,18 @@ from sdar_jax.observe import collect
 PGID_FILE = "run.pgid"  # <out>/run.pgid: the driver's process group (stop it for a test run)
 
 
-def step_key(step: Step, out: str) -> dict[str, object]:
-  return {
-    "experiment": EXPERIMENT,
-    "stage": STAGE,
-    "run": os.path.relpath(step.workdir, out),
-    "kind": step.kind,
-    "arm": step.arm,
-    "seed": step.seed,
-    "lr": step.rate,
-  }
-
-
 def record(design: Design, out: str, tables: records.Tables, python: str = sys.executable) -> int:
-  """Appends every finished training or evaluation step not in the tables yet; returns how many."""
-  added = 0
-  for step in plan_mod.plan(design, out, python):
-    if step.kind == "panels" or not step_done(step):
-      continue
-    key = step_key(step, out)
-    if not tables.has(EXPERIMENT, key["run"], step.kind):
-      added += tables.add(*records.step_rows(step.results, **key))
-  return added
+  """Appends every finished training or evaluation step not in the tables yet; returns how many
+  (the long-budget stage's recorder over this plan)."""
+  return long_budget_run.record(
+    design, out, tables, python, plan=plan_mod.plan, experiment=EXPERIMENT, stage=STAGE
+  )
 
 
 def restore(tables: records.Tables, out: str) -> int:
   """Writes every step the tables hold back into `out` as run records (no weights); `run` then
   skips those steps and trains a run again before its evaluation needs the weights."""
-  written = 0
-  for row in tables.read("runs", experiment=EXPERIMENT):
-    folder = os.path.join(out, row["run"])
-    if row["kind"] != "train":
-      folder = os.path.join(folder, "heldout")
-    written += records.restore_step(tables, EXPERIMENT, row["run"], row["kind"], folder)
-  return written
+  return long_budget_run.restore(tables, out, EXPERIMENT)
 
 
 def _retrain_lost(design: Design, step: Step, out: str, vocab: str, python: str) -> Step:

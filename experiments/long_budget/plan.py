@@ -215,17 +215,12 @@ def plan(
   return steps
 
 
-def step_results(step: Step) -> str:
-  """Where a step's results and its done marker go."""
-  return step.results
-
-
 def step_done(step: Step) -> bool:
   if step.kind == "train":
     return collect.run_state(step.workdir) == "finished"
   if step.kind == "panels":
     return os.path.isfile(os.path.join(step.workdir, PANELS_FILE))
-  return evaluated(step_results(step))
+  return evaluated(step.results)
 
 
 # ---------------------------------------------------------------------------- the cost plan

@@ -22,7 +22,6 @@ from experiments.long_budget.plan import (
   Design,
   Step,
   step_done,
-  step_results,
 )
 from experiments.powered.run import _clock, _commit_lines, _lost_lines, lost_episodes, step_commits
 from sdar_jax.observe import collect
@@ -98,10 +97,13 @@ def make_panels(design: Design, out: str) -> dict[str, object]:
   return record
 
 
-def step_key(step: Step, out: str) -> dict[str, object]:
+def step_key(
+  step: Step, out: str, experiment: str = EXPERIMENT, stage: int = STAGE
+) -> dict[str, object]:
+  """The tables' key of a step of the plan whose runs sit below `out`."""
   return {
-    "experiment": EXPERIMENT,
-    "stage": STAGE,
+    "experiment": experiment,
+    "stage": stage,
     "run": os.path.relpath(step.workdir, out),
     "kind": step.kind,
     "arm": step.arm,
@@ -110,27 +112,37 @@ def step_key(step: Step, out: str) -> dict[str, object]:
   }
 
 
-def record(design: Design, out: str, tables: records.Tables, python: str = sys.executable) -> int:
-  """Appends every finished training or evaluation step not in the tables yet; returns how many."""
+def record(
+  design: Design,
+  out: str,
+  tables: records.Tables,
+  python: str = sys.executable,
+  *,
+  plan: Callable[..., list[Step]] = plan_mod.plan,
+  experiment: str = EXPERIMENT,
+  stage: int = STAGE,
+) -> int:
+  """Appends every finished training or evaluation step of `plan` (this stage's, or another
+  stage's built on it: experiments.contexts) not in the tables yet; returns how many."""
   added = 0
-  for step in plan_mod.plan(design, out, python):
+  for step in plan(design, out, python):
     if step.kind == "panels" or not step_done(step):
       continue
-    key = step_key(step, out)
-    if not tables.has(EXPERIMENT, key["run"], step.kind):
-      added += tables.add(*records.step_rows(step_results(step), **key))
+    key = step_key(step, out, experiment, stage)
+    if not tables.has(experiment, key["run"], step.kind):
+      added += tables.add(*records.step_rows(step.results, **key))
   return added
 
 
-def restore(tables: records.Tables, out: str) -> int:
+def restore(tables: records.Tables, out: str, experiment: str = EXPERIMENT) -> int:
   """Writes every step the tables hold back into `out` as run records (no weights); `run` then
   skips those steps and trains a run again before its evaluation needs the weights."""
   written = 0
-  for row in tables.read("runs", experiment=EXPERIMENT):
+  for row in tables.read("runs", experiment=experiment):
     folder = os.path.join(out, row["run"])
     if row["kind"] != "train":
       folder = os.path.join(folder, "heldout")
-    written += records.restore_step(tables, EXPERIMENT, row["run"], row["kind"], folder)
+    written += records.restore_step(tables, experiment, row["run"], row["kind"], folder)
   return written
 
 
@@ -173,7 +185,7 @@ def run(
     if lost and not plan_mod.has_final_checkpoint(step.workdir):
       step = _retrain_lost(design, step, out, python)
       echo(f"{step.label}: its final weights are gone; training again")
-    results = step_results(step)
+    results = step.results
     echo(
       f"[{len(steps) - len(todo) + 1}/{len(steps)}] {step.label}: starting, elapsed "
       f"{_clock(time.time() - start)}, expected {expected_hours(step, design):.2f} h; "
@@ -202,7 +214,7 @@ def status(design: Design = FULL, out: str | None = None, python: str = sys.exec
   out = out or design.out
   steps = plan_mod.plan(design, out, python)
   done = [s for s in steps if step_done(s)]
-  spent = sum(collect.wall_seconds(step_results(s)) or 0.0 for s in done)
+  spent = sum(collect.wall_seconds(s.results) or 0.0 for s in done)
   left = [s for s in steps if not step_done(s)]
   hours_left = sum(expected_hours(s, design) for s in left)
   partial = [s for s in left if s.kind == "train" and collect.run_state(s.workdir) == "partial"]
