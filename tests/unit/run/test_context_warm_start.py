@@ -2,17 +2,12 @@
 the demonstration found things first, and the SFT and gap samples carry exactly the blocks the
 trainer composes (worked out by hand from the templates) before the rollout's student prompt."""
 
-import pytest
-
-from envs.alfworld import AlfworldAdapter, build_prompt
+from envs.alfworld import build_prompt
 from envs.alfworld.expert import SearchExpert, demonstration_places
 from sdar_jax.algos.config import AlgoConfig
-from sdar_jax.core.sampling import SamplingParams
-from sdar_jax.rollout.agent_loop import AgentLoop
 from sdar_jax.run import context_warm_start as cws
 from sdar_jax.run.warm_start import _record_turns, _sample
 from sdar_jax.text.chat_templates import ChatTemplate
-from sdar_jax.text.tokenizer import Tokenizer
 
 ROOM = (
   "You are in the middle of a room. Looking quickly around you, you see a cabinet 1, a desk 1, "
@@ -82,20 +77,6 @@ def test_play_demonstrations_follows_the_first_won_record_of_each_game():
   assert asked == [[0]]  # game g2 has no success: not replayed
   assert out[0]["demonstration"] is DEMO and out[0]["steps"] is DEMO["steps"]
   assert cws.play_demonstrations([lost], play) == []
-
-
-@pytest.fixture(scope="module")
-def loop():
-  return AgentLoop(
-    pool=None,
-    adapter=AlfworldAdapter(),
-    sampler=None,
-    tokenizer=Tokenizer.bundled_qwen(),
-    chat_template=ChatTemplate.builtin("qwen3"),
-    sampling=SamplingParams(),
-    max_turns=50,
-    history_length=2,
-  )
 
 
 def _plain(tok, record, k):

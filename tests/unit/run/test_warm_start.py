@@ -5,13 +5,11 @@ import jax
 import numpy as np
 import pytest
 
-from envs.alfworld import ALFWORLD_FAMILY, AlfworldAdapter, build_prompt
+from envs.alfworld import ALFWORLD_FAMILY, build_prompt
 from envs.alfworld.data import read_walkthroughs
 from envs.skills import BLOCK_HEADER, SkillLibrary, SkillRetriever
 from sdar_jax.core.batch import TurnSample
-from sdar_jax.core.sampling import SamplingParams
 from sdar_jax.models import ModelConfig, forward, init_params
-from sdar_jax.rollout.agent_loop import AgentLoop
 from sdar_jax.run.warm_start import (
   expert_response,
   expert_samples,
@@ -24,7 +22,6 @@ from sdar_jax.run.warm_start import (
   warm_start_loop,
 )
 from sdar_jax.text.chat_templates import ChatTemplate
-from sdar_jax.text.tokenizer import Tokenizer
 
 RECORD = {
   "task": "put a mug in coffeemachine.",
@@ -43,20 +40,6 @@ RECORD = {
     },
   ],
 }
-
-
-@pytest.fixture(scope="module")
-def loop():
-  return AgentLoop(
-    pool=None,
-    adapter=AlfworldAdapter(),
-    sampler=None,
-    tokenizer=Tokenizer.bundled_qwen(),
-    chat_template=ChatTemplate.builtin("qwen3"),
-    sampling=SamplingParams(),
-    max_turns=50,
-    history_length=2,
-  )
 
 
 def test_expert_samples_match_rollout_prompts(loop):
