@@ -139,6 +139,7 @@ def base(model: str = "qwen2.5-3b", algo_name: str = "sdar") -> mlc.ConfigDict:
       expert_holdout=0.1,  # share of games held out to measure the teacher-student gap before RL
       contexts="",  # other teacher context blocks taught too: "sibling", "hindsight" (expert source)
       measure=False,  # with steps=0: measure the starting policy's gaps, train nothing
+      memory="",  # a run's skill_memory.json: the memory measured for contexts "skill_memory"
     )
   )
   config.rollout = mlc.ConfigDict(

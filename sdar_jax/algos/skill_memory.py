@@ -318,5 +318,25 @@ class Memory:
     out["skills"] = [{k: v for k, v in e.items() if k != "text"} for e in self.entries]
     return json.dumps(out, indent=2, ensure_ascii=False)
 
+  @classmethod
+  def from_json(cls, text: str, where: str = "the memory") -> Memory:
+    """The memory `to_json` wrote (a run's <workdir>/skill_memory.json), with the settings it was
+    ranked by: it retrieves what the run's memory retrieved. `where` names the file in errors."""
+    try:
+      data = json.loads(text)
+      settings = SkillMemory(**data["settings"])
+      skills = list(data["skills"])
+    except (ValueError, KeyError, TypeError) as e:
+      raise ValueError(
+        f"{where}: not a skill memory written by a run ({type(e).__name__}: {e}). Fix: point to "
+        "the skill_memory.json of a run whose teacher context includes 'skill_memory'"
+      ) from None
+    memory = cls(settings)
+    memory.entries = [{**e, "text": skill_text(e)} for e in skills]
+    ids = [int(e["id"][1:]) for e in skills if str(e.get("id", "")).startswith("m")]
+    memory.next_id = max(ids, default=-1) + 1
+    memory.total_count = int(data.get("total_count", 1))
+    return memory
+
 
 __all__ = ["POOLS", "Memory", "SkillMemory", "extract_json", "parse_skill", "skill_memory_problems"]

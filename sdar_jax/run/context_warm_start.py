@@ -14,10 +14,13 @@ taught on:
 - "reflection" is measured, not taught: the group of a game's expert episodes (both modes, and
   the demonstration-following one) gets GRSD's contrastive prior from the `oracle` reflector
   (`sdar_jax.algos.reflection`) when it holds a success and a failure.
+- "skill_memory" is measured, not taught: each turn gets the skills a run's memory retrieves for
+  its task and observation (`warm_start.memory`: the run's <workdir>/skill_memory.json, ranked by
+  the settings it was written with; `sdar_jax.algos.skill_memory_source.retrieve_for`).
 
 The teacher–student gap of each source is measured on the held-out games' turns of the expert
 whose action the block explains: the demonstration-following expert's for "sibling", the
-knowledge-free expert's for "hindsight" and "reflection" (`warm_start/<source>_gap_on_expert`; the skill block's
+knowledge-free expert's for the others (`warm_start/<source>_gap_on_expert`; the skill block's
 keeps its name, `warm_start/teacher_student_gap_on_expert`). With `warm_start.measure` and no
 steps, a run measures these gaps of its starting policy and trains nothing
 (`python -m sdar_jax.tools.build_demo_policy --measure`).
@@ -37,11 +40,14 @@ from sdar_jax.algos.contexts import (
   load_templates,
 )
 from sdar_jax.algos.reflection import reflect_episodes, reflection_source, writers
+from sdar_jax.algos.skill_memory import Memory
+from sdar_jax.algos.skill_memory_source import retrieve_for
 from sdar_jax.core.batch import TurnSample
+from sdar_jax.infra import paths
 from sdar_jax.rollout.agent_loop import AgentLoop
 
 TAUGHT = ("sibling", "hindsight")  # the sources a warm start can teach besides the skill block
-MEASURED = ("reflection",)  # measured only: the oracle's prior, no expert follows it
+MEASURED = ("reflection", "skill_memory")  # measured only: no expert follows these blocks
 DEMO_MODE = "demo"  # envs.alfworld.expert.DEMO_MODE (envs is not imported here)
 
 
@@ -65,6 +71,17 @@ def setting_problems(section: Any) -> list[str]:
     problems.append(
       f"warm_start.contexts={section.contexts!r} needs warm_start.source='expert' (the blocks "
       "are taught on the search expert's games). Fix: set warm_start.source=expert"
+    )
+  memory = section.get("memory", "") or ""
+  if "skill_memory" in names and not memory:
+    problems.append(
+      f"warm_start.contexts={section.contexts!r} measures 'skill_memory' without a memory. Fix: "
+      "set warm_start.memory to a run's <workdir>/skill_memory.json"
+    )
+  elif memory and not paths.exists(memory):
+    problems.append(
+      f"warm_start.memory={memory!r}: no such file. Fix: point to the skill_memory.json a run "
+      "with teacher context 'skill_memory' wrote in its workdir"
     )
   measure = section.get("measure", False)
   if not isinstance(measure, bool):
@@ -127,6 +144,24 @@ def reflection_texts(
   }
 
 
+def memory_texts(
+  records: Sequence[dict[str, Any]], memory_file: str, templates: dict[str, str]
+) -> dict[int, list[str | None]]:
+  """Source "skill_memory"'s block on each step of each record (by id): the skills the memory in
+  `memory_file` retrieves for the record's task and the step's observation (None: none qualify).
+  Retrieval is pure: the memory is read, never updated."""
+  memory = Memory.from_json(
+    paths.read_text(memory_file), where=f"warm_start.memory={memory_file!r}"
+  )
+  out = {}
+  for record in records:
+    episode = _episode(record)
+    episode.task, episode.env_error = record.get("task", ""), None
+    retrieve_for(memory, [episode], templates)
+    out[id(record)] = list(episode.skill_memory_blocks)
+  return out
+
+
 def block_texts(
   source: str, record: dict[str, Any], algo: Any, templates: dict[str, str], cut
 ) -> list[str | None]:
@@ -147,13 +182,14 @@ def context_samples(
   for_gap: bool,
   record_turns: Callable[..., list[tuple]],
   make_sample: Callable[..., TurnSample],
+  memory: str = "",
 ) -> list[TurnSample]:
   """One sample per non-random expert step of the records `source` teaches on (module docstring):
   for SFT (`for_gap` False) the block + the student prompt as its prompt; for the gap
   (`for_gap` True) the student prompt with the block + it as the teacher prompt. A step the
   source gives no block is left out. `record_turns` and `make_sample` are the warm start's own
   (`warm_start._record_turns`, `warm_start._sample`): the student prompts and responses exactly
-  as its other samples'."""
+  as its other samples'. `memory` is `warm_start.memory` (source "skill_memory")."""
   if source in MEASURED and not for_gap:
     return []  # measured only
   if source == "sibling":
@@ -174,6 +210,8 @@ def context_samples(
   }
   if source == "reflection":
     texts = reflection_texts(records, algo, templates)  # groups: all of a game's records
+  elif source == "skill_memory":
+    texts = memory_texts(chosen, memory, templates)
   else:
     texts = {id(r): block_texts(source, r, algo, templates, cut) for r in chosen}
   seen: dict[int, int] = {}

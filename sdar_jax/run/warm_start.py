@@ -335,7 +335,9 @@ def expert_warm_start_data(
   samples = expert_samples([r for r in train if r["mode"] != DEMO_MODE], loop, end_token_id)
   gap = {"skills": gap_samples(held_out, loop, end_token_id)}
   for name in contexts:
-    kwargs = dict(record_turns=_record_turns, make_sample=_sample)
+    kwargs = dict(
+      record_turns=_record_turns, make_sample=_sample, memory=settings.get("memory", "")
+    )
     samples += context_warm_start.context_samples(
       name, train, loop, end_token_id, algo, for_gap=False, **kwargs
     )

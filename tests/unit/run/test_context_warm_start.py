@@ -150,6 +150,10 @@ def test_warm_start_context_settings_are_checked():
   assert "'skills' cannot be taught or measured" in problems
   assert "'future' cannot be taught or measured" in problems
   assert "needs warm_start.source='expert'" in problems and "warm_start.measure=1" in problems
+  no_memory = mlc.ConfigDict({"contexts": "skill_memory", "source": "expert", "memory": ""})
+  assert "measures 'skill_memory' without a memory" in cws.setting_problems(no_memory)[0]
+  missing = mlc.ConfigDict({"contexts": "skill_memory", "source": "expert", "memory": "/no/x.json"})
+  assert "warm_start.memory='/no/x.json': no such file" in cws.setting_problems(missing)[0]
 
 
 def test_reflection_is_measured_on_mixed_games_only_and_never_taught(loop):
@@ -174,3 +178,43 @@ def test_reflection_is_measured_on_mixed_games_only_and_never_taught(loop):
   assert gaps[0].teacher_prompt_ids == tok.encode(block) + _plain(tok, DEMO, 0)
   assert _samples("reflection", [DEMO, {**DEMO, "mode": "skills"}], loop, algo, for_gap=True) == []
   assert _samples("reflection", [DEMO, lost], loop, algo, for_gap=False) == []
+
+
+def test_a_runs_skill_memory_is_measured_on_the_turns_of_its_task_only(loop, tmp_path):
+  """A memory saved as a run saves it: its task skill for this task (none for the state pool)
+  is every knowledge-free turn's block, exactly as the template writes it; a game of an unrelated
+  task retrieves nothing (no sample); nothing is taught; a file that is no memory is refused."""
+  import pytest
+
+  from sdar_jax.algos.skill_memory import Memory, SkillMemory
+
+  memory = Memory(SkillMemory())
+  skill = {"title": "Lamp last", "principle": "Take the pen, then use the desklamp.",
+           "when_to_apply": "Looking at a thing under a lamp."}  # fmt: skip
+  memory.add("task", DEMO["task"], "", skill, iteration=0, source="oracle")
+  other = {"title": "Heat first", "principle": "Heat the egg in the microwave first.",
+           "when_to_apply": "Heating an egg for the garbagecan."}  # fmt: skip
+  memory.add("task", "heat some egg and put it in garbagecan.", "", other, 0, "oracle")
+  path = tmp_path / "skill_memory.json"
+  path.write_text(memory.to_json())
+  assert Memory.from_json(path.read_text()).state_dict() == memory.state_dict()
+
+  tok = loop.tokenizer
+  algo = AlgoConfig.from_config({"context": "skills"})
+  unrelated = {**DEMO, "task": "cool a tomato.", "gamefile": "g3"}
+  kwargs = dict(record_turns=_record_turns, make_sample=_sample, memory=str(path))
+  gaps = cws.context_samples(
+    "skill_memory", [DEMO, unrelated], loop, 7, algo, for_gap=True, **kwargs
+  )
+  block = (
+    "[Skills kept from earlier attempts at tasks like this one: use one only where it fits what "
+    "you see now]\nFor the task:\n- Lamp last: Take the pen, then use the desklamp. (when: "
+    "Looking at a thing under a lamp.)\n[End of skills]\n\n"
+  )
+  assert len(gaps) == 5  # the unrelated game's turns get no block
+  for k, sample in enumerate(gaps):
+    assert sample.teacher_prompt_ids == tok.encode(block) + _plain(tok, DEMO, k)
+  assert cws.context_samples("skill_memory", [DEMO], loop, 7, algo, for_gap=False, **kwargs) == []
+  path.write_text('{"skills": []}')
+  with pytest.raises(ValueError, match="warm_start.memory=.*not a skill memory written by a run"):
+    cws.context_samples("skill_memory", [DEMO], loop, 7, algo, for_gap=True, **kwargs)
