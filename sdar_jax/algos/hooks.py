@@ -75,6 +75,11 @@ class MethodHooks:
   # the loop-state key a checkpoint written before hooks existed kept this hook's state under
   legacy_state_key: str | None = None
 
+  def at_run_start(self, view: IterationView) -> None:
+    """Once the run's state is in place (fresh, or restored with `load_state_dict`), before its
+    first rollout."""
+    return None
+
   def before_teacher_context(self, view: IterationView) -> Metrics | None:
     return None
 

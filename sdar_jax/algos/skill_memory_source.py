@@ -306,7 +306,7 @@ def skill_memory_source(request: ContextRequest) -> list[str | None]:
 # ------------------------------------------------------------------------------------ rollout
 # UCOB's good view reads the memory (TU2021/UCOB@d38292c: the rollout's `memory.retrieve` for the
 # skill-prompted half of each group; `algo.ucob.memory`): the hooks install a `MemoryRetriever` on
-# the training agent loop at their first round (and on a resume), so from the next rollout on the
+# the training agent loop when the run starts (fresh or resumed), so from the first rollout on the
 # episodes that play with the skills read, per turn, the task skills for the task and the state
 # skills for the turn's observation, template "skill_memory" (empty when nothing qualifies). The
 # retrieval is pure: the round re-derives the same ids for the utility update.
@@ -352,16 +352,18 @@ class SkillMemoryHooks(MethodHooks):
     self.installed = not algo.ucob.memory  # only UCOB's rollout reads the memory
 
   def _install(self, view):
-    """UCOB's rollout (`algo.ucob.memory`): the good view's skills from the memory from the next
-    rollout on (`MemoryRetriever`)."""
+    """UCOB's rollout (`algo.ucob.memory`): the good view's skills from the memory
+    (`MemoryRetriever`)."""
     if view is not None and not self.installed:
       view.set_rollout_retriever(
         MemoryRetriever(self.memory, load_templates(view.algo.context_templates))
       )
       self.installed = True
 
+  def at_run_start(self, view):
+    self._install(view)  # UCOB's first rollout reads the memory (empty, or as restored)
+
   def before_teacher_context(self, view):
-    self._install(view)
     templates = load_templates(view.algo.context_templates)
     writer = skill_writer(view.algo, getattr(view, "generate", None))
     start = time.perf_counter()
@@ -379,7 +381,6 @@ class SkillMemoryHooks(MethodHooks):
 
   def load_state_dict(self, state, view):
     self.memory.load_state_dict(state)
-    self._install(view)  # a resumed run's first rollout reads the restored memory
 
   def run_problems(self, config) -> list[str]:
     s = config.algo.skill_memory

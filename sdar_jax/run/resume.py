@@ -88,6 +88,7 @@ class ResumeMixin:
           + ". Fix: restore those files from a copy, or start the run afresh in a new workdir."
         )
       self._drop_metric_rows_after(-1)
+      RunView(self, self.loop_state.iteration).hooks("at_run_start")
       return False
     state, meta = restored
     self.state = state
@@ -105,6 +106,7 @@ class ResumeMixin:
     self.loop_state.legacy = None  # translated: the next checkpoint keeps the hooks' states only
     log.info("resumed from %s at iteration %d", self.ckpt.directory, self.loop_state.iteration)
     self._drop_metric_rows_after(self.loop_state.iteration)
+    RunView(self, self.loop_state.iteration).hooks("at_run_start")
     return True
 
   def _drop_metric_rows_after(self, step: int) -> None:

@@ -192,14 +192,17 @@ def test_ucob_good_view_reads_the_memory_through_the_rollout_retriever():
     def set_rollout_retriever(self, retriever):
       self.retriever = retriever
 
-  # the first round installs the retriever over the (then empty) memory and writes into it
+  # the run's start installs the retriever over the (empty) memory: the first rollout's good
+  # view reads no skill (UCOB's memory is empty then); the first round writes into it
   first = View(_group(0), 0)
+  hooks.at_run_start(first)
+  retriever = first.retriever
+  assert isinstance(retriever, MemoryRetriever) and retriever.skill_text(task="x", query="x") == ""
   for ep in first.episodes:  # UCOB's views: the second half of the group plays with the skills
     for turn in ep.turns:
       turn.skills_in_prompt = ep.env_index == 1
   m = hooks.before_teacher_context(first)
-  retriever = first.retriever
-  assert isinstance(retriever, MemoryRetriever) and m["skill_memory/turns_given"] == 0.0
+  assert first.retriever is retriever and m["skill_memory/turns_given"] == 0.0
   assert len(hooks.memory) >= 1
   # the rollout's block is the memory's retrieval for (task, observation), as the round re-derives
   task, obs = "put a apple in fridge", "You are in a room."
@@ -220,12 +223,13 @@ def test_ucob_good_view_reads_the_memory_through_the_rollout_retriever():
     a or b for a, b in lost.skill_memory_ids
   )
   assert m["skill_memory/utility_groups"] == 1.0 and m["skill_memory/task_updates"] >= 1.0
-  assert second.retriever is None  # installed once
+  assert second.retriever is None  # installed at the start only
   task_skill = mem.get(won.skill_memory_ids[0][0][0])
   assert task_skill["utility"] == pytest.approx(0.2 * (1.0 - 0.0))  # β·(success − baseline)
-  # a resumed run installs it when the memory is restored
+  # a resumed run installs it over the restored memory
   resumed, view = SkillMemoryHooks(algo), View([], 2)
   resumed.load_state_dict(hooks.state_dict(), view)
+  resumed.at_run_start(view)
   assert isinstance(view.retriever, MemoryRetriever) and len(view.retriever.memory) == len(mem)
   with pytest.raises(ValueError, match="algo.ucob.memory=True with algo.views='single'"):
     dataclasses.replace(get_preset("sdar"), ucob=UCOB(memory=True))
