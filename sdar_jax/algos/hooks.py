@@ -83,6 +83,12 @@ class MethodHooks:
   def before_teacher_context(self, view: IterationView) -> Metrics | None:
     return None
 
+  def before_evaluation_contexts(self, algo: Any, episodes: list) -> None:
+    """The token view composes the teacher's contexts for these evaluation `episodes` (run
+    algorithm `algo`): give them what this method's context source reads, without changing the
+    method's state (nothing written, no utility updated, no model called)."""
+    return None
+
   def after_rollout(self, view: IterationView) -> Metrics | None:
     return None
 

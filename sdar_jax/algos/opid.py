@@ -219,6 +219,12 @@ class OPIDHooks(MethodHooks):
     metrics["perf/opid_seconds"] = time.perf_counter() - start
     return metrics
 
+  def before_evaluation_contexts(self, algo, episodes):
+    """No block: OPID's skills are mined by its analyzer (a model call per episode) from the
+    iteration's episodes; evaluation episodes are not analysed, so the token view shows none."""
+    for ep in episodes:
+      ep.opid_blocks = [None] * len(ep.turns)
+
   def run_problems(self, config) -> list[str]:
     if config.algo.opid.reflector == "openai" and not config.algo.reflection.url:
       problem = (

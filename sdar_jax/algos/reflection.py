@@ -347,6 +347,12 @@ class ReflectionHooks(MethodHooks):
     )
     return metrics
 
+  def before_evaluation_contexts(self, algo, episodes):
+    """No prior: an evaluation plays each game once, so no group holds a success beside a
+    failure (GRSD's prior is written for such groups only)."""
+    for ep in episodes:
+      ep.reflection_prior = None
+
   def after_updates(self, view):
     s, done = view.algo.reflection, self.round
     self.round = None

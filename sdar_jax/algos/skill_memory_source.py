@@ -371,6 +371,10 @@ class SkillMemoryHooks(MethodHooks):
     metrics["perf/skill_memory_seconds"] = time.perf_counter() - start
     return metrics
 
+  def before_evaluation_contexts(self, algo, episodes):
+    """The memory's retrieval for every turn (pure: no utility update, no writing)."""
+    retrieve_for(self.memory, episodes, load_templates(algo.context_templates))
+
   def at_iteration_end(self, view):
     save = getattr(view, "save_text", None)
     if save is not None:

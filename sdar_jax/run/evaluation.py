@@ -248,6 +248,8 @@ class EvaluationMixin:
         if first:
           algo = self._view_algo()
           if algo.context_beyond_skills:  # the teacher's context as training composes it
+            for hooks in (self.hooks or algos.build_hooks(algo)).values():
+              hooks.before_evaluation_contexts(algo, episodes)  # e.g. the skill memory's retrieval
             algos.compose_teacher_contexts(
               episodes, algo, self.tokenizer.encode, self.tokenizer.decode
             )

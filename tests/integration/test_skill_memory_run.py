@@ -1,7 +1,8 @@
 """Source `skill_memory` in the real host loop: `sdar` with the oracle writer trains one iteration
 on the suite's tiny run config (the hook's round in it: nothing to retrieve yet, a task skill
 written about the group's failure), writes <workdir>/skill_memory.json at the iteration's end, and
-a trainer resumed on the workdir restores the same memory from the checkpoint. Retrieval and the
+a trainer resumed on the workdir restores the same memory from the checkpoint; the evaluation's
+token view composes the teacher's contexts from the memory without a round. Retrieval and the
 utility update over later iterations: tests/unit/algos/test_skill_memory.py."""
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ OVERRIDES = {
   **ONE_ITERATION,
   "algo.context": "skill_memory",
   "algo.skill_memory.reflector": "oracle",  # no endpoint in the suite, no sampling cost
+  "train.eval_every": 1,  # the token view composes the memory's contexts for the validation
 }
 
 
@@ -41,6 +43,9 @@ def test_skill_memory_in_the_trainer_is_written_and_survives_a_resume(tmp_path):
   memory = json.loads(saved)
   assert len(memory["skills"]) == written
   assert all(s["source"] == "oracle" and s["written_at"] == 0 for s in memory["skills"])
+  # the evaluation after the iteration: its token view read the memory (no hook round ran)
+  page = open(os.path.join(workdir, "eval", "step_1", "tokens.html"), encoding="utf-8").read()
+  assert "Token view, iteration 1" in page
 
   resumed = trainer.Trainer(config, workdir)  # builds, restores nothing until asked
   try:

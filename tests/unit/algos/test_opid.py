@@ -145,3 +145,15 @@ def test_a_failed_analysis_gives_no_context_and_the_prompt_is_the_authors(monkey
   metrics = analyse_episodes(eps, algo, T)
   assert metrics["opid/failed"] == 1.0 and eps[1].opid_blocks == [None, None]
   assert "[E]" in eps[0].opid_blocks[0] and "[S]" in eps[0].opid_blocks[1]
+
+
+def test_evaluation_episodes_get_no_hindsight_block_and_no_analyzer_call():
+  """The token view of an evaluation: OPID's hook marks every turn block-less (its analyzer is
+  not called on validation episodes); the contexts compose without a round."""
+  from sdar_jax.algos.contexts import compose_teacher_contexts
+  from sdar_jax.algos.opid import OPIDHooks
+
+  algo, eps = get_preset("opid"), _episodes()
+  OPIDHooks().before_evaluation_contexts(algo, eps)
+  assert [ep.opid_blocks for ep in eps] == [[None] * len(ep.turns) for ep in eps]
+  compose_teacher_contexts(eps, algo, lambda s: list(s.encode()), bytes.decode, T)  # no raise

@@ -187,6 +187,17 @@ def test_only_groups_with_both_outcomes_get_a_prior_and_the_rest_are_counted():
   assert asked == [["reflect"] * 2, ["prior"]]
 
 
+def test_evaluation_episodes_get_no_prior_and_no_reflector_call():
+  """The token view of an evaluation (each game played once: no group with both outcomes): the
+  hook gives every episode no prior, so the contexts compose without a round or a model call."""
+  algo = algos.get_preset("grsd_reflect")
+  episodes = list(_group0())
+  algos.build_hooks(algo)["reflection"].before_evaluation_contexts(algo, episodes)
+  assert [ep.reflection_prior for ep in episodes] == [None, None]
+  counts = compose_teacher_contexts(episodes, algo, _enc, _dec, T)
+  assert counts["with_context"] == 0
+
+
 def test_the_trajectory_is_cut_to_its_budget():
   steps = [("x" * 50, "y" * 30)] * 5
   ep = _episode(0, False, steps, "")

@@ -168,6 +168,14 @@ def test_the_memory_evolves_over_three_iterations_and_survives_a_resume():
   assert [e["id"] for e in mem.entries] == ["m0", "m1", "m3"]  # utilities 0.1, 0.16, 0, 0: m2 goes
   shown = json.loads(mem.to_json())
   assert [s["id"] for s in shown["skills"]] == ["m0", "m1", "m3"] and shown["total_count"] > 3
+  # what a run wrote reads back (warm_start.memory) with the same state
+  assert Memory.from_json(mem.to_json()).state_dict() == mem.state_dict()
+  # an evaluation's token view: the memory's retrieval, its state untouched
+  before, seen = mem.state_dict(), _group(3)
+  resumed.memory = mem
+  resumed.before_evaluation_contexts(capped, seen)
+  assert mem.state_dict() == before and seen[0].skill_memory_ids[0] == (["m0"], ["m1"])
+  assert compose_teacher_contexts(seen, capped, lambda s: list(s.encode()), bytes.decode, T)
 
 
 def skill_memory_source_text(ep, k):
