@@ -119,10 +119,17 @@ def oracle_skill(r: SkillRequest) -> str:
   worse one. Its `task_success` is the real outcome of the episode written about."""
   if r.pool == "state":
     d = r.details
+    better, worse = d["better_action"], d["worse_action"]
+    returns = f"{d['better_return']:.2f} against {d['worse_return']:.2f}"
+    principle = f"Do `{better}` rather than `{worse}` here: it led to a return of {returns}."
+    if better == worse:  # UCOB contrasts returns at one observation, not actions
+      principle = (
+        f"`{better}` here led to a return of {returns} in another attempt: it pays only once "
+        "the steps the task needs before it are done."
+      )
     skill = {
-      "title": f"At this point, {d['better_action']}",
-      "principle": f"Do `{d['better_action']}` rather than `{d['worse_action']}` here: it led "
-      f"to a return of {d['better_return']:.2f} against {d['worse_return']:.2f}.",
+      "title": f"At this point, {better}",
+      "principle": principle,
       "when_to_apply": f"When you see: {_cut(d['observation'], 200)}",
     }
   else:

@@ -241,3 +241,17 @@ def test_ucob_good_view_reads_the_memory_through_the_rollout_retriever():
   assert isinstance(view.retriever, MemoryRetriever) and len(view.retriever.memory) == len(mem)
   with pytest.raises(ValueError, match="algo.ucob.memory=True with algo.views='single'"):
     dataclasses.replace(get_preset("sdar"), ucob=UCOB(memory=True))
+
+
+def test_the_oracles_state_skill_when_both_attempts_took_the_same_action():
+  """UCOB contrasts two returns at one observation, whatever the actions: when both attempts
+  took the same one, the oracle says the steps before it decide, not "do X rather than X"."""
+  from sdar_jax.algos.skill_memory_source import SkillRequest, oracle_skill
+
+  won, _ = _group(0)
+  details = {"task": won.task, "observation": "You see a desklamp 1.", "better_action": "use desklamp 1",
+             "better_return": 1.0, "worse_action": "use desklamp 1", "worse_return": 0.0}  # fmt: skip
+  text = oracle_skill(SkillRequest("skill", "", "", episode=won, pool="state", details=details))
+  skill, why = parse_skill(text, True)
+  assert why == "ok" and "rather than" not in skill["principle"]
+  assert "`use desklamp 1` here led to a return of 1.00 against 0.00" in skill["principle"]
