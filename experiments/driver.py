@@ -1,24 +1,28 @@
 """What the experiments' drivers (experiments.powered, experiments.long_budget and
 experiments.contexts) share: a plan's steps and their command lines, the loop that plays the steps
 not yet done (resumable: a finished step is skipped), the tidy tables' records of the finished
-steps (experiments.records) and their restoring, and the lines `status` prints. Each driver keeps
-its design: its arms, the order of its steps, what its `status` says and what it decides between
-steps."""
+steps (experiments.records) and their restoring, the lines `status` prints, and the command
+line's `plan`, `status`, `cost`, `record`, `restore` and `run`. Each driver keeps its design: its
+arms, the order of its steps, what its `status` says and what it decides between steps."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
+import signal
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import NamedTuple
+from typing import NamedTuple, Protocol, TypeVar
 
 from experiments import records
-from sdar_jax.observe import collect
+from sdar_jax.observe import collect, stats
 from sdar_jax.run import evaluation
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NICE = ("nice", "-n", "19")
+RECORDS = "docs/results"  # the tables' folder
 
 
 # ---------------------------------------------------------------------------- the steps
@@ -341,3 +345,108 @@ def commit_lines(found: Mapping[str, list[str]]) -> list[str]:
 def check_lines(lost_in: Sequence[Step], commits_of: Sequence[Step]) -> list[str]:
   """The episodes lost in the steps `lost_in`, then the commits that ran the steps `commits_of`."""
   return [*lost_lines(lost_episodes(lost_in)), *commit_lines(step_commits(commits_of))]
+
+
+# ---------------------------------------------------------------------------- the command line
+def add_flags(
+  parser: argparse.ArgumentParser,
+  *,
+  out: str | None,
+  out_help: str,
+  dest: str | None = None,
+  dest_help: str,
+  resamples: int,
+  resamples_help: str | None = None,
+  smoke: bool = False,
+) -> None:
+  """The flags every driver takes: --out (default `out`), --smoke where it has a tiny budget,
+  --max-steps, --records, --dest (default `dest`) and --resamples."""
+  parser.add_argument("--out", default=out, help=out_help)
+  if smoke:
+    parser.add_argument("--smoke", action="store_true", help="the tiny budget (plan.SMOKE)")
+  parser.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
+  parser.add_argument(
+    "--records",
+    default=None,
+    help=f"the tables' folder (report and restore read it, default {RECORDS}; run appends each "
+    "finished step to it when given; record appends every finished step now)",
+  )
+  parser.add_argument("--dest", default=dest, help=dest_help)
+  parser.add_argument("--resamples", type=int, default=resamples, help=resamples_help)
+
+
+class Design(Protocol):
+  out: str  # the runs' default parent folder
+
+
+D = TypeVar("D", bound=Design)
+
+
+def design_parser(description: str, actions: Sequence[str], dest: str) -> argparse.ArgumentParser:
+  """The command line of a driver whose design has a tiny version (--smoke): the `actions`, the
+  runs' folder (default: the design's) and the report's (default `dest`)."""
+  parser = argparse.ArgumentParser(description=description.split("\n")[0])
+  parser.add_argument("action", choices=actions)
+  add_flags(
+    parser,
+    out=None,
+    out_help="the runs' parent folder (default: the design's)",
+    dest=dest,
+    dest_help=f"where the report goes ({dest})",
+    resamples=stats.RESAMPLES,
+    smoke=True,
+  )
+  return parser
+
+
+def design_of(args: argparse.Namespace, full: D, smoke: D) -> tuple[D, str]:
+  """(the design: `smoke` with --smoke, else `full`; the runs' folder: --out, else the design's)."""
+  design = smoke if args.smoke else full
+  return design, args.out or design.out
+
+
+def command_line(
+  action: str,
+  out: str,
+  tables: records.Tables,
+  *,
+  restore: Callable[[records.Tables, str], int],
+  record: Callable[[records.Tables], int],
+  plan: Callable[[], Sequence[Step]],
+  done: Callable[[Step], bool],
+  status: Callable[[], str],
+  cost: Callable[[], Sequence[tuple[str, int, float]]] | None = None,
+  plan_notes: Callable[[Sequence[Step]], Iterable[str]] = lambda steps: (),
+) -> int | None:
+  """The actions every driver has, printed alike: `restore`, `record`, `plan` (each step's
+  command, done or todo, then `plan_notes`), `cost` and `status`. Returns the exit code, or None
+  for another action (the driver's own, and `run`: `run_command`)."""
+  if action == "restore":
+    print(f"{restore(tables, out)} file(s) restored into {out}")
+  elif action == "record":
+    print(f"{record(tables)} step(s) appended to {tables.folder}")
+  elif action == "plan":
+    steps = plan()
+    for step in steps:
+      print(("done  " if done(step) else "todo  ") + " ".join(step.command))
+    for line in plan_notes(steps):
+      print(line)
+  elif action == "cost" and cost is not None:
+    total = 0.0
+    for kind, n, hours in cost():
+      total += n * hours
+      print(f"{kind:22s} {n:3d} x {hours:5.2f} h = {n * hours:6.2f} h")
+    print(f"{'total':22s}             {total:6.2f} machine-hours")
+  elif action == "status":
+    print(status())
+  else:
+    return None
+  return 0
+
+
+def run_command(run: Callable[[], int]) -> int:
+  """`run`: plays the plan (`run` returns its failed steps' number); a SIGTERM (kill) ends the
+  driver and the step it runs. Exit code 1 when a step failed."""
+  signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # kill: the running step stops with it
+  failed = run()
+  return 1 if failed else 0
