@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import time
+import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import NamedTuple, Protocol, TypeVar
 
@@ -442,6 +443,39 @@ def command_line(
   else:
     return None
   return 0
+
+
+def design_actions(
+  args: argparse.Namespace,
+  design: Design,
+  out: str,
+  tables: records.Tables,
+  plan: types.ModuleType,
+  run: types.ModuleType,
+  plan_notes: Callable[[Sequence[Step]], Iterable[str]] = lambda steps: (),
+) -> int:
+  """`command_line`, else `run_command`, of a driver with a design (`design_parser`; its own
+  actions come first): `plan`, its plan module (plan, step_done, cost_table), and `run`, its run
+  module (restore, record, status, run), each taking the design and the runs' folder."""
+  code = command_line(
+    args.action,
+    out,
+    tables,
+    restore=run.restore,
+    record=lambda tables: run.record(design, out, tables),
+    plan=lambda: plan.plan(design, out, smoke=args.smoke),
+    done=plan.step_done,
+    status=lambda: run.status(design, out),
+    cost=lambda: plan.cost_table(design),
+    plan_notes=plan_notes,
+  )
+  if code is not None:
+    return code
+  return run_command(
+    lambda: run.run(
+      design, out, max_steps=args.max_steps, records_to=args.records, smoke=args.smoke
+    )
+  )
 
 
 def run_command(run: Callable[[], int]) -> int:

@@ -28,24 +28,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       print(e, file=sys.stderr)
       return 1
     return 0
-  code = driver.command_line(
-    args.action,
-    out,
-    tables,
-    restore=run_mod.restore,
-    record=lambda tables: run_mod.record(design, out, tables),
-    plan=lambda: plan_mod.plan(design, out, smoke=args.smoke),
-    done=plan_mod.step_done,
-    status=lambda: run_mod.status(design, out),
-    cost=lambda: plan_mod.cost_table(design),
-  )
-  if code is not None:
-    return code
-  return driver.run_command(
-    lambda: run_mod.run(
-      design, out, max_steps=args.max_steps, records_to=args.records, smoke=args.smoke
-    )
-  )
+  return driver.design_actions(args, design, out, tables, plan_mod, run_mod)
 
 
 if __name__ == "__main__":
