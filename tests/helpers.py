@@ -60,8 +60,8 @@ QWEN_VOCAB_DECODER = ModelConfig.tiny(
   num_kv_heads=1,
   head_dim=8,
 )
-# The small Qwen3-architecture config of the checkpoint / Hugging Face file tests (GQA 4 q heads
-# over 2 kv heads).
+# The small Qwen3-architecture config (GQA 4 q heads over 2 kv heads) of the checkpoint / Hugging
+# Face file tests, the decode step's attention tests and the roofline's.
 SMALL_QWEN3 = ModelConfig.tiny(
   "qwen3",
   vocab_size=256,

@@ -65,10 +65,11 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
-from experiments import power
+from experiments import driver, power
+from experiments.driver import REPO, rate_name
 from experiments.long_budget import plan as long_budget
 from experiments.long_budget.plan import Step, step_done  # noqa: F401 (contexts' steps: the same done rule)
-from experiments.powered.plan import NICE, REPO, final_success, rate_name
+from experiments.powered.plan import final_success
 
 __all__ = ["REPO", "Step"]
 
@@ -126,14 +127,7 @@ class Design:
   extra: tuple[str, ...] = ()  # overrides of every training run and evaluation
 
   def heldout(self) -> tuple[str, ...]:
-    return (
-      "eval.split=heldout_seen",
-      "eval.splits=heldout_unseen",
-      "eval.num_tasks=-1",
-      "eval.streams=task",
-      f"env.offline.num_heldout={self.num_heldout}",
-      f"env.offline.heldout_seed={self.heldout_seed}",
-    )
+    return driver.heldout_overrides(self.num_heldout, self.heldout_seed)
 
 
 FULL = Design(
@@ -307,24 +301,15 @@ def train_overrides(design: Design, arm: str, rate: float, seed: int, vocab: str
 
 
 def _command(module: str, algo: str, overrides: Sequence[str], python: str) -> tuple[str, ...]:
-  return (
-    *NICE,
-    python,
-    "-m",
-    module,
-    f"--config={CONFIG}:algo={algo}",
-    *(f"--config.{kv}" for kv in overrides),
-  )
+  return driver.command(module, algo, overrides, python, CONFIG)
 
 
 def train_step(
   design: Design, out: str, arm: str, rate: float, seed: int, vocab: str, python: str
 ) -> Step:
-  workdir = run_dir(out, arm, rate, seed)
-  cmd = _command(
-    "sdar_jax.train", ARMS[arm][0], train_overrides(design, arm, rate, seed, vocab), python
-  )
-  return Step("train", arm, rate, seed, workdir, (*cmd, f"--workdir={workdir}"))
+  overrides = train_overrides(design, arm, rate, seed, vocab)
+  cmd = _command("sdar_jax.train", ARMS[arm][0], overrides, python)
+  return driver.train_step(Step, arm, rate, seed, run_dir(out, arm, rate, seed), cmd)
 
 
 def heldout_step(
@@ -333,32 +318,21 @@ def heldout_step(
   workdir = run_dir(out, arm, rate, seed)
   overrides = [*train_overrides(design, arm, rate, seed, vocab), *design.heldout()]
   cmd = _command("sdar_jax.evaluate", ARMS[arm][0], overrides, python)
-  results = os.path.join(workdir, "heldout")
-  return Step(
-    "heldout", arm, rate, seed, workdir, (*cmd, f"--workdir={workdir}", f"--output={results}")
-  )
+  return driver.evaluation_step(Step, "heldout", arm, rate, seed, workdir, cmd)
 
 
 def initial_step(design: Design, out: str, python: str) -> Step:
   """The context policy (every arm's start) on the held-out panels."""
-  workdir = os.path.join(out, "initial")
   own = [f"model.path={CONTEXT_POLICY}", *design.extra, *design.heldout()]
   cmd = _command("sdar_jax.evaluate", "grpo", own, python)
-  results = os.path.join(workdir, "heldout")
-  return Step(
-    "heldout",
-    "initial",
-    None,
-    None,
-    workdir,
-    (*cmd, "--initial_policy", f"--workdir={workdir}", f"--output={results}"),
-  )
+  workdir = os.path.join(out, "initial")
+  return driver.evaluation_step(Step, "heldout", "initial", None, None, workdir, cmd)
 
 
 def panels_step(out: str, python: str, smoke: bool = False) -> Step:
   """The long-budget stage's panels (generated there if missing) and its check, into <out>."""
-  cmd = (*NICE, python, "-m", "experiments.long_budget", "panels", f"--out={out}")
-  return Step("panels", "panels", None, None, out, (*cmd, *(("--smoke",) if smoke else ())))
+  design = long_budget.SMOKE if smoke else long_budget.FULL
+  return long_budget.panels_step(design, out, python, smoke)
 
 
 def pilot_steps(design: Design, out: str, vocab: str, python: str) -> list[Step]:
@@ -428,11 +402,8 @@ def expected_seconds(step: Step, design: Design = FULL) -> float:
 
 def cost_table(design: Design = FULL) -> list[tuple[str, int, float]]:
   """(step kind, how many, machine-hours each) of the whole plan (the rate decided)."""
-  kinds: dict[str, list[float]] = {}
-  for s in plan(design, "/nonexistent", python="python", rate=RATE, vocab="sibling"):
-    name = s.kind if s.kind != "train" else f"train {s.arm}"
-    kinds.setdefault(name, []).append(expected_seconds(s, design) / 3600)
-  return [(k, len(v), v[0]) for k, v in kinds.items()]
+  steps = plan(design, "/nonexistent", python="python", rate=RATE, vocab="sibling")
+  return driver.cost_table(steps, lambda s: expected_seconds(s, design))
 
 
 # ---------------------------------------------------------------------------- the power

@@ -8,16 +8,12 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from collections.abc import Callable
 
-from experiments import records
+from experiments import driver, records
 from experiments.contexts import plan as plan_mod
 from experiments.contexts.plan import EXPERIMENT, FULL, REPO, STAGE, Design, Step, step_done
 from experiments.long_budget import run as long_budget_run
-from experiments.powered.plan import has_final_checkpoint
-from experiments.powered.run import _clock, _commit_lines, _lost_lines, lost_episodes, step_commits
-from sdar_jax.observe import collect
 
 PGID_FILE = "run.pgid"  # <out>/run.pgid: the driver's process group (stop it for a test run)
 
@@ -36,17 +32,6 @@ def restore(tables: records.Tables, out: str) -> int:
   return long_budget_run.restore(tables, out, EXPERIMENT)
 
 
-def _retrain_lost(design: Design, step: Step, out: str, vocab: str, python: str) -> Step:
-  """An evaluation whose run lost its weights: the run's folder moves aside to <run>.restored[-N]
-  and its training step is returned (played again from the start)."""
-  aside, n = f"{step.workdir}.restored", 1
-  while os.path.exists(aside):
-    n += 1
-    aside = f"{step.workdir}.restored-{n}"
-  os.rename(step.workdir, aside)
-  return plan_mod.train_step(design, out, step.arm, step.rate, step.seed, vocab, python)
-
-
 def run(
   design: Design = FULL,
   out: str | None = None,
@@ -61,8 +46,6 @@ def run(
   """Plays the steps not yet done in order; returns the number of failed steps (1 when the vocab
   rule cannot be applied: nothing runs then). A step's output goes to its results folder's
   <kind>.log, its wall time and attempts to run_status.json."""
-  import subprocess
-
   out = out or design.out
   try:
     vocab = plan_mod.decide_vocab_context(out, policy)
@@ -72,38 +55,29 @@ def run(
   echo(f"the vocab arm's context: {vocab} (recorded in {os.path.join(out, plan_mod.VOCAB_FILE)})")
   with open(os.path.join(out, PGID_FILE), "w") as f:
     f.write(f"{os.getpgid(0)}\n")
-  runner = runner or subprocess.run
-  failed: set[str] = set()
-  played, start = 0, time.time()
-  while max_steps is None or played < max_steps:
+
+  def steps() -> list[Step]:
     decided = plan_mod.rate_decision(out) is not None
-    steps = plan_mod.plan(design, out, python, smoke, vocab=vocab)
+    found = plan_mod.plan(design, out, python, smoke, vocab=vocab)
     if not decided and plan_mod.rate_decision(out) is not None:
       echo("rate decided: " + rate_line(out))
-    todo = [s for s in steps if not step_done(s) and s.label not in failed]
-    if not todo:
-      break
-    step = todo[0]
-    if step.kind == "heldout" and step.arm != "initial" and not has_final_checkpoint(step.workdir):
-      step = _retrain_lost(design, step, out, vocab, python)
-      echo(f"{step.label}: its final weights are gone; training again")
-    echo(
-      f"[{len(steps) - len(todo) + 1}/{plan_mod.total_steps(design)}] {step.label}: starting, "
-      f"elapsed {_clock(time.time() - start)}, expected {expected_hours(step, design):.2f} h; "
-      f"output in {step.results}"
-    )
-    os.makedirs(step.results, exist_ok=True)
-    log = os.path.join(step.results, f"{step.kind}.log")
-    code = collect.run_and_record(step.command, step.results, cwd=REPO, log_path=log, runner=runner)
-    played += 1
-    if code:
-      failed.add(step.label)
-      echo(f"{step.label}: failed with exit code {code}; see {log}")
-    if records_to:
-      added = record(design, out, records.Tables(records_to), python)
-      echo(f"records: {added} finished step(s) appended to the tables in {records_to}")
-  echo(f"stopped after {played} step(s) in {_clock(time.time() - start)}; {len(failed)} failed")
-  return len(failed)
+    return found
+
+  def retrain(step: Step) -> Step:
+    return plan_mod.train_step(design, out, step.arm, step.rate, step.seed, vocab, python)
+
+  return driver.play(
+    steps,
+    done=step_done,
+    runner=runner,
+    echo=echo,
+    max_steps=max_steps,
+    lost=lambda step: long_budget_run.lost_weights(step, lambda: retrain(step)),
+    record=lambda tables: record(design, out, tables, python),
+    records_to=records_to,
+    total=lambda _: plan_mod.total_steps(design),
+    hours=lambda step: expected_hours(step, design),
+  )
 
 
 def expected_hours(step: Step, design: Design = FULL) -> float:
@@ -144,21 +118,14 @@ def status(design: Design = FULL, out: str | None = None, python: str = sys.exec
   rate = plan_mod.decide_rate(out, design)
   whole = plan_mod.plan(design, out, python, rate=rate if rate is not None else plan_mod.RATE)
   done = [s for s in steps if step_done(s)]
-  spent = sum(collect.wall_seconds(s.results) or 0.0 for s in done)
   left = [s for s in whole if not step_done(s)]
-  hours_left = sum(expected_hours(s, design) for s in left)
-  partial = [s for s in left if s.kind == "train" and collect.run_state(s.workdir) == "partial"]
-  lines = [
-    (
-      f"{len(done)}/{plan_mod.total_steps(design)} steps done, {spent / 3600:.2f} h of wall time; "
-      f"{len(left)} left, about {hours_left:.1f} machine-hours by the cost plan "
-      "(a partial run counts in full)"
-    ),
-    vocab_line(out),
-    rate_line(out),
-    *(f"  next: {s.label} ({expected_hours(s, design):.2f} h)" for s in left[:3]),
-    *(f"  partial: {s.label} (resumes from its checkpoint)" for s in partial),
-  ]
+  lines = driver.cost_lines(
+    done,
+    left,
+    plan_mod.total_steps(design),
+    lambda s: expected_hours(s, design),
+    notes=(vocab_line(out), rate_line(out)),
+  )
   if rate is not None:
     seeds_done = {
       arm: sum(step_done(s) for s in steps if s.arm == arm and s.kind == "heldout")
@@ -166,6 +133,5 @@ def status(design: Design = FULL, out: str | None = None, python: str = sys.exec
     }
     lines.append("seeds finished (trained and evaluated) per arm: " + str(seeds_done))
   trained = [s for s in done if s.kind == "train"]
-  lines += _lost_lines(lost_episodes(trained))
-  lines += _commit_lines(step_commits([s for s in done if s.kind != "panels"]))
+  lines += driver.check_lines(trained, [s for s in done if s.kind != "panels"])
   return "\n".join(lines)

@@ -47,11 +47,8 @@ import os
 import sys
 from collections.abc import Sequence
 
-from experiments.powered import plan as powered
-from experiments.powered.plan import NICE, REPO, evaluated, has_final_checkpoint, rate_name
-from sdar_jax.observe import collect
-
-__all__ = ["REPO", "has_final_checkpoint"]
+from experiments import driver
+from experiments.driver import NICE, rate_name
 
 EXPERIMENT = "long_budget"
 STAGE = 3  # the tables' stage column (the powered ablation's are 1 and 2)
@@ -82,14 +79,7 @@ class Design:
   retire_extra: tuple[str, ...] = ()  # overrides of retire_opd's runs
 
   def heldout(self) -> tuple[str, ...]:
-    return (
-      "eval.split=heldout_seen",
-      "eval.splits=heldout_unseen",
-      "eval.num_tasks=-1",
-      "eval.streams=task",  # common random numbers: each episode's draws keyed by its game
-      f"env.offline.num_heldout={self.num_heldout}",
-      f"env.offline.heldout_seed={self.heldout_seed}",
-    )
+    return driver.heldout_overrides(self.num_heldout, self.heldout_seed)
 
 
 FULL = Design(
@@ -118,21 +108,15 @@ PANELS_FILE = "panels.json"  # <out>/panels.json: the panels step's record (its 
 
 
 @dataclasses.dataclass(frozen=True)
-class Step(powered.Step):
-  """One process of the plan: the panels, a training run or a held-out evaluation."""
+class Step(driver.Step):
+  """One process of the plan: the panels (results in <out>/panels), a training run or a held-out
+  evaluation."""
 
   @property
   def label(self) -> str:
     if self.kind == "panels":
       return "panels (generate and check)"
     return super().label
-
-  @property
-  def results(self) -> str:
-    """Where the step's results and its done marker go."""
-    if self.kind == "train":
-      return self.workdir
-    return os.path.join(self.workdir, "panels" if self.kind == "panels" else "heldout")
 
 
 def run_dir(out: str, arm: str, seed: int) -> str:
@@ -154,46 +138,26 @@ def train_overrides(design: Design, arm: str, seed: int) -> list[str]:
 
 
 def _command(module: str, algo: str, overrides: Sequence[str], python: str) -> tuple[str, ...]:
-  return (
-    *NICE,
-    python,
-    "-m",
-    module,
-    f"--config={CONFIG}:algo={algo}",
-    *(f"--config.{kv}" for kv in overrides),
-  )
+  return driver.command(module, algo, overrides, python, CONFIG)
 
 
 def train_step(design: Design, out: str, arm: str, seed: int, python: str) -> Step:
-  workdir = run_dir(out, arm, seed)
   cmd = _command("sdar_jax.train", ARMS[arm][0], train_overrides(design, arm, seed), python)
-  return Step("train", arm, RATE, seed, workdir, (*cmd, f"--workdir={workdir}"))
+  return driver.train_step(Step, arm, RATE, seed, run_dir(out, arm, seed), cmd)
 
 
 def heldout_step(design: Design, out: str, arm: str, seed: int, python: str) -> Step:
   """The final policy of a run on the held-out panels (its own settings, the panels')."""
-  workdir = run_dir(out, arm, seed)
   overrides = [*train_overrides(design, arm, seed), *design.heldout()]
   cmd = _command("sdar_jax.evaluate", ARMS[arm][0], overrides, python)
-  results = os.path.join(workdir, "heldout")
-  return Step(
-    "heldout", arm, RATE, seed, workdir, (*cmd, f"--workdir={workdir}", f"--output={results}")
-  )
+  return driver.evaluation_step(Step, "heldout", arm, RATE, seed, run_dir(out, arm, seed), cmd)
 
 
 def initial_step(design: Design, out: str, python: str) -> Step:
   """The warm-started policy (every arm's start) on the held-out panels."""
   workdir = os.path.join(out, "initial")
   cmd = _command("sdar_jax.evaluate", "grpo", [*design.extra, *design.heldout()], python)
-  results = os.path.join(workdir, "heldout")
-  return Step(
-    "heldout",
-    "initial",
-    None,
-    None,
-    workdir,
-    (*cmd, "--initial_policy", f"--workdir={workdir}", f"--output={results}"),
-  )
+  return driver.evaluation_step(Step, "heldout", "initial", None, None, workdir, cmd)
 
 
 def panels_step(design: Design, out: str, python: str, smoke: bool = False) -> Step:
@@ -216,11 +180,9 @@ def plan(
 
 
 def step_done(step: Step) -> bool:
-  if step.kind == "train":
-    return collect.run_state(step.workdir) == "finished"
   if step.kind == "panels":
     return os.path.isfile(os.path.join(step.workdir, PANELS_FILE))
-  return evaluated(step.results)
+  return driver.step_done(step)
 
 
 # ---------------------------------------------------------------------------- the cost plan
@@ -260,8 +222,4 @@ def expected_seconds(step: Step, design: Design = FULL) -> float:
 def cost_table(design: Design = FULL) -> list[tuple[str, int, float]]:
   """(step kind, how many, machine-hours each) of the plan, for docs and `status`."""
   steps = plan(design, python="python")
-  kinds: dict[str, list[float]] = {}
-  for s in steps:
-    name = s.kind if s.kind != "train" else f"train {s.arm}"
-    kinds.setdefault(name, []).append(expected_seconds(s, design) / 3600)
-  return [(k, len(v), v[0]) for k, v in kinds.items()]
+  return driver.cost_table(steps, lambda s: expected_seconds(s, design))

@@ -9,22 +9,12 @@ import json
 import os
 import re
 import sys
-import time
 from collections.abc import Callable
 
-from experiments import records
+from experiments import driver, records
+from experiments.driver import Retrain, has_final_checkpoint
 from experiments.long_budget import plan as plan_mod
-from experiments.long_budget.plan import (
-  EXPERIMENT,
-  FULL,
-  REPO,
-  STAGE,
-  Design,
-  Step,
-  step_done,
-)
-from experiments.powered.run import _clock, _commit_lines, _lost_lines, lost_episodes, step_commits
-from sdar_jax.observe import collect
+from experiments.long_budget.plan import EXPERIMENT, FULL, STAGE, Design, Step, step_done
 
 _NAME = re.compile(r"\(\s*problem\s+[^)\s]+\s*\)")
 _NUMBER = re.compile(r"\d+")
@@ -101,15 +91,7 @@ def step_key(
   step: Step, out: str, experiment: str = EXPERIMENT, stage: int = STAGE
 ) -> dict[str, object]:
   """The tables' key of a step of the plan whose runs sit below `out`."""
-  return {
-    "experiment": experiment,
-    "stage": stage,
-    "run": os.path.relpath(step.workdir, out),
-    "kind": step.kind,
-    "arm": step.arm,
-    "seed": step.seed,
-    "lr": step.rate,
-  }
+  return driver.step_key(step, out, experiment, stage)
 
 
 def record(
@@ -124,37 +106,24 @@ def record(
 ) -> int:
   """Appends every finished training or evaluation step of `plan` (this stage's, or another
   stage's built on it: experiments.contexts) not in the tables yet; returns how many."""
-  added = 0
-  for step in plan(design, out, python):
-    if step.kind == "panels" or not step_done(step):
-      continue
-    key = step_key(step, out, experiment, stage)
-    if not tables.has(experiment, key["run"], step.kind):
-      added += tables.add(*records.step_rows(step.results, **key))
-  return added
+  steps = plan(design, out, python)
+  return driver.record(steps, out, tables, experiment, stage, done=step_done)
 
 
 def restore(tables: records.Tables, out: str, experiment: str = EXPERIMENT) -> int:
   """Writes every step the tables hold back into `out` as run records (no weights); `run` then
   skips those steps and trains a run again before its evaluation needs the weights."""
-  written = 0
-  for row in tables.read("runs", experiment=experiment):
-    folder = os.path.join(out, row["run"])
-    if row["kind"] != "train":
-      folder = os.path.join(folder, "heldout")
-    written += records.restore_step(tables, experiment, row["run"], row["kind"], folder)
-  return written
+  return driver.restore(tables, out, experiment)
 
 
-def _retrain_lost(design: Design, step: Step, out: str, python: str) -> Step:
-  """An evaluation whose run lost its weights: the run's folder moves aside to <run>.restored[-N]
-  and its training step is returned (played again from the start)."""
-  aside, n = f"{step.workdir}.restored", 1
-  while os.path.exists(aside):
-    n += 1
-    aside = f"{step.workdir}.restored-{n}"
-  os.rename(step.workdir, aside)
-  return plan_mod.train_step(design, out, step.arm, step.seed, python)
+def lost_weights(step: Step, retrain: Callable[[], Step]) -> Retrain | None:
+  """A held-out evaluation whose run lost its weights: the run's folder moves aside to
+  <run>.restored[-N] and the run's training (`retrain`) is played again from the start."""
+  if step.kind != "heldout" or step.arm == "initial" or has_final_checkpoint(step.workdir):
+    return None
+  driver.move_aside(step.workdir)
+  again = retrain()
+  return Retrain(again, f"{again.label}: its final weights are gone; training again")
 
 
 def run(
@@ -169,40 +138,20 @@ def run(
 ) -> int:
   """Plays the steps not yet done in order; returns the number of failed steps. A step's output
   goes to its results folder's <kind>.log, its wall time and attempts to run_status.json."""
-  import subprocess
-
   out = out or design.out
-  runner = runner or subprocess.run
-  failed: set[str] = set()
-  played, start = 0, time.time()
-  while max_steps is None or played < max_steps:
-    steps = plan_mod.plan(design, out, python, smoke)
-    todo = [s for s in steps if not step_done(s) and s.label not in failed]
-    if not todo:
-      break
-    step = todo[0]
-    lost = step.kind == "heldout" and step.arm != "initial"
-    if lost and not plan_mod.has_final_checkpoint(step.workdir):
-      step = _retrain_lost(design, step, out, python)
-      echo(f"{step.label}: its final weights are gone; training again")
-    results = step.results
-    echo(
-      f"[{len(steps) - len(todo) + 1}/{len(steps)}] {step.label}: starting, elapsed "
-      f"{_clock(time.time() - start)}, expected {expected_hours(step, design):.2f} h; "
-      f"output in {results}"
-    )
-    os.makedirs(results, exist_ok=True)
-    log = os.path.join(results, f"{step.kind}.log")
-    code = collect.run_and_record(step.command, results, cwd=REPO, log_path=log, runner=runner)
-    played += 1
-    if code:
-      failed.add(step.label)
-      echo(f"{step.label}: failed with exit code {code}; see {log}")
-    if records_to:
-      added = record(design, out, records.Tables(records_to), python)
-      echo(f"records: {added} finished step(s) appended to the tables in {records_to}")
-  echo(f"stopped after {played} step(s) in {_clock(time.time() - start)}; {len(failed)} failed")
-  return len(failed)
+  return driver.play(
+    lambda: plan_mod.plan(design, out, python, smoke),
+    done=step_done,
+    runner=runner,
+    echo=echo,
+    max_steps=max_steps,
+    lost=lambda step: lost_weights(
+      step, lambda: plan_mod.train_step(design, out, step.arm, step.seed, python)
+    ),
+    record=lambda tables: record(design, out, tables, python),
+    records_to=records_to,
+    hours=lambda step: expected_hours(step, design),
+  )
 
 
 def expected_hours(step: Step, design: Design = FULL) -> float:
@@ -214,19 +163,8 @@ def status(design: Design = FULL, out: str | None = None, python: str = sys.exec
   out = out or design.out
   steps = plan_mod.plan(design, out, python)
   done = [s for s in steps if step_done(s)]
-  spent = sum(collect.wall_seconds(s.results) or 0.0 for s in done)
   left = [s for s in steps if not step_done(s)]
-  hours_left = sum(expected_hours(s, design) for s in left)
-  partial = [s for s in left if s.kind == "train" and collect.run_state(s.workdir) == "partial"]
-  lines = [
-    (
-      f"{len(done)}/{len(steps)} steps done, {spent / 3600:.2f} h of wall time; "
-      f"{len(left)} left, about {hours_left:.1f} machine-hours by the cost plan "
-      "(a partial run counts in full)"
-    ),
-    *(f"  next: {s.label} ({expected_hours(s, design):.2f} h)" for s in left[:3]),
-    *(f"  partial: {s.label} (resumes from its checkpoint)" for s in partial),
-  ]
+  lines = driver.cost_lines(done, left, len(steps), lambda s: expected_hours(s, design))
   seeds_done = {
     arm: sum(
       step_done(s) for s in steps if s.arm == arm and s.kind == "heldout" and s.seed is not None
@@ -235,6 +173,5 @@ def status(design: Design = FULL, out: str | None = None, python: str = sys.exec
   }
   lines.append("seeds finished (trained and evaluated) per arm: " + str(seeds_done))
   trained = [s for s in done if s.kind == "train"]
-  lines += _lost_lines(lost_episodes(trained))
-  lines += _commit_lines(step_commits([s for s in done if s.kind != "panels"]))
+  lines += driver.check_lines(trained, [s for s in done if s.kind != "panels"])
   return "\n".join(lines)

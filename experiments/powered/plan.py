@@ -37,10 +37,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from experiments import driver
+from experiments.driver import Step, rate_name, step_done
 from sdar_jax.observe import collect
-from sdar_jax.run import evaluation
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+__all__ = ["Step", "rate_name", "step_done"]  # the drivers' shared base's, this plan's too
 
 CONFIG = "configs/default.py"
 # arm -> (algo preset, extra overrides)
@@ -91,37 +92,8 @@ HELDOUT_DIR = "heldout"  # <run>/heldout: the evaluation's results
 # mode, "val"), so its files are outcomes_val.csv and outcomes_val_heldout_unseen.csv too.
 WITH_SKILLS = "eval.skills=with"
 SKILLS_DIR = "heldout_skills"
+# a step's results folder below its run: the step's kind (driver.Step.results)
 RESULTS_DIRS = {"heldout": HELDOUT_DIR, "heldout_skills": SKILLS_DIR}
-NICE = ("nice", "-n", "19")
-
-
-def rate_name(rate: float) -> str:
-  return f"lr{rate:.1e}"
-
-
-@dataclasses.dataclass(frozen=True)
-class Step:
-  """One process of the plan: a training run or a held-out evaluation."""
-
-  kind: str  # "train" | "heldout" | "heldout_skills"
-  arm: str
-  rate: float | None
-  seed: int | None
-  workdir: str  # the run folder (for "heldout", the run evaluated)
-  command: tuple[str, ...]
-
-  @property
-  def label(self) -> str:
-    what = "initial policy" if self.arm == "initial" else f"{self.arm} {rate_name(self.rate)}"
-    seed = "" if self.seed is None else f" seed {self.seed}"
-    return f"{self.kind} {what}{seed}"
-
-  @property
-  def results(self) -> str:
-    """Where the step's results go (its done marker lives there)."""
-    if self.kind == "train":
-      return self.workdir
-    return os.path.join(self.workdir, RESULTS_DIRS[self.kind])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,20 +170,12 @@ def _overrides(arm: str, rate: float, seed: int) -> list[str]:
 
 def _command(module: str, arm: str, overrides: Sequence[str], python: str) -> tuple[str, ...]:
   algo = ALL_ARMS[arm][0] if arm in ALL_ARMS else "grpo"
-  return (
-    *NICE,
-    python,
-    "-m",
-    module,
-    f"--config={CONFIG}:algo={algo}",
-    *(f"--config.{kv}" for kv in overrides),
-  )
+  return driver.command(module, algo, overrides, python, CONFIG)
 
 
 def train_step(out: str, arm: str, rate: float, seed: int, python: str) -> Step:
-  workdir = run_dir(out, arm, rate, seed)
   cmd = _command("sdar_jax.train", arm, _overrides(arm, rate, seed), python)
-  return Step("train", arm, rate, seed, workdir, (*cmd, f"--workdir={workdir}"))
+  return driver.train_step(Step, arm, rate, seed, run_dir(out, arm, rate, seed), cmd)
 
 
 COMMIT_CHECK = "commit_check"  # <out>/commit_check/grpo/<rate>/seed0: stage 1's grpo seed 0 again
@@ -225,9 +189,8 @@ def commit_check_step(out: str, rate: float, python: str) -> Step:
   """Stage 1's `grpo` run of seed 0 at its chosen rate, trained again by the commit that trains a
   later stage: the reused runs come from an earlier commit, and this run shows whether the two
   commits train alike (the report compares the two runs' valid_seen outcomes game by game)."""
-  workdir = commit_check_dir(out, rate)
   cmd = _command("sdar_jax.train", "grpo", _overrides("grpo", rate, 0), python)
-  return Step("train", "grpo_commit_check", rate, 0, workdir, (*cmd, f"--workdir={workdir}"))
+  return driver.train_step(Step, "grpo_commit_check", rate, 0, commit_check_dir(out, rate), cmd)
 
 
 def _heldout(skills: bool) -> tuple[str, tuple[str, ...]]:
@@ -241,31 +204,18 @@ def heldout_step(
   """The final policy of a run on the held-out panels; `skills`: with the skills in the student's
   prompt (every arm the same skills: an arm's own env.skills overrides, e.g. the no-skills
   control's strategy=none, are left out, so its policy is tested with the skills too)."""
-  workdir = run_dir(out, arm, rate, seed)
   kind, held = _heldout(skills)
   own = [kv for kv in _overrides(arm, rate, seed) if not (skills and kv.startswith("env.skills."))]
   cmd = _command("sdar_jax.evaluate", arm, [*own, *held], python)
-  results = os.path.join(workdir, RESULTS_DIRS[kind])
-  return Step(kind, arm, rate, seed, workdir, (*cmd, f"--workdir={workdir}", f"--output={results}"))
+  return driver.evaluation_step(Step, kind, arm, rate, seed, run_dir(out, arm, rate, seed), cmd)
 
 
 def initial_step(out: str, python: str, skills: bool = False) -> Step:
   """The warm-started policy (every arm's start) on the held-out panels."""
-  workdir = os.path.join(out, "initial")
   kind, held = _heldout(skills)
   cmd = _command("sdar_jax.evaluate", "initial", held, python)
-  return Step(
-    kind,
-    "initial",
-    None,
-    None,
-    workdir,
-    (
-      *cmd,
-      "--initial_policy",  # no run in that workdir: the config's starting policy, on purpose
-      f"--workdir={workdir}",
-      f"--output={os.path.join(workdir, RESULTS_DIRS[kind])}",
-    ),
+  return driver.evaluation_step(
+    Step, kind, "initial", None, None, os.path.join(out, "initial"), cmd
   )
 
 
@@ -439,29 +389,3 @@ def steps_left(out: str, stage: int) -> int:
   st = dataclasses.replace(STAGES[stage], rates_file=None)
   total = st.total_with(tuple(adopted_rates(out)))
   return total - sum(step_done(s) for s in _plan(out, sys.executable, st))
-
-
-def evaluated(folder: str) -> bool:
-  """Whether an evaluation finished into `folder` (a killed one's step is still to do)."""
-  return evaluation.eval_finished(folder)
-
-
-def step_done(step: Step) -> bool:
-  if step.kind == "train":
-    return collect.run_state(step.workdir) == "finished"
-  return evaluated(step.results)
-
-
-def has_final_checkpoint(run: str) -> bool:
-  """Whether a finished run still holds the checkpoint of its last step (an evaluation reads the
-  final policy from it; without one it would evaluate the warm-started weights instead)."""
-  from sdar_jax.run.checkpoint import CheckpointManager
-
-  folder = os.path.join(run, "checkpoints")
-  total = (
-    collect.read_run(run).iterations if os.path.isfile(os.path.join(run, "config.json")) else None
-  )
-  if total is None or not os.path.isdir(folder):
-    return False
-  with CheckpointManager(folder, read_only=True) as ckpt:
-    return total in ckpt.all_steps()

@@ -16,7 +16,8 @@ import pytest
 
 from sdar_jax.core.sampling import Sampler, SamplingParams
 from sdar_jax.core.scoring import response_logprobs
-from sdar_jax.models import ModelConfig, attention, init_params
+from sdar_jax.models import attention, init_params
+from tests.helpers import SMALL_QWEN3
 
 EPS = float(np.finfo(np.float32).eps)
 S = 80  # cache slots
@@ -72,24 +73,11 @@ def test_one_block_buffer_is_the_masked_product_bit_for_bit():
   np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
-def _model() -> ModelConfig:
-  return ModelConfig.tiny(
-    "qwen3",
-    vocab_size=256,
-    hidden_size=64,
-    intermediate_size=128,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-  )
-
-
 def test_sampler_with_small_decode_blocks_keeps_tokens_and_logprobs(monkeypatch):
   """Blocks of 8 slots (a 32 + 16 slot cache: up to 6 blocks a step) against one block (the
   masked product over the whole buffer): the same tokens, log-probs within float rounding, and
   both equal to the update's log-probs of the sampled responses."""
-  config = _model()
+  config = SMALL_QWEN3
   params = init_params(config, jax.random.key(3), std=0.3)
   rng = np.random.default_rng(4)
   prompts = [rng.integers(1, 256, size=n).tolist() for n in (19, 4, 27, 1)]

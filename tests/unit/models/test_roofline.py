@@ -2,24 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from sdar_jax.models import ModelConfig
 from sdar_jax.models.roofline import Work, decode_work, device_peaks, kv_slot_bytes, weight_bytes
+from tests.helpers import SMALL_QWEN3
+
+BF16_QWEN3 = dataclasses.replace(SMALL_QWEN3, dtype="bfloat16")  # the helpers' small Qwen3 in bf16
 
 
 def test_decode_bytes_follow_the_filled_length_and_the_bound_picks_the_larger_term():
-  c = ModelConfig.tiny(
-    "qwen3",
-    vocab_size=256,
-    hidden_size=64,
-    intermediate_size=128,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-    dtype="bfloat16",
-  )
+  c = BF16_QWEN3
   assert kv_slot_bytes(c) == 2 * 2 * 2 * 16 * 2  # k and v, layers, kv heads, head_dim, bf16
   assert weight_bytes(c) == (c.num_params - 256 * 64) * 2  # untied: the embedding is gathered
   short, long = decode_work(c, 8, 100), decode_work(c, 8, 1000)
@@ -36,17 +30,7 @@ def test_plan_iteration_matches_a_hand_worked_iteration():
   below is worked out by hand from the tiny config (no roofline function is called for them)."""
   from sdar_jax.models.roofline import plan_iteration
 
-  c = ModelConfig.tiny(
-    "qwen3",
-    vocab_size=256,
-    hidden_size=64,
-    intermediate_size=128,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-    dtype="bfloat16",
-  )
+  c = BF16_QWEN3
   # embedding + 2 x (q 4096, k 2048, v 2048, o 4096, MLP 24576, norms 128 + q/k norms 32)
   # + final norm 64 + untied lm_head
   assert c.num_params == 16384 + 2 * 37024 + 64 + 16384

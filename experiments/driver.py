@@ -1,0 +1,486 @@
+"""What the experiments' drivers (experiments.powered, experiments.long_budget and
+experiments.contexts) share: a plan's steps and their command lines, the loop that plays the steps
+not yet done (resumable: a finished step is skipped), the tidy tables' records of the finished
+steps (experiments.records) and their restoring, the lines `status` prints, and the command
+line's `plan`, `status`, `cost`, `record`, `restore` and `run`. Each driver keeps its design: its
+arms, the order of its steps, what its `status` says and what it decides between steps."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import signal
+import sys
+import time
+import types
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import NamedTuple, Protocol, TypeVar
+
+from experiments import records
+from sdar_jax.observe import collect, stats
+from sdar_jax.run import evaluation
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NICE = ("nice", "-n", "19")
+RECORDS = "docs/results"  # the tables' folder
+
+
+# ---------------------------------------------------------------------------- the steps
+def rate_name(rate: float) -> str:
+  return f"lr{rate:.1e}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+  """One process of a plan: a training run or an evaluation of one."""
+
+  kind: str  # "train", else the evaluation's (or another step's) kind: "heldout", ...
+  arm: str
+  rate: float | None
+  seed: int | None
+  workdir: str  # the run folder (for an evaluation, the run evaluated)
+  command: tuple[str, ...]
+
+  @property
+  def label(self) -> str:
+    what = "initial policy" if self.arm == "initial" else f"{self.arm} {rate_name(self.rate)}"
+    seed = "" if self.seed is None else f" seed {self.seed}"
+    return f"{self.kind} {what}{seed}"
+
+  @property
+  def results(self) -> str:
+    """Where the step's results go (its done marker lives there): a training run's folder, else
+    the folder below it named after the step's kind."""
+    return results_dir(self.workdir, self.kind)
+
+
+def results_dir(workdir: str, kind: str) -> str:
+  return workdir if kind == "train" else os.path.join(workdir, kind)
+
+
+def command(
+  module: str, algo: str, overrides: Sequence[str], python: str, config: str
+) -> tuple[str, ...]:
+  """`python -m module` at the preset `algo` of `config` with `overrides`, under `nice -n 19`."""
+  return (
+    *NICE,
+    python,
+    "-m",
+    module,
+    f"--config={config}:algo={algo}",
+    *(f"--config.{kv}" for kv in overrides),
+  )
+
+
+def train_step(
+  step: type[Step], arm: str, rate: float, seed: int, workdir: str, cmd: Sequence[str]
+) -> Step:
+  """A training run of `cmd` (a `sdar_jax.train` command) into `workdir`."""
+  return step("train", arm, rate, seed, workdir, (*cmd, f"--workdir={workdir}"))
+
+
+def evaluation_step(
+  step: type[Step],
+  kind: str,
+  arm: str,
+  rate: float | None,
+  seed: int | None,
+  workdir: str,
+  cmd: Sequence[str],
+) -> Step:
+  """An evaluation (`cmd`, a `sdar_jax.evaluate` command) of the final policy of the run in
+  `workdir`, into <workdir>/<kind>; arm "initial": of the config's starting policy."""
+  initial = ("--initial_policy",) if arm == "initial" else ()  # no run in that workdir, on purpose
+  output = f"--output={results_dir(workdir, kind)}"
+  return step(kind, arm, rate, seed, workdir, (*cmd, *initial, f"--workdir={workdir}", output))
+
+
+def heldout_overrides(num_heldout: int, heldout_seed: int) -> tuple[str, ...]:
+  """An evaluation on the held-out panels (`num_heldout` games each, generator `heldout_seed`),
+  each episode's draws keyed by its game and turn (common random numbers)."""
+  return (
+    "eval.split=heldout_seen",
+    "eval.splits=heldout_unseen",
+    "eval.num_tasks=-1",
+    "eval.streams=task",
+    f"env.offline.num_heldout={num_heldout}",
+    f"env.offline.heldout_seed={heldout_seed}",
+  )
+
+
+def evaluated(folder: str) -> bool:
+  """Whether an evaluation finished into `folder` (a killed one's step is still to do)."""
+  return evaluation.eval_finished(folder)
+
+
+def step_done(step: Step) -> bool:
+  if step.kind == "train":
+    return collect.run_state(step.workdir) == "finished"
+  return evaluated(step.results)
+
+
+def has_final_checkpoint(run: str) -> bool:
+  """Whether a finished run still holds the checkpoint of its last step (an evaluation reads the
+  final policy from it; without one it would evaluate the warm-started weights instead)."""
+  from sdar_jax.run.checkpoint import CheckpointManager
+
+  folder = os.path.join(run, "checkpoints")
+  total = (
+    collect.read_run(run).iterations if os.path.isfile(os.path.join(run, "config.json")) else None
+  )
+  if total is None or not os.path.isdir(folder):
+    return False
+  with CheckpointManager(folder, read_only=True) as ckpt:
+    return total in ckpt.all_steps()
+
+
+def move_aside(workdir: str) -> str:
+  """Moves a run folder that lost its weights aside to <run>.restored[-N]; returns where."""
+  aside, n = f"{workdir}.restored", 1
+  while os.path.exists(aside):
+    n += 1
+    aside = f"{workdir}.restored-{n}"
+  os.rename(workdir, aside)
+  return aside
+
+
+def cost_table(
+  steps: Iterable[Step], seconds: Callable[[Step], float]
+) -> list[tuple[str, int, float]]:
+  """(step kind, how many, machine-hours each) of `steps` by the cost plan's `seconds`."""
+  kinds: dict[str, list[float]] = {}
+  for s in steps:
+    name = s.kind if s.kind != "train" else f"train {s.arm}"
+    kinds.setdefault(name, []).append(seconds(s) / 3600)
+  return [(k, len(v), v[0]) for k, v in kinds.items()]
+
+
+# ---------------------------------------------------------------------------- the loop
+def clock(seconds: float) -> str:
+  seconds = round(seconds)
+  return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+class Retrain(NamedTuple):
+  """An evaluation whose run lost its weights, played as the training of that run instead."""
+
+  step: Step  # the training step
+  note: str  # said before it starts
+  after: Callable[[], str] | None = None  # said once it finished
+
+
+def play(
+  plan: Callable[[], Sequence[Step]],
+  *,
+  done: Callable[[Step], bool] = step_done,
+  runner: Callable[..., object] | None = None,
+  echo: Callable[[str], None] = lambda line: print(line, flush=True),
+  max_steps: int | None = None,
+  lost: Callable[[Step], Retrain | None] = lambda step: None,
+  record: Callable[[records.Tables], int] | None = None,
+  records_to: str | None = None,
+  total: Callable[[Sequence[Step]], object] = len,
+  hours: Callable[[Step], float] | None = None,
+) -> int:
+  """Plays the steps of `plan` (called again before each step: a decision may add steps) not yet
+  `done`, one after another; returns the number of failed steps. A step's output goes to its
+  results folder's <kind>.log, its wall time and attempts to run_status.json (run from the repo).
+  `lost`: the training that replaces an evaluation whose run lost its weights, else None.
+  `record`, when `records_to` is given: after each step, appends the finished steps to the tables
+  there and returns how many. The start line counts the steps of `total` and, with `hours`, says
+  the cost plan's hours of the step."""
+  import subprocess
+
+  runner = runner or subprocess.run
+  failed: set[str] = set()
+  played, start = 0, time.time()
+  while max_steps is None or played < max_steps:
+    steps = plan()
+    todo = [s for s in steps if not done(s) and s.label not in failed]
+    if not todo:
+      break
+    step, after = todo[0], None
+    retrain = lost(step)
+    if retrain is not None:
+      step, after = retrain.step, retrain.after
+      echo(retrain.note)
+    expected = "" if hours is None else f", expected {hours(step):.2f} h"
+    echo(
+      f"[{len(steps) - len(todo) + 1}/{total(steps)}] {step.label}: starting, elapsed "
+      f"{clock(time.time() - start)}{expected}; output in {step.results}"
+    )
+    os.makedirs(step.results, exist_ok=True)
+    log = os.path.join(step.results, f"{step.kind}.log")
+    code = collect.run_and_record(step.command, step.results, cwd=REPO, log_path=log, runner=runner)
+    played += 1
+    if code:
+      failed.add(step.label)
+      echo(f"{step.label}: failed with exit code {code}; see {log}")
+    elif after is not None:
+      echo(after())
+    if records_to and record is not None:
+      added = record(records.Tables(records_to))
+      echo(f"records: {added} finished step(s) appended to the tables in {records_to}")
+  echo(f"stopped after {played} step(s) in {clock(time.time() - start)}; {len(failed)} failed")
+  return len(failed)
+
+
+# ---------------------------------------------------------------------------- the records
+def step_key(
+  step: Step, out: str, experiment: str, stage: int, arm: str | None = None
+) -> dict[str, object]:
+  """The tables' key of a step of a plan whose runs sit below `out` (`arm`: the step's own
+  unless given)."""
+  return {
+    "experiment": experiment,
+    "stage": stage,
+    "run": os.path.relpath(step.workdir, out),
+    "kind": step.kind,
+    "arm": step.arm if arm is None else arm,
+    "seed": step.seed,
+    "lr": step.rate,
+  }
+
+
+def record(
+  steps: Iterable[Step],
+  out: str,
+  tables: records.Tables,
+  experiment: str,
+  stage: int,
+  *,
+  done: Callable[[Step], bool] = step_done,
+  arm: Callable[[Step], str] = lambda step: step.arm,
+) -> int:
+  """Appends every finished training or evaluation step of `steps` that the tables do not hold
+  yet (a step is appended once: its manifest row comes last); returns how many."""
+  added = 0
+  for step in steps:
+    if step.kind == "panels" or not done(step):
+      continue
+    key = step_key(step, out, experiment, stage, arm(step))
+    if not tables.has(experiment, key["run"], step.kind):
+      added += tables.add(*records.step_rows(step.results, **key))
+  return added
+
+
+def restore(tables: records.Tables, out: str, experiment: str) -> int:
+  """Writes every step of `experiment` the tables hold back into `out` as run records (no
+  weights; a file already there is kept); returns the files written. `run` then skips those steps
+  and trains a run again before an evaluation needs its weights."""
+  written = 0
+  for row in tables.read("runs", experiment=experiment):
+    folder = results_dir(os.path.join(out, row["run"]), row["kind"])
+    written += records.restore_step(tables, experiment, row["run"], row["kind"], folder)
+  return written
+
+
+# ---------------------------------------------------------------------------- the status
+def wall_hours(steps: Iterable[Step]) -> float:
+  """The wall time the steps took, in hours (a step without a record counts 0)."""
+  return sum(collect.wall_seconds(s.results) or 0.0 for s in steps) / 3600
+
+
+def cost_lines(
+  done: Sequence[Step],
+  left: Sequence[Step],
+  total: int,
+  hours: Callable[[Step], float],
+  notes: Sequence[str] = (),
+) -> list[str]:
+  """The head of `status` by the cost plan: the steps done of `total` and their wall time, the
+  hours `left` (`hours` a step), the `notes`, the next three steps and the partial training runs."""
+  partial = [s for s in left if s.kind == "train" and collect.run_state(s.workdir) == "partial"]
+  return [
+    (
+      f"{len(done)}/{total} steps done, {wall_hours(done):.2f} h of wall time; "
+      f"{len(left)} left, about {sum(hours(s) for s in left):.1f} machine-hours by the cost plan "
+      "(a partial run counts in full)"
+    ),
+    *notes,
+    *(f"  next: {s.label} ({hours(s):.2f} h)" for s in left[:3]),
+    *(f"  partial: {s.label} (resumes from its checkpoint)" for s in partial),
+  ]
+
+
+def lost_episodes(steps: Sequence[Step]) -> list[tuple[str, int, str, int]]:
+  """(step label, iteration, metric, episodes) for every metrics row of the steps' folders that
+  counts episodes lost to env failures (a `*/env_failures` above 0: an env that raised, hung
+  past its limit, or whose worker died). An evaluation with such a row scored fewer games than
+  its panel holds, and a training iteration learned from fewer episodes."""
+  lost = []
+  for step in steps:
+    for row in collect.read_metrics(os.path.join(step.results, "metrics.jsonl")):
+      for key, value in sorted(row.items()):
+        if key.endswith("/env_failures") and value:
+          lost.append((step.label, int(row["step"]), key, int(value)))
+  return lost
+
+
+def lost_lines(lost: Sequence[tuple[str, int, str, int]]) -> list[str]:
+  if not lost:
+    return ["no episode was lost to an env failure"]
+  return [
+    f"episodes lost to env failures: {label}, iteration {it}: {key}={n}"
+    for label, it, key, n in lost
+  ]
+
+
+def step_commits(steps: Sequence[Step]) -> dict[str, list[str]]:
+  """commit -> the labels of the steps whose attempts ran at it (`collect.code_commit`, kept in
+  each step's run_status.json; "not recorded" for attempts from before it was kept). A step
+  resumed by a later commit counts under both."""
+  found: dict[str, list[str]] = {}
+  for step in steps:
+    attempts = (collect.read_status(step.results) or {}).get("attempts", [])
+    for commit in sorted({a.get("commit") or "not recorded" for a in attempts}):
+      found.setdefault(commit, []).append(step.label)
+  return found
+
+
+def commit_lines(found: Mapping[str, list[str]]) -> list[str]:
+  return [f"code at {commit}: {len(labels)} step(s)" for commit, labels in sorted(found.items())]
+
+
+def check_lines(lost_in: Sequence[Step], commits_of: Sequence[Step]) -> list[str]:
+  """The episodes lost in the steps `lost_in`, then the commits that ran the steps `commits_of`."""
+  return [*lost_lines(lost_episodes(lost_in)), *commit_lines(step_commits(commits_of))]
+
+
+# ---------------------------------------------------------------------------- the command line
+def add_flags(
+  parser: argparse.ArgumentParser,
+  *,
+  out: str | None,
+  out_help: str,
+  dest: str | None = None,
+  dest_help: str,
+  resamples: int,
+  resamples_help: str | None = None,
+  smoke: bool = False,
+) -> None:
+  """The flags every driver takes: --out (default `out`), --smoke where it has a tiny budget,
+  --max-steps, --records, --dest (default `dest`) and --resamples."""
+  parser.add_argument("--out", default=out, help=out_help)
+  if smoke:
+    parser.add_argument("--smoke", action="store_true", help="the tiny budget (plan.SMOKE)")
+  parser.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
+  parser.add_argument(
+    "--records",
+    default=None,
+    help=f"the tables' folder (report and restore read it, default {RECORDS}; run appends each "
+    "finished step to it when given; record appends every finished step now)",
+  )
+  parser.add_argument("--dest", default=dest, help=dest_help)
+  parser.add_argument("--resamples", type=int, default=resamples, help=resamples_help)
+
+
+class Design(Protocol):
+  out: str  # the runs' default parent folder
+
+
+D = TypeVar("D", bound=Design)
+
+
+def design_parser(description: str, actions: Sequence[str], dest: str) -> argparse.ArgumentParser:
+  """The command line of a driver whose design has a tiny version (--smoke): the `actions`, the
+  runs' folder (default: the design's) and the report's (default `dest`)."""
+  parser = argparse.ArgumentParser(description=description.split("\n")[0])
+  parser.add_argument("action", choices=actions)
+  add_flags(
+    parser,
+    out=None,
+    out_help="the runs' parent folder (default: the design's)",
+    dest=dest,
+    dest_help=f"where the report goes ({dest})",
+    resamples=stats.RESAMPLES,
+    smoke=True,
+  )
+  return parser
+
+
+def design_of(args: argparse.Namespace, full: D, smoke: D) -> tuple[D, str]:
+  """(the design: `smoke` with --smoke, else `full`; the runs' folder: --out, else the design's)."""
+  design = smoke if args.smoke else full
+  return design, args.out or design.out
+
+
+def command_line(
+  action: str,
+  out: str,
+  tables: records.Tables,
+  *,
+  restore: Callable[[records.Tables, str], int],
+  record: Callable[[records.Tables], int],
+  plan: Callable[[], Sequence[Step]],
+  done: Callable[[Step], bool],
+  status: Callable[[], str],
+  cost: Callable[[], Sequence[tuple[str, int, float]]] | None = None,
+  plan_notes: Callable[[Sequence[Step]], Iterable[str]] = lambda steps: (),
+) -> int | None:
+  """The actions every driver has, printed alike: `restore`, `record`, `plan` (each step's
+  command, done or todo, then `plan_notes`), `cost` and `status`. Returns the exit code, or None
+  for another action (the driver's own, and `run`: `run_command`)."""
+  if action == "restore":
+    print(f"{restore(tables, out)} file(s) restored into {out}")
+  elif action == "record":
+    print(f"{record(tables)} step(s) appended to {tables.folder}")
+  elif action == "plan":
+    steps = plan()
+    for step in steps:
+      print(("done  " if done(step) else "todo  ") + " ".join(step.command))
+    for line in plan_notes(steps):
+      print(line)
+  elif action == "cost" and cost is not None:
+    total = 0.0
+    for kind, n, hours in cost():
+      total += n * hours
+      print(f"{kind:22s} {n:3d} x {hours:5.2f} h = {n * hours:6.2f} h")
+    print(f"{'total':22s}             {total:6.2f} machine-hours")
+  elif action == "status":
+    print(status())
+  else:
+    return None
+  return 0
+
+
+def design_actions(
+  args: argparse.Namespace,
+  design: Design,
+  out: str,
+  tables: records.Tables,
+  plan: types.ModuleType,
+  run: types.ModuleType,
+  plan_notes: Callable[[Sequence[Step]], Iterable[str]] = lambda steps: (),
+) -> int:
+  """`command_line`, else `run_command`, of a driver with a design (`design_parser`; its own
+  actions come first): `plan`, its plan module (plan, step_done, cost_table), and `run`, its run
+  module (restore, record, status, run), each taking the design and the runs' folder."""
+  code = command_line(
+    args.action,
+    out,
+    tables,
+    restore=run.restore,
+    record=lambda tables: run.record(design, out, tables),
+    plan=lambda: plan.plan(design, out, smoke=args.smoke),
+    done=plan.step_done,
+    status=lambda: run.status(design, out),
+    cost=lambda: plan.cost_table(design),
+    plan_notes=plan_notes,
+  )
+  if code is not None:
+    return code
+  return run_command(
+    lambda: run.run(
+      design, out, max_steps=args.max_steps, records_to=args.records, smoke=args.smoke
+    )
+  )
+
+
+def run_command(run: Callable[[], int]) -> int:
+  """`run`: plays the plan (`run` returns its failed steps' number); a SIGTERM (kill) ends the
+  driver and the step it runs. Exit code 1 when a step failed."""
+  signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # kill: the running step stops with it
+  failed = run()
+  return 1 if failed else 0
