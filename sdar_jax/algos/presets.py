@@ -11,6 +11,7 @@ import dataclasses
 from sdar_jax.algos.config import AlgoConfig
 from sdar_jax.algos.reflection import Reflection
 from sdar_jax.algos.sections import EMA, UCOB, AgentOPSD, Retire, TeacherStage
+from sdar_jax.algos.skill_memory import SkillMemory
 
 BASE = AlgoConfig()
 _SDAR = {"distill": "sdar", "lam": 0.01, "beta": 5.0, "gate": "gap", "form": "reference"}
@@ -105,6 +106,8 @@ ALGO_PRESETS: dict[str, AlgoConfig] = {
       teacher_source="update",
       teacher_weights="old",
       ucob=UCOB(memory=True),  # the good view's skills from the evolving memory (policy-written)
+      # and UCOB's reflection training: the policy's skill-writing tokens on the skills' utilities
+      skill_memory=SkillMemory(train=True),
     ),
     # AgentOPSD as published: GRPO's advantage scaled by a bounded factor from the z-scored
     # increments of a per-episode success belief that starts at the group's success rate.

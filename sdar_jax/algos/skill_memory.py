@@ -22,6 +22,9 @@ and the observation). Each has a utility (initial 0) and a count (1 when written
 * Capacity (ours: UCOB's memory grows without bound): past `capacity` skills, the lowest
   utility goes first (the oldest among equals). A skill whose text is already in its pool is not
   written twice (ours: UCOB adds its structured skills without a check).
+* Reflection training (`train`, UCOB's `reflection_train_*`): a policy-written skill keeps its
+  writer's prompt and response token ids (`prompt_ids`, `response_ids`: in `state_dict`, not in
+  the readable JSON); `sdar_jax.algos.skill_memory_training` trains them on their utilities.
 """
 
 from __future__ import annotations
@@ -81,6 +84,32 @@ class SkillMemory:
   temperature: float = 1.0
   """The writer's sampling temperature (the trajectory shown: algo.reflection.max_turns,
   .obs_chars, .action_chars)."""
+  # UCOB's reflection training (`reflection_train_*`; `sdar_jax.algos.skill_memory_training`)
+  train: bool = False
+  """Train the policy's own skill-writing on the written skills' utilities after each
+  iteration's updates (`reflection_train_enable`; preset `ucob`: on). Needs algo.ucob.memory;
+  only skills written by reflector "policy" carry tokens to train."""
+  train_warmup: int = 30
+  """The training runs from iteration `train_warmup` (0-based) on: UCOB's steps count from 1 and
+  train when step > `reflection_train_warmup_steps` (0: from the first)."""
+  train_task_samples: int = 16
+  """At most this many task skills trained an iteration (the top of UCOB's sort)."""
+  train_state_samples: int = 16
+  """At most this many state skills trained an iteration."""
+  train_min_count_task: int = 1
+  """A task skill is trained once its count (1 when written, +1 per update) reaches this."""
+  train_min_count_state: int = 1
+  """The same for a state skill (the launcher's 1; UCOB's code default is 10)."""
+  train_min_abs_utility: float = 0.02
+  """Skills with |utility| under this are not trained."""
+  train_eps: float = 0.05
+  """Floor of the utilities' std in the advantage (u − mean) / max(std, eps), per pool."""
+  train_clip: float = 2.0
+  """The advantage clipped to [−clip, clip] (0: not clipped)."""
+  train_mini_batch_size: int = 16
+  """Skills per optimizer step of the training pass (`reflection_train_mini_batch_size`)."""
+  train_loss_weight: float = 1.0
+  """Scales the advantages of the pass (`reflection_loss_weight`)."""
 
 
 def skill_memory_problems(algo: Any) -> list[str]:
@@ -96,13 +125,15 @@ def skill_memory_problems(algo: Any) -> list[str]:
   if s.reflector not in kinds:
     out.append(f"algo.skill_memory.reflector={s.reflector!r}: not a writer. Fix: use {kinds}")
   ints = {"task_top_k": 0, "state_top_k": 0, "similarity_top_m": 0, "step_per_group": 0}
-  ints.update(capacity=1, tokens=1)
+  ints.update(capacity=1, tokens=1, train_warmup=0, train_task_samples=0, train_state_samples=0)
+  ints.update(train_min_count_task=0, train_min_count_state=0, train_mini_batch_size=1)
   for key, low in ints.items():
     v = getattr(s, key)
     if not isinstance(v, int) or isinstance(v, bool) or v < low:
       out.append(f"algo.skill_memory.{key}={v!r}: must be an integer >= {low}. Fix: one that is")
   unit = ("alpha", "task_beta", "state_beta", "relevance_threshold", "gamma")
-  for key in unit + ("ucb_scale", "step_min_gap", "temperature", "initial_utility"):
+  train = ("train_min_abs_utility", "train_eps", "train_clip", "train_loss_weight")
+  for key in unit + ("ucb_scale", "step_min_gap", "temperature", "initial_utility") + train:
     v = getattr(s, key)
     if not isinstance(v, (int, float)) or isinstance(v, bool):
       out.append(f"algo.skill_memory.{key}={v!r}: must be a number. Fix: use one")
@@ -110,9 +141,16 @@ def skill_memory_problems(algo: Any) -> list[str]:
       out.append(f"algo.skill_memory.{key}={v!r}: must be in [0, 1]. Fix: use one that is")
     elif key not in unit and key != "initial_utility" and v < 0:
       out.append(f"algo.skill_memory.{key}={v!r}: must be >= 0. Fix: use one that is")
-  for key in ("validate", "step_skills"):
+  for key in ("validate", "step_skills", "train"):
     if not isinstance(getattr(s, key), bool):
       out.append(f"algo.skill_memory.{key}={getattr(s, key)!r}: must be True or False. Fix: set it")
+  if isinstance(s.train_eps, (int, float)) and s.train_eps == 0:
+    out.append("algo.skill_memory.train_eps=0: the advantage divides by max(std, eps). Fix: > 0")
+  if s.train is True and not algo.ucob.memory:
+    out.append(
+      "algo.skill_memory.train=True with algo.ucob.memory=False: UCOB trains the skills its good "
+      "view used. Fix: preset ucob (algo.ucob.memory=True), or algo.skill_memory.train=False"
+    )
   return out
 
 
@@ -186,8 +224,12 @@ class Memory:
     return len(self.entries)
 
   # ---------------------------------------------------------------------------- writing
-  def add(self, pool: str, task: str, state: str, skill: dict, iteration: int, source: str) -> str:
-    """Writes `skill` (parse_skill's fields) into `pool`; its id, or "" when its text is there."""
+  def add(
+    self, pool: str, task: str, state: str, skill: dict, iteration: int, source: str,
+    tokens: tuple[Sequence[int], Sequence[int]] | None = None,
+  ) -> str:  # fmt: skip
+    """Writes `skill` (parse_skill's fields) into `pool`; its id, or "" when its text is there.
+    `tokens`: the writer's (prompt ids, response ids), kept for the reflection training."""
     text = skill_text(skill)
     if any(e["pool"] == pool and e["text"] == text for e in self.entries):
       return ""
@@ -203,6 +245,9 @@ class Memory:
       "written_at": int(iteration),
       "source": source,
     }
+    if tokens is not None:
+      entry["prompt_ids"] = [int(i) for i in tokens[0]]
+      entry["response_ids"] = [int(i) for i in tokens[1]]
     self.next_id += 1
     self.entries.append(entry)
     self.total_count += 1
@@ -313,9 +358,11 @@ class Memory:
     self._index.clear()
 
   def to_json(self) -> str:
-    """The memory as readable JSON: the settings that rank it, N, and every skill."""
+    """The memory as readable JSON: the settings that rank it, N, and every skill (without its
+    writer's token ids: `state_dict` keeps them)."""
     out = {"total_count": self.total_count, "settings": dataclasses.asdict(self.s)}
-    out["skills"] = [{k: v for k, v in e.items() if k != "text"} for e in self.entries]
+    hidden = ("text", "prompt_ids", "response_ids")
+    out["skills"] = [{k: v for k, v in e.items() if k not in hidden} for e in self.entries]
     return json.dumps(out, indent=2, ensure_ascii=False)
 
   @classmethod

@@ -19,7 +19,9 @@ Once per iteration, between the rollout and the teacher's contexts (`before_teac
    least `step_min_gap`), the better and the worse action shown
    (`_select_step_contrast_reflection_records`); each written by the reflector as JSON and kept
    only when valid (`parse_skill`: its `task_success` the real outcome: False for both kinds);
-4. the memory cut to its capacity.
+4. with `train` past its warm-up, UCOB's reflection training records of the skills the good view
+   used (`sdar_jax.algos.skill_memory_training`), trained after the iteration's updates;
+5. the memory cut to its capacity.
 
 The memory is saved with every checkpoint (`state_dict`) and written to <workdir>/skill_memory.json
 at each iteration's end. Each process keeps the memory of its own episodes.
@@ -46,6 +48,11 @@ from sdar_jax.algos.reflectors import (
   oracle_reflection,
 )
 from sdar_jax.algos.skill_memory import Memory, parse_skill
+from sdar_jax.algos.skill_memory_training import (
+  train_reflections,
+  training_active,
+  training_records,
+)
 
 SOURCE = "skill_memory"
 MEMORY_FILE = "skill_memory.json"
@@ -268,9 +275,9 @@ def write_skills(
     skill, why = parse_skill(w.text, bool(r.episode.won), s.validate)
     if skill is not None:
       state = r.details.get("observation", "") if r.pool == "state" else ""
-      why = (
-        "ok" if memory.add(r.pool, r.episode.task, state, skill, iteration, source) else "duplicate"
-      )
+      tokens = (w.prompt_ids, w.response_ids) if s.train and w.response_ids else None
+      added = memory.add(r.pool, r.episode.task, state, skill, iteration, source, tokens)
+      why = "ok" if added else "duplicate"
     counts[why] += 1
   return {
     "skill_memory/asked": float(len(asks)),
@@ -282,11 +289,16 @@ def write_skills(
   }
 
 
-def memory_round(memory: Memory, episodes, algo, writer, templates, iteration: int) -> dict:
-  """One iteration's retrieval, utility update, writing and cut (module docstring)."""
+def memory_round(
+  memory: Memory, episodes, algo, writer, templates, iteration: int, records: list | None = None
+) -> dict:
+  """One iteration's retrieval, utility update, writing and cut (module docstring); `records`
+  (a list) receives the reflection training's records (`training_records`) before the cut."""
   metrics = retrieve_for(memory, episodes, templates, views=bool(algo.ucob.memory))
   metrics.update(update_utilities(memory, episodes, algo.skill_memory))
   metrics.update(write_skills(memory, episodes, algo, writer, templates, iteration))
+  if records is not None:
+    records.extend(training_records(memory, episodes, algo.skill_memory))
   metrics["skill_memory/evicted"] = float(len(memory.evict()))
   metrics["skill_memory/size"] = float(len(memory))
   for pool in ("task", "state"):
@@ -351,11 +363,12 @@ class MemoryRetriever:
 
 # ------------------------------------------------------------------------------------ hooks
 class SkillMemoryHooks(MethodHooks):
-  """The memory across iterations: its round before the teacher's contexts, its JSON at each
-  iteration's end, its state in every checkpoint."""
+  """The memory across iterations: its round before the teacher's contexts, UCOB's reflection
+  training after the updates, its JSON at each iteration's end, its state in every checkpoint."""
 
   def __init__(self, algo):
     self.memory = Memory(algo.skill_memory)
+    self.records: list | None = None  # the iteration's reflection training records
     self.installed = not algo.ucob.memory  # only UCOB's rollout reads the memory
 
   def _install(self, view):
@@ -374,8 +387,21 @@ class SkillMemoryHooks(MethodHooks):
     templates = load_templates(view.algo.context_templates)
     writer = skill_writer(view.algo, getattr(view, "generate", None))
     start = time.perf_counter()
-    metrics = memory_round(self.memory, view.episodes, view.algo, writer, templates, view.iteration)
+    self.records = [] if training_active(view.algo.skill_memory, view.iteration) else None
+    metrics = memory_round(
+      self.memory, view.episodes, view.algo, writer, templates, view.iteration, self.records
+    )
     metrics["perf/skill_memory_seconds"] = time.perf_counter() - start
+    return metrics
+
+  def after_updates(self, view):
+    """UCOB's reflection training pass over the round's records (`train_reflections`)."""
+    records, self.records = self.records, None
+    if records is None:
+      return None
+    start = time.perf_counter()
+    metrics = train_reflections(view, records, view.algo.skill_memory)
+    metrics["perf/skill_memory_train_seconds"] = time.perf_counter() - start
     return metrics
 
   def before_evaluation_contexts(self, algo, episodes):

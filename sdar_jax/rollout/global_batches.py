@@ -111,20 +111,23 @@ def global_minibatches(
   pad_id: int = 0,
   order: str = "rollout",
   distill_weights: bool = False,
+  rows: int | None = None,
 ) -> list[TurnBatch]:
   """The iteration's mini-batches placed on `step_fn`'s mesh: what `plan_minibatches` (in
   `order`, see `minibatch_permutation`) and `pack_batch` make of every process's turn-samples
   taken in process order (one process: of `samples`, the single-process code path).
-  `distill_weights`: with the samples' `distill_weight` (`pack_batch`).
+  `distill_weights`: with the samples' `distill_weight` (`pack_batch`). `rows`: each mini-batch
+  packed into this many rows (>= `mini_batch_size`; default `mini_batch_size`), the rest empty.
 
   Several processes: each packs its own samples at the iteration's widest lengths into its rows
   of one global block; every process computes the same plan from all processes' sample lengths
   (one exchange), and a jitted gather takes each mini-batch's rows out of the block, cut to the
   mini-batch's own bucketed lengths. The result equals the single-process mini-batch array for
   array, row for row; the samples themselves never leave the devices."""
+  rows = max(int(rows or mini_batch_size), mini_batch_size)
   if jax.process_count() == 1 or step_fn.mesh is None:
     return [
-      step_fn.shard_batch(pack_batch(mb, mini_batch_size, with_teacher, pad_id, distill_weights))
+      step_fn.shard_batch(pack_batch(mb, rows, with_teacher, pad_id, distill_weights))
       for mb in plan_minibatches(samples, mini_batch_size, order=order)
     ]
   per_process = multihost.allgather(sample_lengths(samples, with_teacher))
@@ -179,7 +182,7 @@ def global_minibatches(
   select = _select_fn(out_sharding)
   batches = []
   for (start, end), (ps, r, pt) in zip(chunks, shapes):
-    index = np.full((mini_batch_size,), -1, np.int32)
+    index = np.full((rows,), -1, np.int32)
     index[: end - start] = where[start:end]
     batches.append(
       select(block, index, Ps_block=Ps, Ps=ps, R=r, Pt_block=Pt, Pt=pt, pad_id=int(pad_id))

@@ -135,11 +135,21 @@ class Iteration(RunView):
     texts = t.tokenizer.decode_batch(out.tokens, skip_special_tokens=True)
     return list(zip(prompts, out.tokens, out.logprobs, texts))
 
-  def update_on(self, rows: list, prefix: str) -> dict[str, float]:
+  def update_on(
+    self,
+    rows: list,
+    prefix: str,
+    mini_batch_size: int | None = None,
+    recompute_old_logp: bool = False,
+  ) -> dict[str, float]:
     """One more pass of the compiled update over `rows` (dicts: prompt_ids, response_ids,
     logprobs, advantage; each its own group, no teacher context, so out of the distillation
-    term), packed into mini-batches as the iteration's, the teacher scored on them as on the
-    iteration's; the updates' token-weighted mean metrics, train/x as `prefix`/x."""
+    term), packed into mini-batches as the iteration's (of `mini_batch_size` rows, default
+    train.mini_batch_size, each one optimizer step; padded with empty rows to a multiple of
+    train.micro_batch_size), the teacher scored on them as on the iteration's; with
+    `recompute_old_logp` (or algo.recompute_old_logp) θ_old re-scored at the current weights for
+    all of them before the first step. The updates' token-weighted mean metrics, train/x as
+    `prefix`/x."""
     t = self.trainer
     algo = t.step_fn.algo_config
     samples = [
@@ -158,10 +168,13 @@ class Iteration(RunView):
       for k, r in enumerate(rows)
     ]
     cfg = t.config.train
+    size = int(mini_batch_size or cfg.mini_batch_size)
+    micro = t.step_fn.micro_batch_size or size
     batches = global_minibatches(
-      t.step_fn, samples, cfg.mini_batch_size, t.with_teacher, t.pad_id, order=cfg.minibatch_order
-    )
-    if algo.recompute_old_logp:
+      t.step_fn, samples, size, t.with_teacher, t.pad_id, order=cfg.minibatch_order,
+      distill_weights=algo.reads_distill_weight, rows=-(-size // micro) * micro,
+    )  # fmt: skip
+    if algo.recompute_old_logp or recompute_old_logp:
       batches = [t.step_fn.recompute_old_logp(t.state.params, b)[0] for b in batches]
     if t.with_teacher and algo.teacher_source == "rollout":
       with t.device_turn():

@@ -40,13 +40,29 @@ def test_ucob_trains_one_iteration_with_distillation_rows(tmp_path, monkeypatch)
   """Half of the group plays with the skills in its prompt; the tiny random policy neither wins nor
   writes a valid action, so every return is 0 and no pair would form: the returns are made
   distinct and the turns valid here, and each state's best turn is distilled into the other
-  view of the others (rows with weights, out of the PPO term)."""
+  view of the others (rows with weights, out of the PPO term). The memory starts with three
+  policy-written task skills (hand-made, with their writer's tokens; their text matches every
+  ALFWorld goal), so the good view reads them and, with no warm-up, UCOB's reflection training
+  trains their tokens after the update (`skill_memory_train/*`)."""
   import dataclasses
 
   import numpy as np
 
-  from sdar_jax.algos import ucob
+  from sdar_jax.algos import skill_memory_source, ucob
   from sdar_jax.run import trainer
+
+  start = skill_memory_source.SkillMemoryHooks.at_run_start
+
+  def with_skills(self, view):  # before the first rollout: the written skills, their utilities
+    task = "put clean cool heat hot two look examine desklamp"
+    for k, utility in enumerate((0.5, -0.5, 0.25)):
+      skill = {"title": f"skill {k}", "principle": f"principle {k} ...", "when_to_apply": "always"}
+      tokens = (list(range(10 + k, 40 + k)), list(range(100 + k, 112 + k)))
+      self.memory.add("task", task, "", skill, 0, "policy", tokens)
+      self.memory.entries[-1]["utility"] = utility
+    start(self, view)
+
+  monkeypatch.setattr(skill_memory_source.SkillMemoryHooks, "at_run_start", with_skills)
 
   real_pairs = ucob.ucob_pairs
   monkeypatch.setattr(
@@ -63,6 +79,7 @@ def test_ucob_trains_one_iteration_with_distillation_rows(tmp_path, monkeypatch)
   # one mini-batch for the PPO rows and the distillation rows: one compiled update
   one_batch = {"algo.top_k": 4, "train.mini_batch_size": 8}
   oracle = {"algo.skill_memory.reflector": "oracle"}  # the memory's writer without sampling
+  oracle["algo.skill_memory.train_warmup"] = 0  # the reflection training from the first iteration
   trainer.run(tiny_run_config(1, "ucob", **ONE_ITERATION, **one_batch, **oracle), workdir)
   row = _rows(workdir)[1]
   assert row["train/skipped_update"] == 0.0 and math.isfinite(row["train/loss"])
@@ -71,11 +88,20 @@ def test_ucob_trains_one_iteration_with_distillation_rows(tmp_path, monkeypatch)
   assert row["ucob/coef"] == pytest.approx(0.1)
   assert row["ucob/skills_to_plain"] + row["ucob/plain_to_skills"] == row["ucob/pairs"]
   assert row["ucob/skills_share"] == 0.5  # one episode of the group of two played with them
-  assert row["train/compilations"] == 1.0
-  # its skill memory: written from the group's failure after the rollout, saved in the workdir,
-  # the good view's retriever from the next rollout on
-  assert row["skill_memory/written"] >= 1.0 and row["skill_memory/turns_given"] == 0.0
-  assert os.path.exists(os.path.join(workdir, "skill_memory.json"))
+  # the iteration's update, then the reflection pass at its own shapes
+  assert row["train/compilations"] == 2.0
+  # its skill memory: read by the good view (its two turns, the three skills each), a skill
+  # written from the group's failure after the rollout, saved in the workdir
+  assert row["skill_memory/turns_given"] == 2.0 and row["skill_memory/task_updates"] == 3.0
+  assert row["skill_memory/written"] >= 1.0
+  with open(os.path.join(workdir, "skill_memory.json")) as f:
+    assert "prompt_ids" not in f.read()  # the writer's tokens only in the checkpoint
+  # UCOB's reflection training: the three used skills (utilities 0.4, -0.4, 0.2 after the
+  # round: nobody won), one optimizer step on their tokens
+  assert row["skill_memory_train/rows"] == 3.0 and row["skill_memory_train/task_rows"] == 3.0
+  assert row["skill_memory_train/uses_mean"] == row["skill_memory/turns_given"]  # every turn
+  assert row["skill_memory_train/skipped_update"] == 0.0
+  assert math.isfinite(row["skill_memory_train/loss"])
 
 
 # About 60 s cold on 2 cores (50 s for the one-stage test it replaced): two runs' builds and

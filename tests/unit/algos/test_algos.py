@@ -456,6 +456,13 @@ EXPECTED_PRESETS = {
     **{"ucob.norm_to_one": True},
     **{"ucob.clip_log_ratio": False},
     **{"ucob.memory": True, "skill_memory.reflector": "policy"},  # issue 56: its skill memory
+    # and its reflection training, the ALFWorld launcher's reflection_train_* values
+    **{"skill_memory.train": True, "skill_memory.train_warmup": 30},
+    **{"skill_memory.train_task_samples": 16, "skill_memory.train_state_samples": 16},
+    **{"skill_memory.train_min_count_task": 1, "skill_memory.train_min_count_state": 1},
+    **{"skill_memory.train_min_abs_utility": 0.02, "skill_memory.train_eps": 0.05},
+    **{"skill_memory.train_clip": 2.0, "skill_memory.train_mini_batch_size": 16},
+    **{"skill_memory.train_loss_weight": 1.0},
     teacher=True,
   ),
   "agent_opsd": dict(
