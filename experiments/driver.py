@@ -478,9 +478,23 @@ def design_actions(
   )
 
 
+def lowest_priority(autogroup: str = "/proc/self/autogroup") -> bool:
+  """Puts this process's session at the lowest CPU priority where Linux groups processes by
+  session (sched_autogroup): there a step's `nice -n 19` ranks it only within the driver's own
+  session, and the session competes with every other as an equal. True when it was set."""
+  try:
+    with open(autogroup, "w") as f:
+      f.write("19")
+    return True
+  except OSError:  # no autogroup (another OS, or a kernel without it): nice alone applies
+    return False
+
+
 def run_command(run: Callable[[], int]) -> int:
-  """`run`: plays the plan (`run` returns its failed steps' number); a SIGTERM (kill) ends the
-  driver and the step it runs. Exit code 1 when a step failed."""
+  """`run`: plays the plan (`run` returns its failed steps' number) at the lowest CPU priority
+  (`lowest_priority`); a SIGTERM (kill) ends the driver and the step it runs. Exit code 1 when a
+  step failed."""
   signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # kill: the running step stops with it
+  lowest_priority()
   failed = run()
   return 1 if failed else 0

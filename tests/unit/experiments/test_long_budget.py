@@ -140,3 +140,12 @@ def test_the_report_on_one_seed_an_arm(tmp_path):
   measures = {r["measure"] for r in dynamics}
   assert {"kl from initial", "gap sd", "invalid actions", "valid_seen success"} <= measures
   assert not any(r["arm"] == "grpo" and r["measure"] == "gap mean" for r in dynamics)
+
+
+def test_the_driver_lowers_its_sessions_priority_where_the_kernel_groups_by_session(tmp_path):
+  from experiments import driver
+
+  group = tmp_path / "autogroup"
+  group.write_text("/autogroup-7 nice 0\n")
+  assert driver.lowest_priority(str(group)) and group.read_text() == "19"
+  assert not driver.lowest_priority(str(tmp_path / "no" / "autogroup"))  # no autogroup: False
