@@ -111,7 +111,7 @@ xla_attention.defvjp(_attention_fwd, _attention_bwd)
 
 
 # "xla" attention over a sequence cuts its queries into at most this many blocks, none shorter
-# than CAUSAL_BLOCK_MIN queries: at T = 256 on XLA:CPU, 4 blocks took 10% off the update's time
+# than CAUSAL_BLOCK_MIN queries: at T = 256 on XLA:CPU, 4 blocks took 8-11% off the update's time
 # and 8 blocks gained less (docs/throughput.md, 2026-12-06).
 CAUSAL_BLOCKS = 4
 CAUSAL_BLOCK_MIN = 32

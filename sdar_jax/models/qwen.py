@@ -442,7 +442,7 @@ def _lm_head(hidden: jax.Array, w: jax.Array) -> jax.Array:
   """Float32 logits hidden [..., D] x w [D, V], with the backward pass written out: the same two
   matmuls autodiff makes, but the weight gradient formed as [D, V] (hidden^T x d_logits) where
   autodiff forms d_logits^T x hidden, [V, D], and transposes it, for which XLA:CPU copies the
-  float32 [tokens, V] logit gradient into its transpose first (8% of the update's time on the
+  float32 [tokens, V] logit gradient into its transpose first (7% of the update's time on the
   benchmark workload of docs/throughput.md, 2026-12-06)."""
   return jnp.einsum("...d,dv->...v", hidden, w, preferred_element_type=jnp.float32)
 
