@@ -3,7 +3,8 @@ layout (keys [B, K, H, S], values [B, K, S, H]), one function per backend, each 
 others and against float64.
 
 * "xla" (`xla_attention`): the float32 [B, N, T, S] scores materialised, with a hand-written
-  backward pass (FlashAttention-2's form on the whole block).
+  backward pass (FlashAttention-2's form on the whole block); over a sequence
+  (`causal_xla_attention`) in a few query blocks, each over its causal key prefix only.
 * `decode_attention`: the decode step's product, over the cache slots written so far only (a
   loop over blocks of `DECODE_BLOCK` slots up to the filled length, online softmax), so a step's
   cost follows the filled length, not the buffer; a buffer of one block uses `xla_attention`.
@@ -20,6 +21,7 @@ decoder itself (`sdar_jax.models.qwen`) only calls these.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections.abc import Callable
 
@@ -106,6 +108,42 @@ def _attention_bwd(residuals, d_out):
 
 
 xla_attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+# "xla" attention over a sequence cuts its queries into at most this many blocks, none shorter
+# than CAUSAL_BLOCK_MIN queries: at T = 256 on XLA:CPU, 4 blocks took 8-11% off the update's time
+# and 8 blocks gained less (docs/throughput.md, 2026-12-06).
+CAUSAL_BLOCKS = 4
+CAUSAL_BLOCK_MIN = 32
+
+
+def causal_xla_attention(
+  q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, blocks: int | None = None
+) -> jax.Array:
+  """Causal grouped-query attention of the last T of S positions: queries q [B, T, N, H] over
+  keys k [B, K, H, S] and values v [B, K, S, H] (the cache layout), query i (position S - T + i)
+  seeing the keys s <= S - T + i that `key_valid` [B, S] marks. At every query that sees a key,
+  the same function as `xla_attention(q, k, v, causal & key_valid)`.
+
+  The queries go in `blocks` static blocks (None: `CAUSAL_BLOCKS`, fewer when T is short), and
+  each block attends with `xla_attention` over the keys up to its last query only, so the scores
+  right of the diagonal blocks are never formed: (n + 1) / 2n of the T x S work at S = T, in the
+  backward pass as well. Masked keys add exact zeros, so only the order of the softmax's sums
+  differs from the whole product. A query that sees no key (a left-pad position) gets the mean
+  of the values up to its block's end instead of all S values; nothing reads it."""
+  T, S = q.shape[1], k.shape[3]
+  if blocks is None:
+    blocks = max(1, min(CAUSAL_BLOCKS, T // CAUSAL_BLOCK_MIN))
+  bounds = sorted({min(T, round(i * T / blocks / 8) * 8) for i in range(blocks)} | {T})
+  valid = key_valid.astype(jnp.bool_)
+  outs = []
+  for start, stop in itertools.pairwise(bounds):
+    end = S - T + stop  # keys the block's last query sees
+    positions = S - T + jnp.arange(start, stop)
+    causal = jnp.arange(end)[None, :] <= positions[:, None]  # [stop - start, end]
+    mask = causal[None] & valid[:, None, :end]
+    outs.append(xla_attention(q[:, start:stop], k[..., :end], v[:, :, :end], mask))
+  return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
 
 
 # -------------------------------------------------------------------------- decode attention
@@ -213,14 +251,13 @@ def sequence_attention(
   """`attend(q, k, v)` for a whole sequence attending to itself: query t sees the real keys
   (`attention_mask` [B, T], True = real token) at positions up to t, in the implementation
   `config.attention` resolves to. Every implementation gives the same output at every real
-  query; a query that sees no key (a left-pad position) gets the mean of all values under "xla"
-  and "chunked" and another finite vector under "cudnn" and "splash" (nothing reads it)."""
+  query; a query that sees no key (a left-pad position) gets the mean of all values under
+  "chunked", of the values up to its query block's end under "xla" (`causal_xla_attention`), and
+  another finite vector under "cudnn" and "splash" (nothing reads it)."""
   T = attention_mask.shape[1]
   implementation = attention_implementation(config, T)
   if implementation == "xla":
-    causal = jnp.tril(jnp.ones((T, T), jnp.bool_))
-    mask = causal[None] & attention_mask[:, None, :]
-    return functools.partial(xla_attention, mask=mask)
+    return functools.partial(causal_xla_attention, key_valid=attention_mask)
   if implementation == "chunked":
     return functools.partial(
       chunked_attention, key_valid=attention_mask, block=config.attention_block

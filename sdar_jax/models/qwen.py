@@ -346,16 +346,14 @@ def _tail_layer(
   """`_layer` on x [B, T, D] when only the last n positions' outputs are needed (the last layer
   of a prefill, or of the update's forward over prompt + response): keys and values for all T
   positions; queries, attention and MLP for positions T - n .. T - 1 only, each seeing the real
-  keys up to itself. Returns ([B, n, D], (k, v) in the cache layout)."""
-  T = x.shape[1]
+  keys up to itself (`attention.causal_xla_attention`). Returns ([B, n, D], (k, v) in the cache
+  layout)."""
   _, k, v = qkv_projection(config, p, x)  # the queries of all T positions are dropped by jit
   q, _, _ = qkv_projection(config, p, x[:, -n:])
   q = apply_rope(q, cos[:, -n:], sin[:, -n:])
   k = apply_rope(k, cos, sin).transpose(0, 2, 3, 1)
   v = v.transpose(0, 2, 1, 3)
-  causal = jnp.tril(jnp.ones((T, T), jnp.bool_))[T - n :]
-  mask = causal[None] & attention_mask.astype(jnp.bool_)[:, None, :]
-  attn = attention.xla_attention(q, k, v, mask)
+  attn = attention.causal_xla_attention(q, k, v, attention_mask)
   return attention_out_and_mlp(config, p, x[:, -n:], attn), (k, v)
 
 
@@ -439,10 +437,38 @@ def lm_head_weight(config: ModelConfig, params: Params) -> jax.Array:
   return params["embed"].T if config.tie_word_embeddings else params["lm_head"]
 
 
-def logits_from_hidden(config: ModelConfig, params: Params, hidden: jax.Array) -> jax.Array:
-  """Float32 logits [..., V] from final-normed hidden states [..., D]."""
-  w = lm_head_weight(config, params).astype(hidden.dtype)
+@jax.custom_vjp
+def _lm_head(hidden: jax.Array, w: jax.Array) -> jax.Array:
+  """Float32 logits hidden [..., D] x w [D, V], with the backward pass written out: the same two
+  matmuls autodiff makes, but the weight gradient formed as [D, V] (hidden^T x d_logits) where
+  autodiff forms d_logits^T x hidden, [V, D], and transposes it, for which XLA:CPU copies the
+  float32 [tokens, V] logit gradient into its transpose first (7% of the update's time on the
+  benchmark workload of docs/throughput.md, 2026-12-06)."""
   return jnp.einsum("...d,dv->...v", hidden, w, preferred_element_type=jnp.float32)
+
+
+def _lm_head_fwd(hidden, w):
+  return _lm_head(hidden, w), (hidden, w)
+
+
+def _lm_head_bwd(residuals, d_logits):
+  hidden, w = residuals
+  lead = tuple(range(hidden.ndim - 1))
+  d_hidden = lax.dot_general(
+    d_logits, w, (((hidden.ndim - 1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+  )
+  d_w = lax.dot_general(
+    hidden, d_logits, ((lead, lead), ((), ())), preferred_element_type=jnp.float32
+  )
+  return d_hidden.astype(hidden.dtype), d_w.astype(w.dtype)
+
+
+_lm_head.defvjp(_lm_head_fwd, _lm_head_bwd)
+
+
+def logits_from_hidden(config: ModelConfig, params: Params, hidden: jax.Array) -> jax.Array:
+  """Float32 logits [..., V] from final-normed hidden states [..., D] (`_lm_head`)."""
+  return _lm_head(hidden, lm_head_weight(config, params).astype(hidden.dtype))
 
 
 def hidden_states(

@@ -169,6 +169,37 @@ def test_xla_attention_gradients_equal_float64_reference(heads):
     assert np.max(np.abs(np.asarray(a, np.float64) - b)) < tol, name
 
 
+@pytest.mark.parametrize("blocks", [1, 3, 5])
+@pytest.mark.parametrize("tail", [37, 20], ids=["all-queries", "last-20-queries"])
+def test_causal_xla_attention_blocks_equal_float64_reference(blocks, tail):
+  """Query blocks over their causal key prefixes (`causal_xla_attention`, also for the last
+  `tail` of T positions, as the update's last layer runs them): the float64 output and gradients
+  at every query that sees a key, on every padding pattern; finite everywhere."""
+  q, k, v = _qkv(5, 5, 4, 2, 8)
+  valid = _key_valid(T)
+  w = np.random.default_rng(6).normal(size=q.shape).astype(np.float32)
+  want, _, sees_any = _reference(q, k, v, valid)
+  w = w * sees_any[..., None, None]  # blind queries' outputs differ by design; nothing reads them
+  rows = slice(T - tail, T)
+
+  def loss(q, k, v):
+    out = attention.causal_xla_attention(q[:, rows], k, v, jnp.asarray(valid), blocks)
+    return jnp.sum(out * w[:, rows]), out
+
+  (_, got), grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)
+  tol = 8 * EPS * float(np.max(np.abs(v))) * (1 + _score_size(q, k))
+  assert np.max(np.abs(np.asarray(got) - want[:, rows])[sees_any[:, rows]]) < tol
+  assert np.all(np.isfinite(np.asarray(got)))
+  # the gradients of the tail's loss: the reference's with the other queries' weights zeroed
+  w_tail = np.zeros_like(w)
+  w_tail[:, rows] = w[:, rows]
+  want_grads = _reference_gradients(q, k, v, w_tail, valid)
+  sizes = _gradient_sizes(q, k, v, w_tail, valid)
+  for name, a, b, size in zip("qkv", grads, want_grads, sizes):
+    tol = 16 * EPS * float(np.max(size)) * (1 + _score_size(q, k))
+    assert np.max(np.abs(np.asarray(a, np.float64) - b)) < tol, name
+
+
 def test_cudnn_path_rotation_equals_reference_at_every_query_that_sees_a_key():
   # The cuDNN path turns left padding into right padding by rotating each row; JAX's reference
   # implementation of the same call (implementation="xla") checks the rotation on CPU.
