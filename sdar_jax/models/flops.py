@@ -4,9 +4,11 @@ each, used by the TPU planner (`sdar_jax.run.tpu_plan`) and the benchmarks (benc
 bench/gpu_check.py). Pure arithmetic on ints: nothing is compiled or allocated.
 
 A forward over rows x T tokens costs 2 x (matmul parameters of the decoder layers) per token, plus
-4 x T x heads x head_dim per token per layer for the two attention products (the implementation
-computes the full T x T score matrix, masked), plus 2 x hidden x vocab for each position that goes
-through the lm_head. The update is 3 student forwards (forward + backward), the reference forward
+4 x T x heads x head_dim per token per layer for the two attention products (a convention: the
+full T x T score matrix, masked; the "xla" path over a sequence of 64 tokens or more forms only
+its causal query blocks, (n + 1) / 2n of that with n blocks, `attention.causal_xla_attention`, so
+there the formula counts more attention work than runs), plus 2 x hidden x vocab for each position
+that goes through the lm_head. The update is 3 student forwards (forward + backward), the reference forward
 when the KL term reads reference params, and the teacher forward when it runs inside the update.
 Rematerialisation recomputes one more student forward on the hardware; these are model FLOPs,
 without it.
