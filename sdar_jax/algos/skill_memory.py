@@ -358,9 +358,10 @@ class Memory:
     self._index.clear()
 
   def to_json(self) -> str:
-    """The memory as readable JSON: the settings that rank it, N, and every skill (without its
-    writer's token ids: `state_dict` keeps them)."""
-    out = {"total_count": self.total_count, "settings": dataclasses.asdict(self.s)}
+    """The memory as readable JSON: the settings that rank it, N, the next skill's id, and every
+    skill (without its writer's token ids: `state_dict` keeps them)."""
+    out = {"total_count": self.total_count, "next_id": self.next_id}
+    out["settings"] = dataclasses.asdict(self.s)
     hidden = ("text", "prompt_ids", "response_ids")
     out["skills"] = [{k: v for k, v in e.items() if k not in hidden} for e in self.entries]
     return json.dumps(out, indent=2, ensure_ascii=False)
@@ -378,11 +379,16 @@ class Memory:
         f"{where}: not a skill memory written by a run ({type(e).__name__}: {e}). Fix: point to "
         "the skill_memory.json of a run whose teacher context includes 'skill_memory'"
       ) from None
-    memory = cls(settings)
-    memory.entries = [{**e, "text": skill_text(e)} for e in skills]
     ids = [int(e["id"][1:]) for e in skills if str(e.get("id", "")).startswith("m")]
-    memory.next_id = max(ids, default=-1) + 1
-    memory.total_count = int(data.get("total_count", 1))
+    memory = cls(settings)
+    memory.load_state_dict(
+      {
+        "entries": [{**e, "text": skill_text(e)} for e in skills],
+        # a file written before it held next_id: one past the highest id kept
+        "next_id": data.get("next_id", max(ids, default=-1) + 1),
+        "total_count": data.get("total_count", 1),
+      }
+    )
     return memory
 
 

@@ -153,13 +153,11 @@ def memory_texts(
   memory = Memory.from_json(
     paths.read_text(memory_file), where=f"warm_start.memory={memory_file!r}"
   )
-  out = {}
-  for record in records:
-    episode = _episode(record)
+  episodes = [_episode(record) for record in records]
+  for record, episode in zip(records, episodes):
     episode.task, episode.env_error = record.get("task", ""), None
-    retrieve_for(memory, [episode], templates)
-    out[id(record)] = list(episode.skill_memory_blocks)
-  return out
+  retrieve_for(memory, episodes, templates)  # one call: its queries' cache spans the records
+  return {id(r): list(ep.skill_memory_blocks) for r, ep in zip(records, episodes)}
 
 
 def block_texts(
