@@ -181,3 +181,24 @@ def test_the_report_on_a_synthetic_table(tmp_path):
   }
   for name in ("report.md", "curves.png", "pilot.csv", "heldout.csv"):
     assert os.path.getsize(os.path.join(dest, name)) > 0
+
+
+def test_the_driver_announces_the_rate_once_whoever_decided_it(tmp_path, monkeypatch):
+  from experiments import driver
+  from experiments.contexts import run as run_mod
+
+  out, lines, plans = str(tmp_path), [], []
+  monkeypatch.setattr(plan_mod, "decide_vocab_context", lambda out, policy: "sibling")
+  monkeypatch.setattr(plan_mod, "plan", lambda *a, **k: [])
+  monkeypatch.setattr(driver, "play", lambda plan, **kw: plans.append(plan) or 0)
+  assert run_mod.run(out=out, echo=lines.append) == 0
+  (steps,) = plans
+  steps()
+  assert not any(line.startswith("rate decided") for line in lines)
+  decision = {"chosen": 1e-3, "decided": "2026-12-06T23:00:00", "pilot": {}}
+  (tmp_path / plan_mod.RATE_FILE).write_text(json.dumps(decision))  # as `record` writes it
+  steps()
+  steps()
+  assert [line for line in lines if line.startswith("rate decided")] == [
+    "rate decided: the rate: 0.001 (decided 2026-12-06T23:00:00; )"
+  ]
