@@ -60,18 +60,19 @@ QWEN_VOCAB_DECODER = ModelConfig.tiny(
   num_kv_heads=1,
   head_dim=8,
 )
-# The small Qwen3-architecture config (GQA 4 q heads over 2 kv heads) of the checkpoint / Hugging
-# Face file tests, the decode step's attention tests and the roofline's.
-SMALL_QWEN3 = ModelConfig.tiny(
-  "qwen3",
-  vocab_size=256,
-  hidden_size=64,
-  intermediate_size=128,
-  num_layers=2,
-  num_heads=4,
-  num_kv_heads=2,
-  head_dim=16,
-)
+# The small shape (GQA 4 q heads over 2 kv heads, two layers) of the checkpoint / Hugging Face
+# file tests, the decode step's attention tests, the roofline's and (with either family and an
+# attention path) the attention tests': `ModelConfig.tiny(family, **SMALL_SHAPE, ...)`.
+SMALL_SHAPE = {
+  "vocab_size": 256,
+  "hidden_size": 64,
+  "intermediate_size": 128,
+  "num_layers": 2,
+  "num_heads": 4,
+  "num_kv_heads": 2,
+  "head_dim": 16,
+}
+SMALL_QWEN3 = ModelConfig.tiny("qwen3", **SMALL_SHAPE)
 # One bucket of a turn batch: student prompt, teacher prompt and response slots.
 STUDENT_PROMPT_LEN, TEACHER_PROMPT_LEN, RESPONSE_LEN = 7, 12, 6
 # The SDAR preset as a loss config, teacher scored inside the update step, no KL term.

@@ -22,6 +22,7 @@ from sdar_jax.core.sampling import Sampler, SamplingParams
 from sdar_jax.core.scoring import response_logprobs
 from sdar_jax.models import ModelConfig, attention, forward, init_params
 from sdar_jax.run import config_validation
+from tests.helpers import SMALL_SHAPE
 
 EPS = float(np.finfo(np.float32).eps)
 T = 37  # not a multiple of any block length below
@@ -296,18 +297,8 @@ CASES = ["qwen2", "qwen3"]
 
 
 def _model(family: str, attention: str) -> ModelConfig:
-  return ModelConfig.tiny(
-    family,
-    vocab_size=256,
-    hidden_size=64,
-    intermediate_size=128,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-    attention=attention,
-    attention_block=8,  # several blocks per sequence
-  )
+  # several blocks per sequence
+  return ModelConfig.tiny(family, **SMALL_SHAPE, attention=attention, attention_block=8)
 
 
 def wide_params(family: str):
