@@ -15,7 +15,8 @@ help:
 	@echo "make test-fast - the suite without tests marked slow"
 	@echo "make test-tpu-plan - install libtpu (the tpu-plan extra) next to .venv, then compile"
 	@echo "              for TPU slices without a TPU (tests/integration/test_aot.py)"
-	@echo "make bench  - forward / sampling / train-step / env / rollout benchmarks (print figures)"
+	@echo "make bench  - forward / sampling / train-step / env / rollout benchmarks with their peers"
+	@echo "              (google-tunix into .venv-bench-peers/ on first use; print figures)"
 	@echo "make fmt    - format the tree (ruff, settings in pyproject.toml)"
 
 $(VENV)/bin/python:
@@ -54,7 +55,7 @@ TPU_PLAN_SITE := .venv-tpu-plan
 TPU_PLAN_STAMP := $(TPU_PLAN_SITE)/.installed
 
 $(TPU_PLAN_STAMP): pyproject.toml | $(DEV_STAMP)
-	rm -rf $(TPU_PLAN_SITE)
+	rm -rf $(TPU_PLAN_SITE) $(BENCH_PEERS_SITE)
 	$(VENV)/bin/pip install -q --no-deps --target $(TPU_PLAN_SITE) $$($(PY) -c 'import tomllib; \
 	  print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["tpu-plan"])')
 	touch $@
@@ -62,16 +63,28 @@ $(TPU_PLAN_STAMP): pyproject.toml | $(DEV_STAMP)
 test-tpu-plan: $(DEV_STAMP) $(TPU_PLAN_STAMP)
 	PYTHONPATH=$(TPU_PLAN_SITE) $(PY) -m pytest tests/integration/test_aot.py -q -ra $(PYTEST_ARGS)
 
-bench: $(DEV_STAMP)
-	$(PY) bench/forward.py
-	$(PY) bench/sampling.py
-	$(PY) bench/train_step.py
-	$(PY) bench/env_pool.py
-	$(PY) bench/rollout.py
+# The benchmarks' peers beyond .venv (google-tunix and what `import tunix` needs) go into their own
+# directory on PYTHONPATH, as libtpu does: .venv stays exactly requirements*.txt.
+BENCH_PEERS_SITE := .venv-bench-peers
+BENCH_PEERS_STAMP := $(BENCH_PEERS_SITE)/.installed
+
+$(BENCH_PEERS_STAMP): requirements-bench.txt | $(DEV_STAMP)
+	rm -rf $(BENCH_PEERS_SITE)
+	$(VENV)/bin/pip install -q --no-deps --target $(BENCH_PEERS_SITE) -r requirements-bench.txt
+	touch $@
+
+BENCH_PY := PYTHONPATH=$(BENCH_PEERS_SITE) $(PY)
+
+bench: $(DEV_STAMP) $(BENCH_PEERS_STAMP)
+	$(BENCH_PY) bench/forward.py
+	$(BENCH_PY) bench/sampling.py
+	$(BENCH_PY) bench/train_step.py
+	$(BENCH_PY) bench/env_pool.py
+	$(BENCH_PY) bench/rollout.py
 
 fmt: $(DEV_STAMP)
 	$(VENV)/bin/ruff format .
 
 clean-venv:
-	rm -rf $(TPU_PLAN_SITE)
+	rm -rf $(TPU_PLAN_SITE) $(BENCH_PEERS_SITE)
 	rm -rf $(VENV)

@@ -20,7 +20,8 @@ weights, at the price of two all-reduces per layer per decode step).
 Group prefix sharing: 2 distinct prompts x 8 copies (GRPO group size 8), the same batch with
 sharing on (2 prefill rows) and off (16 prefill rows), at prompt length 64 and a longer one.
 
-Tunix is optional (requirements-bench.txt has the install recipe); without it the table says so.
+Tunix is optional (`make bench` installs it beside .venv, requirements-bench.txt says how); without
+it the table says so.
 """
 
 from __future__ import annotations
@@ -143,8 +144,9 @@ def tunix(path, prompts, new):
     from tunix.models.qwen3 import params as tunix_params
   except ImportError as err:
     return (
-      f"not installed (no module {err.name!r}): .venv/bin/pip install -r "
-      "requirements-bench.txt && .venv/bin/pip install --no-deps google-tunix==0.1.7"
+      f"not installed (no module {err.name!r}): `make bench` installs it, or by hand .venv/bin/pip"
+      " install --no-deps --target .venv-bench-peers -r requirements-bench.txt, then run with"
+      " PYTHONPATH=.venv-bench-peers"
     )
   c = PEER_HF_CONFIG
   config = tunix_model.ModelConfig(
