@@ -336,11 +336,16 @@ class EnvPool:
     self.close()
 
   def reset(
-    self, tasks: Sequence[int | None] | None = None, indices: Sequence[int] | None = None
+    self,
+    tasks: Sequence[int | None] | None = None,
+    indices: Sequence[int] | None = None,
+    progress: Callable[[int], None] | None = None,
   ) -> list[StepResult]:
     """Resets envs `indices` (default: all) on `tasks` (one per index; None: the env's own choice).
 
     GRPO groups: give the G envs of a group the same task id. Returns one StepResult per index.
+    `progress`, when given, is called with the number of envs reset so far as results arrive (a
+    reset of hundreds of generated games can take minutes).
     """
     indices = list(range(self.num_envs)) if indices is None else list(indices)
     tasks = [None] * len(indices) if tasks is None else list(tasks)
@@ -348,7 +353,7 @@ class EnvPool:
       raise ValueError(
         f"got {len(tasks)} tasks for {len(indices)} envs; pass one task per env index"
       )
-    return self._run("reset", indices, tasks)
+    return self.wait(self._submit("reset", indices, tasks), progress)
 
   def step(self, actions: Sequence[str], indices: Sequence[int] | None = None) -> list[StepResult]:
     """Steps envs `indices` (default: all) with `actions` (one per index). Returns one StepResult per index."""
@@ -365,11 +370,18 @@ class EnvPool:
       )
     return self._submit("step", indices, actions)
 
-  def wait(self, request: EnvRequest) -> list[StepResult]:
+  def wait(
+    self, request: EnvRequest, progress: Callable[[int], None] | None = None
+  ) -> list[StepResult]:
     """The results of `request` (a `step_async`), one per index, once all have arrived (or
-    failed: hung or dead workers are restarted as in `step`)."""
+    failed: hung or dead workers are restarted as in `step`). `progress`: called with the number
+    of results in so far after each arrival."""
     while not request.done:
       self._collect()
+      if progress is not None and not request.done:
+        progress(len(request.results))
+    if progress is not None:
+      progress(len(request.results))
     return [request.results[i] for i in request.indices]
 
   def close(self) -> None:
@@ -395,9 +407,6 @@ class EnvPool:
       return kept
     self._last_info[index] = {k: result.info[k] for k in _KEEP_INFO_KEYS if k in result.info}
     return result
-
-  def _run(self, command: str, indices: list[int], arguments: list[Any]) -> list[StepResult]:
-    return self.wait(self._submit(command, indices, arguments))
 
   def _submit(self, command: str, indices: list[int], arguments: list[Any]) -> EnvRequest:
     """Sends `command` to envs `indices` and returns the request without waiting for results."""

@@ -24,12 +24,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
-from tqdm import tqdm
 
 from envs.base import EnvAdapter, EpisodeView
 from sdar_jax.core.sampling import GenerationResult, Sampler, SamplingParams
 from sdar_jax.infra import multihost
-from sdar_jax.infra.console import show_progress_bars
+from sdar_jax.infra.console import Progress
 from sdar_jax.infra.errors import UserError
 from sdar_jax.rollout.trajectory import Episode, RolloutTimings, Turn
 from sdar_jax.text.chat_templates import ChatTemplate
@@ -319,14 +318,14 @@ class AgentLoop:
     ]
     views: list[EpisodeView | None] = [None] * n
     start = time.perf_counter()
-    resets = self.pool.reset(list(tasks), list(range(n)))
+    reset = Progress(n, desc, unit="envs reset", wanted=self.progress)
+    resets = self.pool.reset(list(tasks), list(range(n)), progress=reset.to)
+    reset.close()
     timings.env_seconds += time.perf_counter() - start
     for i, result in enumerate(resets):
       self._record_env_result(episodes[i], views, i, result, first=True)
 
-    bar = tqdm(
-      total=self.max_turns, desc=desc, leave=False, disable=not show_progress_bars(self.progress)
-    )
+    bar = Progress(self.max_turns, desc, wanted=self.progress)
     collective = getattr(self.sampler, "collective", False)  # several processes sample together
     turn_keys = []  # key_t of every turn (docs/design.md, "The agent loop")
     for _ in range(self.max_turns):
@@ -358,8 +357,7 @@ class AgentLoop:
       results = self.pool.step([a for a, _ in decoded.actions], active)
       play.timings.env_seconds += time.perf_counter() - start
       self._apply(play, decoded, results)
-      bar.set_postfix(active=len(active), won=sum(e.won for e in episodes))
-      bar.update(1)
+      bar.update(1, active=len(active), won=sum(e.won for e in episodes))
 
   def _run_halves(self, play: _Play, halves: list[list[int]], bar) -> None:
     """The two halves in alternation: a half waits for its envs' last step, decodes its next
@@ -389,8 +387,7 @@ class AgentLoop:
           out[h] = (decoded, self.pool.step_async([a for a, _ in decoded.actions], active))
           turns[h] += 1
           if turns[h] > shown:
-            bar.set_postfix(won=sum(e.won for e in episodes))
-            bar.update(turns[h] - shown)
+            bar.update(turns[h] - shown, won=sum(e.won for e in episodes))
             shown = turns[h]
       if not any(out):
         return

@@ -39,7 +39,9 @@ def test_envpool_is_importable_from_base():
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_pool_batched_reset_and_step_follow_the_game_rules(num_workers):
   with envs.EnvPool("dummy", 4, num_workers=num_workers, timeout_s=30) as pool:
-    results = pool.reset(tasks=[0, 1, 1, 5])
+    counts = []
+    results = pool.reset(tasks=[0, 1, 1, 5], progress=counts.append)
+    assert counts == sorted(counts) and counts[-1] == 4 and counts.count(4) == 1  # as they arrive
     assert [r.observation for r in results] == [
       f"Your task is to: say {WORDS[t]}." for t in (0, 1, 1, 5)
     ]

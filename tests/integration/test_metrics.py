@@ -263,3 +263,37 @@ def test_progress_bars_only_on_a_terminal():
 
   assert show_progress_bars(True, Terminal()) and not show_progress_bars(False, Terminal())
   assert not show_progress_bars(True, io.StringIO())  # a file or a pipe
+
+
+def test_a_long_call_writes_a_progress_line_to_a_log_every_so_often():
+  """Without a terminal a call's progress goes to the log: nothing before `every` seconds, then
+  at most a line per `every` seconds, with the count, the state and the time elapsed."""
+  import io
+  import logging
+
+  from sdar_jax.infra import console
+
+  lines, now = [], [0.0]
+  handler = logging.Handler()
+  handler.emit = lambda record: lines.append(record.getMessage())
+  console.log.addHandler(handler)
+  old_level, console.log.level = console.log.level, logging.INFO
+  try:
+    progress = console.Progress(
+      50, "heldout_seen", every=60, stream=io.StringIO(), clock=lambda: now[0]
+    )
+    for seconds in (30, 59, 61, 100, 125, 190):
+      now[0] = seconds
+      progress.update(1, active=600, won=31)
+    progress.to(20)
+    progress.close()
+    quiet = console.Progress(50, "quiet", wanted=False, every=0, stream=io.StringIO())
+    quiet.update(3)  # a loop told not to show progress writes nothing
+  finally:
+    console.log.removeHandler(handler)
+    console.log.level = old_level
+  assert lines == [
+    "heldout_seen: turn 3/50 (active 600, won 31), 0:01:01 elapsed",
+    "heldout_seen: turn 5/50 (active 600, won 31), 0:02:05 elapsed",
+    "heldout_seen: turn 6/50 (active 600, won 31), 0:03:10 elapsed",
+  ]

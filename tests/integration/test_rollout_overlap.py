@@ -76,8 +76,8 @@ class _EventPool:
   def __len__(self) -> int:
     return len(self._pool)
 
-  def reset(self, tasks, indices):
-    return self._pool.reset(tasks, indices)
+  def reset(self, tasks, indices, progress=None):
+    return self._pool.reset(tasks, indices, progress)
 
   def step(self, actions, indices):
     self.events.append(("step", tuple(indices)))

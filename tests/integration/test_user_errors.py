@@ -180,7 +180,7 @@ class _OneEnvPool:
     self.observation = observation
     self.resets = []
 
-  def reset(self, tasks, indices):
+  def reset(self, tasks, indices, progress=None):
     from envs.base import StepResult
 
     self.resets.append((list(tasks), list(indices)))
