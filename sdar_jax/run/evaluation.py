@@ -8,6 +8,7 @@ its metrics row). An evaluation-only run is an eval-only `sdar_jax.run.trainer.T
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import time
@@ -30,6 +31,9 @@ log = logging.getLogger(__name__)
 _UNSET = object()
 
 EVAL_RECORD = "evaluation.json"  # written by an evaluation into its output directory
+# An evaluation-only run's eval modes played to the end so far, with their metrics: a rerun of
+# the same evaluation after a kill plays only the others (removed once the evaluation finishes).
+FINISHED_PARTS = "finished_parts.json"
 EVALUATIONS = "evaluations"  # <workdir>/evaluations/step_<N>: a checkpoint's evaluation results
 
 
@@ -203,14 +207,28 @@ class EvaluationMixin:
     over all of a mode's episodes (batches, repeats and processes together). A mode a
     validation marks start-only (a method hook's `start_eval_modes`) is played only when
     `start` (the evaluation before training), and then with the teacher's weights when the hook
-    asks (`start_eval_weights`, `Validation.teacher_modes`)."""
+    asks (`start_eval_weights`, `Validation.teacher_modes`). An evaluation-only run records
+    each mode it finishes (FINISHED_PARTS) and, run again after a kill, reads those back instead
+    of playing them again: the same config and weights play the same episodes."""
     params = self.eval_params if self.state is None else self.state.params
     out_dir = self.eval_output_dir()
     repeats = int(self.config.eval.get("repeats", 1))
     metrics = {}
+    # (an evaluation-only run's modes finished before a kill: `_evaluate_once` reads them, and
+    # only the evaluation that follows uses them)
+    finished, self._resumed_parts = getattr(self, "_resumed_parts", {}), {}
     for v, validation in enumerate(self.validations):
       for mode, (prefix, loop) in enumerate(validation.loops):
         if prefix in validation.start_only and not start:
+          continue
+        if prefix in finished:
+          metrics.update(finished[prefix])
+          log.info(
+            "%s: played to the end by an earlier run of this evaluation (killed before it "
+            "finished); its metrics read from %s, its files kept",
+            prefix,
+            paths.join(out_dir, FINISHED_PARTS),
+          )
           continue
         first = v == 0 and mode == 0
         if first:  # the token view's episode needs its teacher prompts (observe.token_view)
@@ -268,7 +286,36 @@ class EvaluationMixin:
             run=self.workdir,
           )
         transcripts.write_transcripts(out_dir, prefix, episodes, self.tokenizer.decode)
+        if self.eval_only:  # every file of the mode written: a rerun need not play it again
+          finished[prefix] = {k: v for k, v in metrics.items() if k.startswith(prefix + "/")}
+          self._record_finished_parts(out_dir, finished)
     return metrics
+
+  def _parts_key(self) -> str:
+    """What an earlier run's finished parts must share with this evaluation: its config and the
+    weights it evaluates."""
+    what = {
+      "config": self.config.to_dict(),
+      "source": evaluated_source(self.config, self.params_from),
+    }
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
+
+  def _finished_parts(self, out_dir: str) -> dict[str, dict[str, float]]:
+    """The eval modes (prefix -> metrics) an earlier, killed run of this same evaluation-only
+    run finished; none for a training run's evaluations or from another evaluation's record."""
+    path = paths.join(out_dir, FINISHED_PARTS)
+    if not self.eval_only or not paths.exists(path):
+      return {}
+    try:
+      record = json.loads(paths.read_text(path))
+    except json.JSONDecodeError:  # cut off mid-write: play everything
+      return {}
+    return dict(record["parts"]) if record.get("key") == self._parts_key() else {}
+
+  def _record_finished_parts(self, out_dir: str, parts: dict[str, dict[str, float]]) -> None:
+    if paths.is_primary_process():
+      record = {"key": self._parts_key(), "parts": parts, "written": now()}
+      paths.write_text(paths.join(out_dir, FINISHED_PARTS), json.dumps(record, indent=1))
 
   def _play_validation(self, loop, tasks: list[int], params, key, prefix: str) -> list[Episode]:
     """This process's episodes of `tasks`, played eval.batch_size at a time (0: all at once);
@@ -325,11 +372,14 @@ class EvaluationMixin:
     every eval mode), a metrics row at the evaluated step, metrics.png and evaluation.json (what
     was evaluated) in its directory."""
     t0 = time.perf_counter()
+    self._resumed_parts = self._finished_parts(self.eval_output_dir())
     metrics = self.evaluate()
     metrics["val/seconds"] = time.perf_counter() - t0
     row = self.logger.log(self.loop_state.iteration, metrics)
     self.plot_metrics()
     source = evaluated_source(self.config, self.params_from)
     write_eval_record(self.workdir, source, finished=now(), metrics=row)
+    if paths.is_primary_process():
+      paths.remove(paths.join(self.workdir, FINISHED_PARTS))  # finished: a rerun plays it all
     log.info("evaluation results in %s", self.workdir)
     return row

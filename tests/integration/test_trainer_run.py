@@ -45,6 +45,10 @@ def _rows(path):
     return [json.loads(line) for line in f]
 
 
+class _Killed(Exception):
+  """Stands for the process being killed."""
+
+
 class _Records(logging.Handler):
   def __init__(self):
     super().__init__(logging.INFO)
@@ -437,10 +441,11 @@ def test_max_staleness_is_refused_before_anything_is_written(tmp_path):
   assert not (tmp_path / "run").exists()
 
 
-def test_whole_split_in_batches_repeated_and_a_second_split(trained, tmp_path):
+def test_whole_split_in_batches_repeated_and_a_second_split(trained, tmp_path, monkeypatch):
   """eval.num_tasks=-1 plays every game of valid_seen (6, one per task type) in batches of 4 (a
   trailing batch of 2), twice over (eval.repeats=2), and valid_unseen as well under val_unseen/:
-  each rate is over all of its prefix's episodes, as the outcomes file lists them."""
+  each rate is over all of its prefix's episodes, as the outcomes file lists them. Killed in
+  valid_unseen and run again, the evaluation plays only valid_unseen and gives the same row."""
   import copy
 
   from sdar_jax.observe.transcripts import read_outcomes
@@ -459,3 +464,37 @@ def test_whole_split_in_batches_repeated_and_a_second_split(trained, tmp_path):
       assert sorted(r["task_id"] for r in outcomes if r["repeat"] == k) == list(range(6))
     assert row[f"{prefix}/success_rate"] == sum(r["success"] for r in outcomes) / 12
     assert row[f"{prefix}/success_rate_repeat_sd"] >= 0.0
+
+  # Killed in its second split, run again: only that split is played, the row is the same.
+  from sdar_jax.run import evaluation
+
+  played, play, kill = [], evaluation.EvaluationMixin._play_validation, [True]
+
+  def dies_in_unseen(self, loop, tasks, params, key, prefix):
+    played.append(prefix)
+    if prefix == "val_unseen" and kill:  # the first time only
+      kill.clear()
+      raise _Killed
+    return play(self, loop, tasks, params, key, prefix)
+
+  again = str(tmp_path / "again")
+  checkpoint = (os.path.join(workdir, "checkpoints"), 3)
+  monkeypatch.setattr(evaluation.EvaluationMixin, "_play_validation", dies_in_unseen)
+  with pytest.raises(_Killed):
+    trainer.run_evaluation(protocol, again, checkpoint)
+  parts = os.path.join(again, evaluation.FINISHED_PARTS)
+  with open(parts) as f:
+    killed_parts = f.read()
+  resumed = trainer.run_evaluation(protocol, again, checkpoint)
+  assert played == ["val"] * 2 + ["val_unseen"] * 3  # val's 2 repeats once; unseen again
+  assert {k: v for k, v in resumed.items() if "seconds" not in k} == {
+    k: v for k, v in row.items() if "seconds" not in k
+  }
+  assert not os.path.exists(parts)  # finished: evaluating again plays everything
+  with open(parts, "w") as f:  # as the killed run left it
+    f.write(killed_parts)
+  other = copy.deepcopy(protocol)
+  other.eval.seed = 5  # another evaluation into the folder reads nothing of that one's parts
+  played.clear()
+  trainer.run_evaluation(other, again, checkpoint)
+  assert played == ["val"] * 2 + ["val_unseen"] * 2
