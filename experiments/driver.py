@@ -292,16 +292,45 @@ def cost_lines(
   """The head of `status` by the cost plan: the steps done of `total` and their wall time, the
   hours `left` (`hours` a step), the `notes`, the next three steps and the partial training runs."""
   partial = [s for s in left if s.kind == "train" and collect.run_state(s.workdir) == "partial"]
+  pace = pace_line(done, left, hours)
   return [
     (
       f"{len(done)}/{total} steps done, {wall_hours(done):.2f} h of wall time; "
       f"{len(left)} left, about {sum(hours(s) for s in left):.1f} machine-hours by the cost plan "
       "(a partial run counts in full)"
     ),
+    *([pace] if pace else []),
     *notes,
     *(f"  next: {s.label} ({hours(s):.2f} h)" for s in left[:3]),
     *(f"  partial: {s.label} (resumes from its checkpoint)" for s in partial),
   ]
+
+
+def pace_line(done: Sequence[Step], left: Sequence[Step], hours: Callable[[Step], float]) -> str:
+  """The wall time the finished steps took against the cost plan, per step kind, and the steps
+  `left` at those ratios (a kind not measured yet at the ratio of all): on a shared machine with
+  restarts the plan's machine-hours are a floor, and this is what the rest took so far. Empty
+  before a planned step has a wall time."""
+  measured: dict[str, list[float]] = {}  # kind -> [wall hours, planned hours]
+  for step in done:
+    seconds = collect.wall_seconds(step.results)
+    if seconds and hours(step) > 0:
+      pair = measured.setdefault(step.kind, [0.0, 0.0])
+      pair[0] += seconds / 3600
+      pair[1] += hours(step)
+  if not measured:
+    return ""
+  ratio = {kind: wall / plan for kind, (wall, plan) in measured.items()}
+  overall = sum(w for w, _ in measured.values()) / sum(p for _, p in measured.values())
+  rest = sum(hours(s) * ratio.get(s.kind, overall) for s in left)
+  kinds = ", ".join(
+    f"{kind} {wall:.2f} h for {plan:.2f} planned ({wall / plan:.1f}x)"
+    for kind, (wall, plan) in sorted(measured.items())
+  )
+  return (
+    f"measured wall time against the plan: {kinds}; the rest at those ratios: about {rest:.0f} h "
+    "of wall time (as this machine was shared, restarts included)"
+  )
 
 
 def lost_episodes(steps: Sequence[Step]) -> list[tuple[str, int, str, int]]:

@@ -149,3 +149,27 @@ def test_the_driver_lowers_its_sessions_priority_where_the_kernel_groups_by_sess
   group.write_text("/autogroup-7 nice 0\n")
   assert driver.lowest_priority(str(group)) and group.read_text() == "19"
   assert not driver.lowest_priority(str(tmp_path / "no" / "autogroup"))  # no autogroup: False
+
+
+def test_status_sets_the_measured_pace_beside_the_plan(tmp_path):
+  """Finished steps' wall time against their planned hours, per kind; the steps left at those
+  ratios (a kind not measured yet at the ratio of all)."""
+  from experiments import driver
+
+  def step(kind, name, seconds=None):
+    s = driver.Step(kind, name, 5e-4, 0, str(tmp_path / name), ("true",))
+    if seconds is not None:
+      os.makedirs(s.results, exist_ok=True)
+      with open(os.path.join(s.results, "run_status.json"), "w") as f:
+        json.dump({"attempts": [{"started": 0.0, "seconds": seconds, "returncode": 0}]}, f)
+    return s
+
+  planned = {"train": 0.5, "heldout": 0.25}
+  done = [step("train", "a", 3600), step("train", "b", 5400), step("heldout", "a", 1800)]
+  left = [step("train", "c"), step("heldout", "b"), step("panels", "p")]
+  hours = lambda s: planned.get(s.kind, 1.0)
+  line = driver.pace_line(done, left, hours)
+  # train: 2.5 h for 1.0 planned (2.5x); heldout 0.5 h for 0.25 (2.0x); all: 3.0 for 1.25 (2.4x)
+  assert "heldout 0.50 h for 0.25 planned (2.0x), train 2.50 h for 1.00 planned (2.5x)" in line
+  assert "about 4 h of wall time" in line  # 0.5 x 2.5 + 0.25 x 2.0 + 1.0 x 2.4 = 4.15
+  assert driver.pace_line([], left, hours) == ""
