@@ -309,12 +309,13 @@ def cost_lines(
 def pace_line(done: Sequence[Step], left: Sequence[Step], hours: Callable[[Step], float]) -> str:
   """The wall time the finished steps took against the cost plan, per step kind, and the steps
   `left` at those ratios (a kind not measured yet at the ratio of all): on a shared machine with
-  restarts the plan's machine-hours are a floor, and this is what the rest took so far. Empty
-  before a planned step has a wall time."""
+  restarts the plan's machine-hours are a floor, and this is what the rest took so far. A step
+  done in under 1% of its plan (its work found done elsewhere, e.g. panels another stage made)
+  is left out. Empty before a planned step has a wall time."""
   measured: dict[str, list[float]] = {}  # kind -> [wall hours, planned hours]
   for step in done:
     seconds = collect.wall_seconds(step.results)
-    if seconds and hours(step) > 0:
+    if seconds and hours(step) > 0 and seconds / 3600 >= 0.01 * hours(step):
       pair = measured.setdefault(step.kind, [0.0, 0.0])
       pair[0] += seconds / 3600
       pair[1] += hours(step)

@@ -166,10 +166,11 @@ def test_status_sets_the_measured_pace_beside_the_plan(tmp_path):
 
   planned = {"train": 0.5, "heldout": 0.25}
   done = [step("train", "a", 3600), step("train", "b", 5400), step("heldout", "a", 1800)]
+  done.append(step("panels", "q", 2))  # found made elsewhere: not a measure of the pace
   left = [step("train", "c"), step("heldout", "b"), step("panels", "p")]
   hours = lambda s: planned.get(s.kind, 1.0)
   line = driver.pace_line(done, left, hours)
   # train: 2.5 h for 1.0 planned (2.5x); heldout 0.5 h for 0.25 (2.0x); all: 3.0 for 1.25 (2.4x)
   assert "heldout 0.50 h for 0.25 planned (2.0x), train 2.50 h for 1.00 planned (2.5x)" in line
   assert "about 4 h of wall time" in line  # 0.5 x 2.5 + 0.25 x 2.0 + 1.0 x 2.4 = 4.15
-  assert driver.pace_line([], left, hours) == ""
+  assert driver.pace_line([], left, hours) == "" == driver.pace_line(done[3:], left, hours)
