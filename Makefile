@@ -55,7 +55,7 @@ TPU_PLAN_SITE := .venv-tpu-plan
 TPU_PLAN_STAMP := $(TPU_PLAN_SITE)/.installed
 
 $(TPU_PLAN_STAMP): pyproject.toml | $(DEV_STAMP)
-	rm -rf $(TPU_PLAN_SITE) $(BENCH_PEERS_SITE)
+	rm -rf $(TPU_PLAN_SITE)
 	$(VENV)/bin/pip install -q --no-deps --target $(TPU_PLAN_SITE) $$($(PY) -c 'import tomllib; \
 	  print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["tpu-plan"])')
 	touch $@
