@@ -309,12 +309,20 @@ def cost_lines(
 def pace_line(done: Sequence[Step], left: Sequence[Step], hours: Callable[[Step], float]) -> str:
   """The wall time the finished steps took against the cost plan, per step kind, and the steps
   `left` at those ratios (a kind not measured yet at the ratio of all): on a shared machine with
-  restarts the plan's machine-hours are a floor, and this is what the rest took so far. A step
-  done in under 1% of its plan (its work found done elsewhere, e.g. panels another stage made)
-  is left out. Empty before a planned step has a wall time."""
+  restarts the plan's machine-hours are a floor, and this is what the rest took so far. A
+  training resumes from its checkpoints, so all its attempts count; any other step starts over,
+  so only its finishing attempt does and the earlier ones are reported as lost. A step done in
+  under 1% of its plan (its work found done elsewhere, e.g. panels another stage made) is left
+  out. Empty before a planned step has a wall time."""
   measured: dict[str, list[float]] = {}  # kind -> [wall hours, planned hours]
+  lost = 0.0
   for step in done:
     seconds = collect.wall_seconds(step.results)
+    attempts = (collect.read_status(step.results) or {}).get("attempts") or [{}]
+    last = attempts[-1].get("seconds")
+    if step.kind != "train" and seconds and last is not None:
+      lost += max(seconds - last, 0.0) / 3600
+      seconds = last
     if seconds and hours(step) > 0 and seconds / 3600 >= 0.01 * hours(step):
       pair = measured.setdefault(step.kind, [0.0, 0.0])
       pair[0] += seconds / 3600
@@ -328,9 +336,10 @@ def pace_line(done: Sequence[Step], left: Sequence[Step], hours: Callable[[Step]
     f"{kind} {wall:.2f} h for {plan:.2f} planned ({wall / plan:.1f}x)"
     for kind, (wall, plan) in sorted(measured.items())
   )
+  restarted = f"; {lost:.1f} h lost to attempts that had to start over" if lost >= 0.05 else ""
   return (
     f"measured wall time against the plan: {kinds}; the rest at those ratios: about {rest:.0f} h "
-    "of wall time (as this machine was shared, restarts included)"
+    f"of wall time (as this machine was shared{restarted})"
   )
 
 

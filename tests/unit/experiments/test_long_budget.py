@@ -156,16 +156,19 @@ def test_status_sets_the_measured_pace_beside_the_plan(tmp_path):
   ratios (a kind not measured yet at the ratio of all)."""
   from experiments import driver
 
-  def step(kind, name, seconds=None):
+  def step(kind, name, seconds=None, lost=None):
     s = driver.Step(kind, name, 5e-4, 0, str(tmp_path / name), ("true",))
     if seconds is not None:
       os.makedirs(s.results, exist_ok=True)
+      attempts = [{"started": 0.0, "seconds": seconds, "returncode": 0}]
+      if lost:  # an earlier attempt killed after `lost` seconds (no seconds recorded, alive then)
+        attempts.insert(0, {"started": -1e4, "seconds": None, "alive": -1e4 + lost})
       with open(os.path.join(s.results, "run_status.json"), "w") as f:
-        json.dump({"attempts": [{"started": 0.0, "seconds": seconds, "returncode": 0}]}, f)
+        json.dump({"attempts": attempts}, f)
     return s
 
   planned = {"train": 0.5, "heldout": 0.25}
-  done = [step("train", "a", 3600), step("train", "b", 5400), step("heldout", "a", 1800)]
+  done = [step("train", "a", 3600), step("train", "b", 5400), step("heldout", "a", 1800, 900)]
   done.append(step("panels", "q", 2))  # found made elsewhere: not a measure of the pace
   left = [step("train", "c"), step("heldout", "b"), step("panels", "p")]
   hours = lambda s: planned.get(s.kind, 1.0)
@@ -173,4 +176,5 @@ def test_status_sets_the_measured_pace_beside_the_plan(tmp_path):
   # train: 2.5 h for 1.0 planned (2.5x); heldout 0.5 h for 0.25 (2.0x); all: 3.0 for 1.25 (2.4x)
   assert "heldout 0.50 h for 0.25 planned (2.0x), train 2.50 h for 1.00 planned (2.5x)" in line
   assert "about 4 h of wall time" in line  # 0.5 x 2.5 + 0.25 x 2.0 + 1.0 x 2.4 = 4.15
+  assert "0.2 h lost to attempts that had to start over" in line  # the evaluation's first 900 s
   assert driver.pace_line([], left, hours) == "" == driver.pace_line(done[3:], left, hours)
