@@ -317,9 +317,9 @@ def pace_line(done: Sequence[Step], left: Sequence[Step], hours: Callable[[Step]
   measured: dict[str, list[float]] = {}  # kind -> [wall hours, planned hours]
   lost = 0.0
   for step in done:
-    seconds = collect.wall_seconds(step.results)
-    attempts = (collect.read_status(step.results) or {}).get("attempts") or [{}]
-    last = attempts[-1].get("seconds")
+    status = collect.read_status(step.results)
+    seconds = collect.wall_seconds(step.results, status) if status else None
+    last = ((status or {}).get("attempts") or [{}])[-1].get("seconds")
     if step.kind != "train" and seconds and last is not None:
       lost += max(seconds - last, 0.0) / 3600
       seconds = last

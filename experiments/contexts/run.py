@@ -56,14 +56,15 @@ def run(
   with open(os.path.join(out, PGID_FILE), "w") as f:
     f.write(f"{os.getpgid(0)}\n")
 
-  announced = [plan_mod.rate_decision(out) is not None]
+  announced = plan_mod.rate_decision(out) is not None
 
   def steps() -> list[Step]:
     # The decision is written by `plan` or by `record` (which plans to find the finished steps):
     # announced at the first call that finds it, whichever wrote it.
+    nonlocal announced
     found = plan_mod.plan(design, out, python, smoke, vocab=vocab)
-    if not announced[0] and plan_mod.rate_decision(out) is not None:
-      announced[0] = True
+    if not announced and plan_mod.rate_decision(out) is not None:
+      announced = True
       echo("rate decided: " + rate_line(out))
     return found
 
