@@ -15,6 +15,10 @@ Each pool resets every env (env i plays task i % #tasks), then plays `--steps` r
 an env that finishes is reset outside the timing. steps/s = env steps / wall time of the stepping
 rounds (resets excluded, shown separately). The trivial "dummy" env measures the pool's own
 overhead (IPC, batching).
+
+`--envs alfworld_stock` (in the default list) plays the ALFWorld table's pools again with stock
+TextWorld text generation and translation (SDAR_STOCK_TEXTWORLD=1 in the workers: the peer of
+envs.alfworld.fast_text), `--repeats` times each, and prints the medians and their ratio.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -29,7 +34,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from envs import EnvPool  # noqa: E402
-from envs.alfworld import collect_game_files  # noqa: E402
+from envs.alfworld import collect_game_files, fast_text  # noqa: E402
 from envs.alfworld.generator import generate_split  # noqa: E402
 
 
@@ -93,6 +98,42 @@ def bench_pool(
   }
 
 
+def compare_text_generation(
+  game_files: list[str], sizes: list[int], steps: int, workers: int | None, repeats: int
+) -> None:
+  """Median reset seconds and steps/s of ALFWorld pools with stock TextWorld text generation and
+  with envs.alfworld.fast_text, interleaved `repeats` times, and the ratio."""
+  print(f"\nalfworld: stock TextWorld vs fast_text (median of {repeats}, interleaved)")
+  print(
+    f"{'envs':>5} {'reset s stock':>13} {'reset s ours':>12} {'steps/s stock':>13} "
+    f"{'steps/s ours':>12} {'steps ratio':>11} {'reset ratio':>11}"
+  )
+  for size in sizes:
+    runs: dict[str, list[dict]] = {"stock": [], "ours": []}
+    for _ in range(repeats):
+      for kind in runs:
+        if kind == "stock":
+          os.environ[fast_text.ENV_FLAG] = "1"  # the spawned workers read it at start_engine
+        try:
+          runs[kind].append(
+            bench_pool(
+              "alfworld", {"game_files": game_files}, len(game_files), size, steps, workers
+            )
+          )
+        finally:
+          os.environ.pop(fast_text.ENV_FLAG, None)
+    med = {
+      kind: {k: statistics.median(r[k] for r in rows) for k in ("reset_s", "steps_per_s")}
+      for kind, rows in runs.items()
+    }
+    print(
+      f"{size:>5} {med['stock']['reset_s']:>13.2f} {med['ours']['reset_s']:>12.2f} "
+      f"{med['stock']['steps_per_s']:>13.1f} {med['ours']['steps_per_s']:>12.1f} "
+      f"{med['ours']['steps_per_s'] / med['stock']['steps_per_s']:>10.2f}x "
+      f"{med['stock']['reset_s'] / med['ours']['reset_s']:>10.2f}x"
+    )
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument(
@@ -105,20 +146,28 @@ def main() -> None:
     "--workers", type=int, default=None, help="worker processes (default: CPU count)"
   )
   parser.add_argument(
-    "--envs", nargs="+", default=["alfworld", "webshop", "search_qa", "dummy"], help="which tables"
+    "--envs",
+    nargs="+",
+    default=["alfworld", "alfworld_stock", "webshop", "search_qa", "dummy"],
+    choices=["alfworld", "alfworld_stock", "webshop", "search_qa", "dummy"],
+    help="which tables",
+  )
+  parser.add_argument(
+    "--repeats", type=int, default=3, help="alfworld_stock: interleaved runs per pool size"
   )
   args = parser.parse_args()
 
   with tempfile.TemporaryDirectory() as tmp:
     data_dir = args.data_dir
-    if "alfworld" not in args.envs:
+    alfworld = {"alfworld", "alfworld_stock"} & set(args.envs)
+    if not alfworld:
       game_files = []
     elif data_dir is None:
       data_dir = tmp
       start = time.perf_counter()
       generate_split(tmp, args.split, 1, seed=0)
       print(f"generated 6 planner-checked games in {time.perf_counter() - start:.1f}s")
-    if "alfworld" in args.envs:
+    if alfworld:
       game_files = collect_game_files(data_dir, args.split)
     print(f"{len(game_files)} ALFWorld games, {os.cpu_count()} CPUs, {args.steps} rounds per pool")
     tables = {
@@ -128,6 +177,9 @@ def main() -> None:
       "dummy": ("dummy (pool overhead only)", {}, 8),
     }
     for name in args.envs:
+      if name == "alfworld_stock":
+        compare_text_generation(game_files, args.sizes, args.steps, args.workers, args.repeats)
+        continue
       title, kwargs, num_tasks = tables[name]
       choose = search_the_question if name == "search_qa" else random_admissible
       print(f"\n{title}")

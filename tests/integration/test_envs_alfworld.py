@@ -282,3 +282,44 @@ def test_success_rates_per_task_type_and_overall():
     "success_rate": 0.5,
   }
   assert success_rates([]) == {}
+
+
+def test_fast_text_plays_every_game_as_stock_textworld(alfworld_games, monkeypatch):
+  """envs.alfworld.fast_text (cached parses and translations, shallow contexts) against stock
+  TextWorld on the same engine: every game of the run-wide set played twice, by seeded random
+  admissible actions and by its walkthrough (wins included), gives the same observations,
+  admissible commands, rewards and win flags. Every other game of the three splits (five),
+  to keep the stock run short."""
+  from envs.alfworld import fast_text
+
+  games = sorted(
+    g
+    for split in ("train", "valid_seen", "valid_unseen")
+    for g in collect_game_files(alfworld_games, split)
+  )[::2]
+
+  def play() -> list:
+    env, rng, trace = AlfworldEnv.from_game_files(games, max_steps=12), random.Random(0), []
+    for task, game in enumerate(games):
+      for plan in ([], list(_walkthrough(game))):
+        obs, info = env.reset(task)
+        trace.append((obs, info["admissible_commands"], info["won"]))
+        done = False
+        while not done:
+          action = plan.pop(0) if plan else rng.choice(info["admissible_commands"])
+          obs, reward, done, info = env.step(action)
+          trace.append((obs, info["admissible_commands"], info["won"], reward))
+    env.close()
+    return trace
+
+  fast_text.uninstall()
+  with (
+    monkeypatch.context() as stock_only
+  ):  # start_engine installs the fast paths unless told not to
+    stock_only.setenv(fast_text.ENV_FLAG, "1")
+    stock = play()
+    assert not fast_text.installed()
+  assert fast_text.install() and fast_text.installed()
+  fast = play()
+  assert len(games) >= 5 and sum(step[2] for step in stock) >= len(games)  # every walkthrough won
+  assert fast == stock
