@@ -323,3 +323,41 @@ def test_fast_text_plays_every_game_as_stock_textworld(alfworld_games, monkeypat
   fast = play()
   assert len(games) >= 5 and sum(step[2] for step in stock) >= len(games)  # every walkthrough won
   assert fast == stock
+
+
+def test_engines_load_the_lean_planner_library(tmp_path):
+  """envs.alfworld.planner_lib: the copy every engine loads is the shipped Fast Downward library
+  cut to what its program headers map (the DWARF sections dropped: ~1 MB of ~34), byte for byte
+  the shipped one up to there except the cleared section-header fields; start_engine loads it
+  (every other test here plays on it) and ctypes loads it; a file that is not ELF is left alone."""
+  import ctypes
+  import struct
+
+  from fast_downward import interface
+
+  from envs.alfworld import engine, planner_lib
+
+  engine.release_engine(engine.start_engine())
+  lean = planner_lib.loaded_path()
+  assert lean is not None and interface.DOWNWARD_LIB_PATH == lean and lean.endswith("-lean.so")
+  shipped = os.path.join(os.path.dirname(interface.__file__), "libdownward.so")
+  with open(shipped, "rb") as f:
+    full = f.read()
+  with open(lean, "rb") as f:
+    cut = f.read()
+  phoff, (phentsize, phnum) = (
+    struct.unpack_from("<Q", full, 0x20)[0],
+    struct.unpack_from("<HH", full, 0x36),
+  )
+  ends = [  # p_offset + p_filesz of every program header
+    o + s
+    for o, s in (struct.unpack_from("<8xQ16xQ", full, phoff + i * phentsize) for i in range(phnum))
+  ]
+  assert len(cut) == max(ends) < len(full) // 10
+  assert cut[:0x28] == full[:0x28] and cut[0x30:0x3A] == full[0x30:0x3A]
+  assert cut[0x40:] == full[0x40 : len(cut)]
+  assert cut[0x28:0x30] == bytes(8) and cut[0x3A:0x40] == bytes(6)  # no section headers
+  assert ctypes.CDLL(lean).get_state_size is not None  # the engine's exported symbols resolve
+  not_elf = tmp_path / "lib.so"
+  not_elf.write_bytes(b"#!/bin/sh\n" * 10)
+  assert planner_lib.lean_copy(str(not_elf), str(tmp_path / "out")) is None
