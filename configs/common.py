@@ -179,6 +179,12 @@ def base(model: str = "qwen2.5-3b", algo_name: str = "sdar") -> mlc.ConfigDict:
       # still playing) or "task" (its game: two policies on one panel share their draws for as
       # long as their actions agree; common random numbers for comparing arms).
       streams="rank",
+      # Evaluation-only runs (sdar_jax.evaluate): an eval mode that lost more episodes than this
+      # to env failures (an env that raised or hung, a worker that died) is not recorded as
+      # finished, and the run exits with an error once the other modes are played (run the same
+      # command again: it plays only the unfinished modes); -1 accepts any number. A training
+      # run's evaluations count them in <prefix>/env_failures and go on.
+      max_env_failures=0,
     )
   )
   config.checkpoint = mlc.ConfigDict(

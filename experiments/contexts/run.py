@@ -137,6 +137,6 @@ def status(design: Design = FULL, out: str | None = None, python: str = sys.exec
       for arm in plan_mod.ARMS
     }
     lines.append("seeds finished (trained and evaluated) per arm: " + str(seeds_done))
-  trained = [s for s in done if s.kind == "train"]
-  lines += driver.check_lines(trained, [s for s in done if s.kind != "panels"])
+  played = [s for s in done if s.kind != "panels"]  # trainings and evaluations: both lose episodes
+  lines += driver.check_lines(played, played)
   return "\n".join(lines)

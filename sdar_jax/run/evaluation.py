@@ -24,6 +24,7 @@ from sdar_jax.infra.errors import UserError
 from sdar_jax.observe import token_view, transcripts
 from sdar_jax.observe.metrics import rollout_metrics, search_error_count
 from sdar_jax.rollout.trajectory import Episode, episode_summaries
+from sdar_jax.run import guards
 from sdar_jax.run.checkpoint import CheckpointManager
 from sdar_jax.run.setup import build_retriever
 
@@ -286,7 +287,12 @@ class EvaluationMixin:
             run=self.workdir,
           )
         transcripts.write_transcripts(out_dir, prefix, episodes, self.tokenizer.decode)
-        if self.eval_only:  # every file of the mode written: a rerun need not play it again
+        if self.eval_only:  # every file of the mode written: a rerun need not play it again ...
+          lost = int(metrics.get(f"{prefix}/env_failures", 0))
+          allowed = int(self.config.eval.get("max_env_failures", 0))
+          if 0 <= allowed < lost:  # ... unless it lost episodes: a rerun plays it again
+            self._unfinished_modes[prefix] = lost
+            continue
           finished[prefix] = {k: v for k, v in metrics.items() if k.startswith(prefix + "/")}
           self._record_finished_parts(out_dir, finished)
     return metrics
@@ -373,7 +379,18 @@ class EvaluationMixin:
     was evaluated) in its directory."""
     t0 = time.perf_counter()
     self._resumed_parts = self._finished_parts(self.eval_output_dir())
+    self._unfinished_modes = {}
     metrics = self.evaluate()
+    if self._unfinished_modes:
+      raise guards.EvalEnvFailureError(
+        "episodes lost to env failures: "
+        + ", ".join(f"{p} {n} of its panel" for p, n in self._unfinished_modes.items())
+        + f" (eval.max_env_failures={self.config.eval.get('max_env_failures', 0)}; the first "
+        "failure of each kind is in the log above). Those modes are not recorded as finished and "
+        f"{self.workdir} holds no finished evaluation. Fix: remove the cause (a full disk, a "
+        "dead server), then run the same command again: it plays only the modes not finished; "
+        "or accept lost episodes with --config.eval.max_env_failures=N (-1: any)."
+      )
     metrics["val/seconds"] = time.perf_counter() - t0
     row = self.logger.log(self.loop_state.iteration, metrics)
     self.plot_metrics()

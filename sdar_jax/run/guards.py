@@ -24,6 +24,13 @@ class EnvFailureError(UserError, RuntimeError):
   heading = "EnvFailureError"
 
 
+class EvalEnvFailureError(UserError, RuntimeError):
+  """An evaluation-only run's eval modes lost more episodes to env failures than
+  `eval.max_env_failures`: they are not recorded as finished."""
+
+  heading = "EvalEnvFailureError"
+
+
 class SkippedUpdatesError(UserError):
   """`train.max_skipped_updates` updates in a row were skipped because their loss or gradient
   was not finite: the run stops before another checkpoint or the export is written."""

@@ -99,7 +99,7 @@ _AT_LEAST = (
   ("env", 0, ("history",)),
   ("env", 0, ("num_workers",)),
   ("env", 1, ("tasks_per_iteration", "group_size", "max_turns")),
-  ("eval", -1, ("num_tasks",)),
+  ("eval", -1, ("num_tasks", "max_env_failures")),
   ("eval", 0, ("seed", "batch_size")),
   ("eval", 1, ("repeats",)),
   ("checkpoint", 0, ("every",)),
@@ -109,6 +109,7 @@ _AT_LEAST = (
 _FIXES = {
   "eval.num_tasks": "use -1 for the whole split, 0 for none, or how many tasks to draw",
   "eval.batch_size": "use 0 to play every validation episode at once, or a batch size",
+  "eval.max_env_failures": "use 0 to finish an evaluation only when no episode failed, -1 for any",
   "train.eval_every": "use 0 to never evaluate during training",
   "train.max_skipped_updates": "use 0 to never stop on skipped (non-finite) updates",
   "checkpoint.every": "use 0 to save only at the end",

@@ -500,3 +500,45 @@ def test_whole_split_in_batches_repeated_and_a_second_split(trained, tmp_path, m
   with pytest.raises(_Killed):
     trainer.run_evaluation(other, again, checkpoint)
   assert played == ["val"]  # played, not read back
+
+
+def test_evaluation_with_lost_episodes_is_not_finished(trained, tmp_path, monkeypatch):
+  """An evaluation-only run whose valid_unseen lost an episode to its env (as ENOSPC did on
+  2026-12-06) exits with EvalEnvFailureError naming the mode and count, records valid_seen alone
+  as finished and no finished evaluation; the same command then plays valid_unseen only and
+  finishes. eval.max_env_failures=1 accepts the loss."""
+  import copy
+
+  from sdar_jax.run import evaluation, trainer
+  from sdar_jax.run.guards import EvalEnvFailureError
+
+  workdir, config, _ = trained
+  protocol = copy.deepcopy(config)
+  protocol.eval.num_tasks, protocol.eval.splits = 2, "valid_unseen"
+  checkpoint = (os.path.join(workdir, "checkpoints"), 3)
+  played, play, fail = [], evaluation.EvaluationMixin._play_validation, ["val_unseen"]
+
+  def loses_one(self, loop, tasks, params, key, prefix):
+    played.append(prefix)
+    episodes = play(self, loop, tasks, params, key, prefix)
+    if prefix in fail:  # once
+      fail.remove(prefix)
+      episodes[0].env_error = "OSError: [Errno 28] No space left on device"
+    return episodes
+
+  monkeypatch.setattr(evaluation.EvaluationMixin, "_play_validation", loses_one)
+  out = str(tmp_path / "eval")
+  with pytest.raises(EvalEnvFailureError, match="val_unseen 1 of its panel"):
+    trainer.run_evaluation(protocol, out, checkpoint)
+  assert not evaluation.eval_finished(out)
+  with open(os.path.join(out, evaluation.FINISHED_PARTS)) as f:
+    assert set(json.load(f)["parts"]) == {"val"}
+  row = trainer.run_evaluation(protocol, out, checkpoint)
+  assert played == ["val", "val_unseen", "val_unseen"] and row["val_unseen/env_failures"] == 0
+  assert evaluation.eval_finished(out)
+
+  accepting = copy.deepcopy(protocol)
+  accepting.eval.max_env_failures = 1
+  fail.append("val")
+  row = trainer.run_evaluation(accepting, str(tmp_path / "accepted"), checkpoint)
+  assert row["val/env_failures"] == 1

@@ -178,3 +178,20 @@ def test_status_sets_the_measured_pace_beside_the_plan(tmp_path):
   assert "about 4 h of wall time" in line  # 0.5 x 2.5 + 0.25 x 2.0 + 1.0 x 2.4 = 4.15
   assert "0.2 h lost to attempts that had to start over" in line  # the evaluation's first 900 s
   assert driver.pace_line([], left, hours) == "" == driver.pace_line(done[3:], left, hours)
+
+
+def test_status_names_episodes_an_evaluation_lost(tmp_path):
+  """A finished held-out evaluation whose metrics count env failures is named by `status` (on
+  2026-12-06 a full disk cost two evaluations their unseen panels and `status` said none)."""
+  from sdar_jax.run.evaluation import write_eval_record
+
+  out = str(tmp_path / "runs")
+  held = next(s for s in plan_mod.plan(plan_mod.FULL, out, "python") if s.kind == "heldout")
+  os.makedirs(held.results)
+  write_eval_record(held.results, {"model_path": "p", "step": 0}, finished="2026-12-06 23:22")
+  with open(os.path.join(held.results, "metrics.jsonl"), "w") as f:
+    row = {"step": 0, "val/env_failures": 0.0, "val_heldout_unseen/env_failures": 78.0}
+    f.write(json.dumps(row) + "\n")
+  assert (
+    f"episodes lost to env failures: {held.label}, iteration 0: val_heldout_unseen/env_failures=78"
+  ) in run_mod.status(out=out)
