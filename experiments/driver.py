@@ -411,6 +411,12 @@ def add_flags(
     help=f"the tables' folder (report and restore read it, default {RECORDS}; run appends each "
     "finished step to it when given; record appends every finished step now)",
   )
+  parser.add_argument(
+    "--step",
+    default=None,
+    help="redo: the label of the finished evaluation step to play again, as `status` and `run` "
+    'print it (e.g. "heldout grpo lr5.0e-04 seed 0")',
+  )
   parser.add_argument("--dest", default=dest, help=dest_help)
   parser.add_argument("--resamples", type=int, default=resamples, help=resamples_help)
 
@@ -457,11 +463,18 @@ def command_line(
   status: Callable[[], str],
   cost: Callable[[], Sequence[tuple[str, int, float]]] | None = None,
   plan_notes: Callable[[Sequence[Step]], Iterable[str]] = lambda steps: (),
+  redo: Callable[[], str] | None = None,
 ) -> int | None:
   """The actions every driver has, printed alike: `restore`, `record`, `plan` (each step's
-  command, done or todo, then `plan_notes`), `cost` and `status`. Returns the exit code, or None
-  for another action (the driver's own, and `run`: `run_command`)."""
-  if action == "restore":
+  command, done or todo, then `plan_notes`), `cost`, `status` and, where given, `redo`. Returns
+  the exit code, or None for another action (the driver's own, and `run`: `run_command`)."""
+  if action == "redo" and redo is not None:
+    try:
+      print(redo())
+    except ValueError as e:
+      print(f"redo: {e}", file=sys.stderr)
+      return 2
+  elif action == "restore":
     print(f"{restore(tables, out)} file(s) restored into {out}")
   elif action == "record":
     print(f"{record(tables)} step(s) appended to {tables.folder}")
@@ -507,6 +520,9 @@ def design_actions(
     status=lambda: run.status(design, out),
     cost=lambda: plan.cost_table(design),
     plan_notes=plan_notes,
+    redo=lambda: redo_evaluation(
+      args.step, plan.plan(design, out), out, tables, plan.EXPERIMENT, plan.step_done
+    ),
   )
   if code is not None:
     return code
@@ -514,6 +530,38 @@ def design_actions(
     lambda: run.run(
       design, out, max_steps=args.max_steps, records_to=args.records, smoke=args.smoke
     )
+  )
+
+
+def redo_evaluation(
+  label: str | None,
+  steps: Sequence[Step],
+  out: str,
+  tables: records.Tables,
+  experiment: str,
+  done: Callable[[Step], bool] = step_done,
+) -> str:
+  """`redo --step LABEL`: a finished evaluation step to be played again (its run lost episodes,
+  or ran on a broken machine): its rows are withdrawn from `tables` and its results folder moved
+  aside (<folder>.redo[-N], nothing deleted), so `run` plays it again in its place in the plan.
+  Returns what was done; a ValueError names a label that is not a finished evaluation."""
+  evaluations = [s for s in steps if s.kind not in ("train", "panels") and done(s)]
+  step = next((s for s in evaluations if s.label == label), None)
+  if step is None:
+    known = "; ".join(f'"{s.label}"' for s in evaluations) or "none yet"
+    raise ValueError(
+      f"--step={label!r} is not a finished evaluation step of this plan (a training run resumes "
+      f"by itself). Fix: one of {known}"
+    )
+  removed = tables.withdraw(experiment, os.path.relpath(step.workdir, out), step.kind)
+  aside, n = f"{step.results}.redo", 1
+  while os.path.exists(aside):
+    n += 1
+    aside = f"{step.results}.redo-{n}"
+  os.rename(step.results, aside)
+  return (
+    f"{step.label}: {removed} row(s) withdrawn from the tables in {tables.folder}, its folder "
+    f"moved to {aside}; `run` plays it again"
   )
 
 

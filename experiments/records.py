@@ -249,6 +249,41 @@ class Tables:
     path = {"outcomes": self.outcomes, "metrics": self.metrics, "runs": self.runs}[table]
     return read(path, **where) if os.path.exists(path) else []
 
+  def withdraw(self, experiment: str, run: str, kind: str) -> int:
+    """Removes one step's rows (a step recorded from a broken run, to be run again): its
+    outcomes, its metrics when it is a training run, then its manifest row; returns the rows
+    removed. Each table is rewritten whole (other rows' cells as they were) and replaced at once;
+    run again after a crash, it removes what is left."""
+    step = {"experiment": experiment, "run": run}
+    removed = _drop(self.outcomes, OUTCOME_COLUMNS, dict(step, kind=kind))
+    if kind == "train":
+      removed += _drop(self.metrics, METRIC_COLUMNS, step)
+    return removed + _drop(self.runs, RUN_COLUMNS, dict(step, kind=kind))
+
+
+def _drop(path: str, columns: Sequence[str], where: Mapping[str, str]) -> int:
+  """Rewrites the table at `path` without the rows whose cells equal `where`; returns how many."""
+  if not os.path.exists(path):
+    return 0
+  with _open(path) as f:
+    reader = csv.reader(f)
+    have = tuple(next(reader, ()))
+    if have != tuple(columns):
+      raise ValueError(f"{path} has the columns {have}, not {tuple(columns)}")
+    at = {columns.index(k): str(v) for k, v in where.items()}
+    rows = list(reader)
+  kept = [r for r in rows if any(r[i] != v for i, v in at.items())]
+  if len(kept) == len(rows):
+    return 0
+  out = io.StringIO()
+  writer = csv.writer(out, lineterminator="\n")
+  writer.writerows([list(columns), *kept])
+  text = out.getvalue().encode()
+  with open(path + ".tmp", "wb") as f:
+    f.write(gzip.compress(text, mtime=0) if path.endswith(".gz") else text)
+  os.replace(path + ".tmp", path)
+  return len(rows) - len(kept)
+
 
 def restore_step(tables: Tables, experiment: str, run: str, kind: str, folder: str) -> int:
   """Writes back into `folder` the records of one step kept in `tables`: run_status.json (its

@@ -1,4 +1,4 @@
-"""The long-budget stage's command: run, status, plan, panels, record, restore, cost and report
+"""The long-budget stage's command: run, status, plan, panels, record, restore, cost, report and redo
 (see experiments.long_budget.plan for the design and the commands)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from experiments.long_budget import run as run_mod
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  actions = ("run", "status", "plan", "panels", "record", "restore", "cost", "report")
+  actions = ("run", "status", "plan", "panels", "record", "restore", "cost", "report", "redo")
   args = driver.design_parser(plan_mod.__doc__, actions, report_mod.DEST).parse_args(argv)
   design, out = driver.design_of(args, plan_mod.FULL, plan_mod.SMOKE)
   tables = records.Tables(args.records or RECORDS)

@@ -73,6 +73,41 @@ def test_a_table_is_appended_to_and_read_back(tmp_path):
     records.append(path, [], ("run", "other"))
 
 
+def test_a_step_is_withdrawn_and_redone(tmp_path):
+  """`Tables.withdraw` removes one step's outcomes and manifest row (a training run's metrics
+  too) and keeps every other row's cells as written; `redo --step` withdraws a finished
+  evaluation and moves its folder aside, and names the finished evaluations for a wrong label."""
+  from experiments import driver
+
+  tables = records.Tables(str(tmp_path / "tables"))
+  key = {"experiment": "x", "stage": 3, "arm": "grpo", "seed": 0, "lr": 5e-4}
+  for run, kind in (("grpo/s0", "train"), ("grpo/s0", "heldout"), ("initial", "heldout")):
+    outcomes = [dict(key, run=run, kind=kind, game=f"g{i}", success=i % 2) for i in range(3)]
+    metrics = [dict(key, run=run, iteration=1, metric="m", value=0.1)] if kind == "train" else []
+    tables.add(outcomes, metrics, dict(key, run=run, kind=kind, wall_seconds=1 / 3, finished=1))
+  before = {t: records.read(getattr(tables, t)) for t in ("outcomes", "metrics", "runs")}
+  assert tables.withdraw("x", "grpo/s0", "heldout") == 4  # 3 outcomes + its manifest row
+  after = {t: records.read(getattr(tables, t)) for t in ("outcomes", "metrics", "runs")}
+  gone = lambda r: (r["run"], r["kind"]) == ("grpo/s0", "heldout")  # noqa: E731
+  for table in ("outcomes", "runs"):
+    assert after[table] == [r for r in before[table] if not gone(r)]
+  assert after["metrics"] == before["metrics"]  # an evaluation has none of its own
+  assert after["runs"][1]["wall_seconds"] == 1 / 3  # cells as written (repr of the float)
+  assert tables.withdraw("x", "grpo/s0", "heldout") == 0
+  assert tables.withdraw("x", "grpo/s0", "train") == 5
+
+  out = tmp_path / "runs"
+  step = driver.Step("heldout", "initial", None, None, str(out / "initial"), ("true",))
+  os.makedirs(step.results)
+  (out / "initial" / "heldout.redo").mkdir()  # an earlier redo's folder stays
+  said = driver.redo_evaluation(step.label, [step], str(out), tables, "x", done=lambda s: True)
+  assert "4 row(s) withdrawn" in said and said.endswith("`run` plays it again")
+  assert os.path.isdir(step.results + ".redo-2") and not os.path.exists(step.results)
+  assert tables.read("runs") == []
+  with pytest.raises(ValueError, match=f'Fix: one of "{step.label}"'):
+    driver.redo_evaluation("train grpo", [step], str(out), tables, "x", done=lambda s: True)
+
+
 def test_variance_components_and_the_detectable_effect_by_hand():
   """An additive grid d = u_s + v_g has no residual; the seed and game components are the sample
   variances of u and v (the ANOVA estimates are exact there)."""
