@@ -544,7 +544,8 @@ def redo_evaluation(
   """`redo --step LABEL`: a finished evaluation step to be played again (its run lost episodes,
   or ran on a broken machine): its rows are withdrawn from `tables` and its results folder moved
   aside (<folder>.redo[-N], nothing deleted), so `run` plays it again in its place in the plan.
-  Returns what was done; a ValueError names a label that is not a finished evaluation."""
+  Returns what was done; a ValueError names a label that is not a finished evaluation. The tables
+  are rewritten: run it while no driver appends to them (between its steps, or stopped)."""
   evaluations = [s for s in steps if s.kind not in ("train", "panels") and done(s)]
   step = next((s for s in evaluations if s.label == label), None)
   if step is None:

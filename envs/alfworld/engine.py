@@ -99,9 +99,9 @@ def write_game_file(path: str, data: dict[str, Any]) -> None:
     json.dump(data, f)
 
 
-# Every PddlEnv loads a private copy of Fast Downward's C++ library (1.1 MB: planner_lib). Unloading a copy
-# (dlclose) leaves the process corrupt: a later load, or interpreter exit, segfaults (reproduced
-# with jax and torch loaded). So an engine is never unloaded: `release_engine` parks it and
+# Every PddlEnv loads a private copy of Fast Downward's C++ library (1.1 MB: planner_lib).
+# Unloading a copy (dlclose) leaves the process corrupt: a later load, or interpreter exit,
+# segfaults (reproduced with jax and torch loaded). So an engine is never unloaded: `release_engine` parks it and
 # `start_engine` hands parked engines out again, which bounds the copies to the most engines a
 # process ever uses at once.
 _IDLE: dict[tuple[bool, bool], list[Any]] = {}
