@@ -135,12 +135,13 @@ def has_final_checkpoint(run: str) -> bool:
     return total in ckpt.all_steps()
 
 
-def move_aside(workdir: str) -> str:
-  """Moves a run folder that lost its weights aside to <run>.restored[-N]; returns where."""
-  aside, n = f"{workdir}.restored", 1
+def move_aside(workdir: str, suffix: str = "restored") -> str:
+  """Moves a folder aside to <folder>.<suffix>[-N] (a run that lost its weights: "restored"; an
+  evaluation to play again: "redo"), never over an earlier one; returns where."""
+  aside, n = f"{workdir}.{suffix}", 1
   while os.path.exists(aside):
     n += 1
-    aside = f"{workdir}.restored-{n}"
+    aside = f"{workdir}.{suffix}-{n}"
   os.rename(workdir, aside)
   return aside
 
@@ -555,11 +556,7 @@ def redo_evaluation(
       f"by itself). Fix: one of {known}"
     )
   removed = tables.withdraw(experiment, os.path.relpath(step.workdir, out), step.kind)
-  aside, n = f"{step.results}.redo", 1
-  while os.path.exists(aside):
-    n += 1
-    aside = f"{step.results}.redo-{n}"
-  os.rename(step.results, aside)
+  aside = move_aside(step.results, "redo")
   return (
     f"{step.label}: {removed} row(s) withdrawn from the tables in {tables.folder}, its folder "
     f"moved to {aside}; `run` plays it again"

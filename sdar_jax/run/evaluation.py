@@ -288,14 +288,23 @@ class EvaluationMixin:
           )
         transcripts.write_transcripts(out_dir, prefix, episodes, self.tokenizer.decode)
         if self.eval_only:  # every file of the mode written: a rerun need not play it again ...
-          lost = int(metrics.get(f"{prefix}/env_failures", 0))
-          allowed = int(self.config.eval.get("max_env_failures", 0))
-          if 0 <= allowed < lost:  # ... unless it lost episodes: a rerun plays it again
-            self._unfinished_modes[prefix] = lost
+          if prefix in self._lost_too_many(metrics):  # ... unless it lost episodes
             continue
           finished[prefix] = {k: v for k, v in metrics.items() if k.startswith(prefix + "/")}
           self._record_finished_parts(out_dir, finished)
     return metrics
+
+  def _lost_too_many(self, metrics: dict[str, float]) -> dict[str, int]:
+    """The eval modes of `metrics` (prefix -> episodes lost) that lost more episodes to env
+    failures than eval.max_env_failures (-1: none do): an evaluation-only run does not finish
+    them."""
+    allowed = int(self.config.eval.get("max_env_failures", 0))
+    lost = {
+      key.removesuffix("/env_failures"): int(value)
+      for key, value in metrics.items()
+      if key.endswith("/env_failures")
+    }
+    return {prefix: n for prefix, n in lost.items() if 0 <= allowed < n}
 
   def _parts_key(self) -> str:
     """What an earlier run's finished parts must share with this evaluation: its config and the
@@ -379,12 +388,12 @@ class EvaluationMixin:
     was evaluated) in its directory."""
     t0 = time.perf_counter()
     self._resumed_parts = self._finished_parts(self.eval_output_dir())
-    self._unfinished_modes = {}
     metrics = self.evaluate()
-    if self._unfinished_modes:
+    unfinished = self._lost_too_many(metrics)
+    if unfinished:
       raise guards.EvalEnvFailureError(
         "episodes lost to env failures: "
-        + ", ".join(f"{p} {n} of its panel" for p, n in self._unfinished_modes.items())
+        + ", ".join(f"{p} {n} of its panel" for p, n in unfinished.items())
         + f" (eval.max_env_failures={self.config.eval.get('max_env_failures', 0)}; the first "
         "failure of each kind is in the log above). Those modes are not recorded as finished and "
         f"{self.workdir} holds no finished evaluation. Fix: remove the cause (a full disk, a "

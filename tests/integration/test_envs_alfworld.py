@@ -286,10 +286,10 @@ def test_success_rates_per_task_type_and_overall():
 
 def test_fast_text_plays_every_game_as_stock_textworld(alfworld_games, monkeypatch):
   """envs.alfworld.fast_text (cached parses and translations, shallow contexts) against stock
-  TextWorld on the same engine: every game of the run-wide set played twice, by seeded random
-  admissible actions and by its walkthrough (wins included), gives the same observations,
-  admissible commands, rewards and win flags. Every other game of the three splits (five),
-  to keep the stock run short."""
+  TextWorld on the same engine: every other game of the run-wide set's three splits (five, to
+  keep the stock run short) played twice, by seeded random admissible actions and by its
+  walkthrough (wins included), gives the same observations, admissible commands, rewards and win
+  flags."""
   from envs.alfworld import fast_text
 
   games = sorted(
@@ -313,9 +313,8 @@ def test_fast_text_plays_every_game_as_stock_textworld(alfworld_games, monkeypat
     return trace
 
   fast_text.uninstall()
-  with (
-    monkeypatch.context() as stock_only
-  ):  # start_engine installs the fast paths unless told not to
+  # start_engine installs the fast paths unless told not to
+  with monkeypatch.context() as stock_only:
     stock_only.setenv(fast_text.ENV_FLAG, "1")
     stock = play()
     assert not fast_text.installed()
