@@ -143,6 +143,18 @@ def _status(folder: str) -> dict[str, Any]:
   return _json(path) if os.path.isfile(path) else {}
 
 
+def _step_finished(folder: str, kind: str, status: dict[str, Any]) -> bool:
+  """Whether the step finished, by the drivers' own test (experiments.driver.step_done): a
+  training run whose metrics reached train.iterations finished even when it was stopped before it
+  wrote so in run_status.json (a SIGTERM after the last validation, before the final save)."""
+  from sdar_jax.observe import collect
+  from sdar_jax.run import evaluation
+
+  if kind == "train":
+    return collect.run_state(folder) == "finished"
+  return bool(status.get("finished")) or evaluation.eval_finished(folder)
+
+
 def step_rows(
   folder: str,
   *,
@@ -215,7 +227,7 @@ def step_rows(
     "command": " ".join(command),
     "commits": " ".join(commits) or commit,
     "wall_seconds": collect.wall_seconds(folder, status) if attempts else None,
-    "finished": int(bool(status.get("finished", True))),
+    "finished": int(_step_finished(folder, kind, status)),
     "files_at": files_at,
   }
   return outcomes, metrics, manifest

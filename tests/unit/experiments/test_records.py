@@ -108,6 +108,29 @@ def test_a_step_is_withdrawn_and_redone(tmp_path):
     driver.redo_evaluation("train grpo", [step], str(out), tables, "x", done=lambda s: True)
 
 
+def test_a_training_stopped_after_its_last_iteration_is_recorded_finished(tmp_path):
+  """A run stopped (SIGTERM) after its last iteration's metrics, before run_status.json said it
+  finished, is finished for the drivers (experiments.driver.step_done) and so in its manifest row;
+  one stopped an iteration earlier is not."""
+  import json
+
+  from experiments import driver
+
+  key = {"experiment": "x", "stage": 3, "run": "r", "arm": "grpo", "seed": 0, "lr": 5e-4}
+  for last, want in ((2, 1), (1, 0)):
+    run = tmp_path / f"last{last}"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"train": {"iterations": 2}}))
+    (run / "run_status.json").write_text(json.dumps({"attempts": [], "finished": False}))
+    (run / "metrics.jsonl").write_text(
+      "".join(json.dumps({"step": i, "m": 0.5}) + "\n" for i in range(1, last + 1))
+    )
+    _, metrics, manifest = records.step_rows(str(run), kind="train", **key)
+    assert manifest["finished"] == want and len(metrics) == last
+    step = driver.Step("train", "grpo", 5e-4, 0, str(run), ("true",))
+    assert driver.step_done(step) == bool(want)
+
+
 def test_variance_components_and_the_detectable_effect_by_hand():
   """An additive grid d = u_s + v_g has no residual; the seed and game components are the sample
   variances of u and v (the ANOVA estimates are exact there)."""
