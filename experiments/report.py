@@ -259,7 +259,9 @@ def _skills_sections(view: tables_view.View, spec: Spec, resamples: int) -> list
     dynamics,
     ("metric", "arm", "iteration", "mean", "min", "max"),
   )
-  if tables_view.plot_dynamics(dynamics, DYNAMICS, os.path.join(spec.dest, "dynamics.png")):
+  if tables_view.plot_dynamics(
+    dynamics, DYNAMICS, os.path.join(spec.dest, "dynamics.png"), view.arms
+  ):
     lines += [
       "",
       "Training dynamics per iteration (mean over seeds, band min to max; dynamics.csv): the mean "

@@ -38,6 +38,7 @@ class View:
     seeds: Sequence[int],
   ):
     self.tables, self.experiment, self.stage = tables, experiment, stage
+    self.arms = tuple(arms)
     self.manifest = tables.read("runs", experiment=experiment)
     self.metrics = tables.read("metrics", experiment=experiment)
     games: dict[tuple, dict[str, list[int]]] = {}
@@ -281,24 +282,34 @@ def provenance_lines(view: View) -> list[str]:
   ]
 
 
-def _draw(ax, series: dict[str, dict[int, dict[int, float]]], ylabel: str) -> int:
-  """series: arm -> seed -> {x: y}; per arm the mean over seeds and a min-max band."""
+def arm_color(arm: str, arms: Sequence[str]) -> str:
+  """The colour of `arm` in every figure of a report: its place among the plan's `arms`, so an
+  arm keeps its colour in a panel that some arms did not log."""
+  return f"C{list(arms).index(arm)}" if arm in arms else f"C{len(arms)}"
+
+
+def draw_curves(
+  ax, series: dict[str, dict[int, dict[int, float]]], ylabel: str, arms: Sequence[str]
+) -> int:
+  """series: arm -> seed -> {x: y}; per arm the mean over seeds and a min-max band, coloured by
+  the arm's place among `arms`. Returns the number of arms drawn."""
   drawn = 0
-  for k, (arm, seeds) in enumerate(series.items()):
+  for arm, seeds in series.items():
     xs = sorted({x for curve in seeds.values() for x in curve})
     if not xs:
       continue
     values = [[c[x] for c in seeds.values() if x in c] for x in xs]
+    color = arm_color(arm, arms)
     ax.plot(
       xs,
       [np.mean(v) for v in values],
       marker="o",
       ms=4,
-      color=f"C{k}",
+      color=color,
       label=f"{arm} (n={len(seeds)})",
     )
     ax.fill_between(
-      xs, [min(v) for v in values], [max(v) for v in values], color=f"C{k}", alpha=0.2, lw=0
+      xs, [min(v) for v in values], [max(v) for v in values], color=color, alpha=0.2, lw=0
     )
     drawn += 1
   ax.set_xlabel("iteration")
@@ -309,7 +320,7 @@ def _draw(ax, series: dict[str, dict[int, dict[int, float]]], ylabel: str) -> in
   return drawn
 
 
-def _save(fig, path: str) -> str:
+def save_figure(fig, path: str) -> str:
   import matplotlib.pyplot as plt
 
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -337,14 +348,17 @@ def plot_curves(view: View, path: str) -> str | None:
     for arm, seeds in view.runs.items()
   }
   fig, ax = plt.subplots(figsize=(7, 4.2))
-  if not _draw(ax, series, "valid_seen success"):
+  if not draw_curves(ax, series, "valid_seen success", view.arms):
     plt.close(fig)
     return None
-  return _save(fig, path)
+  return save_figure(fig, path)
 
 
-def plot_dynamics(rows: Sequence[dict[str, Any]], keys, path: str) -> str | None:
-  """One panel per (metric, title) of `keys` that `rows` (View.dynamics) hold, mean and band."""
+def plot_dynamics(
+  rows: Sequence[dict[str, Any]], keys, path: str, arms: Sequence[str]
+) -> str | None:
+  """One panel per (metric, title) of `keys` that `rows` (View.dynamics) hold, mean and band,
+  each arm in its colour among `arms`."""
   shown = [(k, t) for k, t in keys if any(r["metric"] == k for r in rows)]
   if not shown:
     return None
@@ -355,16 +369,17 @@ def plot_dynamics(rows: Sequence[dict[str, Any]], keys, path: str) -> str | None
 
   fig, axes = plt.subplots(1, len(shown), figsize=(5.0 * len(shown), 3.8), squeeze=False)
   for ax, (key, title) in zip(axes.flat, shown):
-    arms = list(dict.fromkeys(r["arm"] for r in rows if r["metric"] == key))
-    for k, arm in enumerate(arms):
+    drawn = list(dict.fromkeys(r["arm"] for r in rows if r["metric"] == key))
+    for arm in drawn:
+      color = arm_color(arm, arms)
       mine = [r for r in rows if r["metric"] == key and r["arm"] == arm]
       xs = [r["iteration"] for r in mine]
-      ax.plot(xs, [r["mean"] for r in mine], marker="o", ms=3, color=f"C{k}", label=arm)
+      ax.plot(xs, [r["mean"] for r in mine], marker="o", ms=3, color=color, label=arm)
       ax.fill_between(
-        xs, [r["min"] for r in mine], [r["max"] for r in mine], color=f"C{k}", alpha=0.2, lw=0
+        xs, [r["min"] for r in mine], [r["max"] for r in mine], color=color, alpha=0.2, lw=0
       )
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("iteration")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-  return _save(fig, path)
+  return save_figure(fig, path)

@@ -211,10 +211,10 @@ def plot(data: Data, path: str) -> str | None:
   )
   axes = np.atleast_1d(axes).ravel()
   for ax, (measure, label) in zip(axes, shown):
-    tables_view._draw(ax, data.series(measure), label)
+    tables_view.draw_curves(ax, data.series(measure), label, data.view.arms)
   for ax in axes[len(shown) :]:
     ax.set_visible(False)
-  return tables_view._save(fig, path)
+  return tables_view.save_figure(fig, path)
 
 
 def _f(x: Any, digits: int = 3) -> str:

@@ -195,3 +195,23 @@ def test_status_names_episodes_an_evaluation_lost(tmp_path):
   assert (
     f"episodes lost to env failures: {held.label}, iteration 0: val_heldout_unseen/env_failures=78"
   ) in run_mod.status(out=out)
+
+
+def test_an_arm_keeps_its_colour_in_a_panel_other_arms_did_not_log():
+  """The teacher-student gap is logged by the teacher arms only: `grpo_opsd` is drawn in the
+  colour it has in the success panel (its place among the arms), not in the first colour."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  from experiments import tables_view
+
+  fig, (left, right) = plt.subplots(1, 2)
+  arms = ("grpo", "grpo_opsd", "sdar")
+  curve = {0: {1: 0.1, 2: 0.2}, 1: {1: 0.3, 2: 0.0}}
+  assert tables_view.draw_curves(left, {a: curve for a in arms}, "success", arms) == 3
+  assert tables_view.draw_curves(right, {"grpo_opsd": curve}, "gap", arms) == 1
+  assert matplotlib.colors.same_color(right.lines[0].get_color(), left.lines[1].get_color())
+  assert right.lines[0].get_ydata().tolist() == pytest.approx([0.2, 0.1])  # mean over seeds
+  plt.close(fig)
