@@ -9,21 +9,28 @@ few hundred strings than sampling the policy. Loading a game parses the grammar'
 Downward four times (`PddlEnv.load` and `PddlEnv.reset` each build a `PddlState`, which translates
 once plain and once optimized for the planner).
 
-`install()` swaps four of TextWorld's and Fast Downward's module-level functions for equivalents:
+`install()` swaps five of TextWorld's and Fast Downward's module-level functions for equivalents:
 
-- the text grammar's parser (`textgen._parse_and_convert`) keeps each parse and hands out a deep
-  copy of it (the derivation sets the symbols' contexts, so a shared result would be mutated);
-- `Rule.parse_conjunctive_query` keeps each parsed rule (a `Rule` is not changed after parsing:
-  `State.all_assignments` only reads it) and hands out a deep copy all the same;
+- the text grammar's parser (`textgen._parse_and_convert`) keeps each parse and hands out a copy
+  of its symbol tree (the derivation sets the symbols' contexts, so a shared tree would be
+  mutated);
+- `Rule.parse_conjunctive_query` keeps each parsed rule and hands out that same `Rule`: a rule is
+  not changed after parsing (`State.all_assignments` only reads its preconditions and
+  placeholders; nothing reads or writes its `_cache`);
 - `copy_context` copies the `variables` and `mapping` dicts one level deep instead of deep-copying
   their values: the only writers are `query`'s `dict.update` on the copies, the values (entity
   infos, placeholders, variables) are only read (`{o.name}`, `{o.indefinite + ' ' + o.name}` in
   ALFWorld's grammar);
+- the grammar's `deepcopy` (`Symbol.copy` and `ContextSensitiveGrammar.replace` copy symbols with
+  it) copies a symbol tree's symbols and shares their context dicts: a context is never changed
+  after it is built (derivations assign a symbol a new context, `query` updates only the dicts
+  `copy_context` just made), while a deep copy also copied the game state a symbol's old context
+  held, only for `Symbol.copy` to replace that context at once;
 - `fast_downward.pddl2sas` keeps the translations of the last few (domain, problem, options) and
   hands out a deep copy of the task with the SAS text (a `PddlState` only reads them; each call
   sets every translation option it uses, so a skipped call leaves no stale option behind).
 
-The games play the same: tests/integration/test_alfworld_fast_text.py plays generated games
+The games play the same: tests/integration/test_envs_alfworld.py plays generated games
 with seeded random admissible actions under the stock functions and under these and compares
 every observation, admissible command list and win flag. `uninstall()` puts the stock functions
 back; `SDAR_STOCK_TEXTWORLD=1` in the environment keeps them (to rule this module out).
@@ -65,19 +72,30 @@ def install() -> bool:
     parse_symbols = textgen._parse_and_convert
     parse_query = Rule.parse_conjunctive_query.__func__
 
+    def copy_symbols(tree: Any, memo: dict | None = None) -> Any:
+      """A symbol, or a list of them, as new objects all the way down; each symbol's context is
+      the original's dict (anything else is deep-copied as `copy.deepcopy` would)."""
+      if isinstance(tree, list):
+        return [copy_symbols(x) for x in tree]
+      if isinstance(tree, textgen.Symbol):
+        new = object.__new__(type(tree))
+        for name, value in tree.__dict__.items():
+          new.__dict__[name] = value if name == "context" else copy_symbols(value)
+        return new
+      if isinstance(tree, (str, int, float, bool, type(None))):
+        return tree
+      return copy.deepcopy(tree, memo)
+
     @functools.lru_cache(maxsize=_CACHE_SIZE)
     def kept_symbols(text: str, rule_name: str, trace: bool) -> Any:
       return parse_symbols(text, rule_name=rule_name, trace=trace)
 
     def fast_parse_and_convert(text: str, rule_name: str = "symbols", trace: bool = False) -> Any:
-      return copy.deepcopy(kept_symbols(text, rule_name, bool(trace)))
+      return copy_symbols(kept_symbols(text, rule_name, bool(trace)))
 
     @functools.lru_cache(maxsize=_CACHE_SIZE)
-    def kept_query(expr: str) -> Any:
-      return parse_query(Rule, expr)
-
     def fast_parse_conjunctive_query(cls: type, expr: str) -> Any:
-      return copy.deepcopy(kept_query(expr))
+      return parse_query(Rule, expr)
 
     translate = fast_downward.pddl2sas
 
@@ -101,11 +119,13 @@ def install() -> bool:
       parse=parse_symbols,
       query=Rule.__dict__["parse_conjunctive_query"],
       copy=textgen.copy_context,
+      deepcopy=textgen.deepcopy,
       translate=translate,
     )
     fast_downward.pddl2sas = fast_pddl2sas
     textgen._parse_and_convert = fast_parse_and_convert
     textgen.copy_context = fast_copy_context
+    textgen.deepcopy = copy_symbols
     Rule.parse_conjunctive_query = classmethod(fast_parse_conjunctive_query)
     return True
 
@@ -122,5 +142,6 @@ def uninstall() -> None:
     fast_downward.pddl2sas = _STOCK["translate"]
     textgen._parse_and_convert = _STOCK["parse"]
     textgen.copy_context = _STOCK["copy"]
+    textgen.deepcopy = _STOCK["deepcopy"]
     Rule.parse_conjunctive_query = _STOCK["query"]
     _STOCK.clear()

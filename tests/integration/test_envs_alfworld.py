@@ -285,11 +285,11 @@ def test_success_rates_per_task_type_and_overall():
 
 
 def test_fast_text_plays_every_game_as_stock_textworld(alfworld_games, monkeypatch):
-  """envs.alfworld.fast_text (cached parses and translations, shallow contexts) against stock
-  TextWorld on the same engine: every other game of the run-wide set's three splits (five, to
-  keep the stock run short) played twice, by seeded random admissible actions and by its
-  walkthrough (wins included), gives the same observations, admissible commands, rewards and win
-  flags."""
+  """envs.alfworld.fast_text (cached parses, rules and translations, shallow contexts and symbol
+  copies) against stock TextWorld on the same engine: every other game of the run-wide set's three
+  splits (five, to keep the stock run short) played twice, by seeded random admissible actions and
+  by its walkthrough (wins included), gives the same observations, admissible commands, rewards
+  and win flags."""
   from envs.alfworld import fast_text
 
   games = sorted(
