@@ -206,6 +206,9 @@ def base(model: str = "qwen2.5-3b", algo_name: str = "sdar") -> mlc.ConfigDict:
       jsonl=True,
       tensorboard=True,
       plots=True,
+      # metrics.png and the gate histograms' PNGs are drawn again at most every this many seconds
+      # (and always at an evaluation and at the last iteration); 0: at every logged iteration
+      plot_every_s=120.0,
       # Weights & Biases (the optional extra: pip install -e '.[wandb]'): every metrics row, the
       # run config as W&B config; a resumed run continues the W&B run whose id <workdir>/wandb_run_id
       # keeps. Only process 0 logs.

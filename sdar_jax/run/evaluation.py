@@ -402,7 +402,7 @@ class EvaluationMixin:
       )
     metrics["val/seconds"] = time.perf_counter() - t0
     row = self.logger.log(self.loop_state.iteration, metrics)
-    self.plot_metrics()
+    self.figures.draw_metrics(self.logger.path)
     source = evaluated_source(self.config, self.params_from)
     write_eval_record(self.workdir, source, finished=now(), metrics=row)
     if paths.is_primary_process():

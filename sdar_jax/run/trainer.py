@@ -34,9 +34,9 @@ from sdar_jax.core.train_step import TrainStep, train_step_from_config
 from sdar_jax.infra import multihost, paths
 from sdar_jax.observe import gate_histograms, wandb_log
 from sdar_jax.observe.metrics import (
+  FigureClock,
   MetricsLogger,
   mean_over_updates,
-  plot_history,
   rollout_metrics,
   search_error_count,
   teacher_old_gap_metrics,
@@ -214,6 +214,7 @@ class Trainer(RolloutsMixin, EvaluationMixin, ResumeMixin):
       tensorboard=config.logging.tensorboard,
       wandb_run=self.wandb_run,
     )
+    self.figures = FigureClock(config.logging.plots, config.logging.plot_every_s)
     self.ckpt: CheckpointManager | None = None
     if not self.eval_only:
       self.ckpt = CheckpointManager(
@@ -432,8 +433,10 @@ class Trainer(RolloutsMixin, EvaluationMixin, ResumeMixin):
     perf/* timings, and the compilation counts."""
     metrics, it = view.metrics, view.iteration
     # takes the gap / gate histogram counts out of per_batch (files in <workdir>/diagnostics/)
+    train = self.config.train  # the figure is drawn at evaluations and the end, at least
+    final = _due(it + 1, train.eval_every if self.validations else 0, train.iterations)
     gate_histograms.record_update_histograms(
-      view.per_batch, it + 1, self.workdir, self.logger, self.config.logging.plots
+      view.per_batch, it + 1, self.workdir, self.logger, self.figures.due("histograms", final)
     )
     metrics.update(mean_over_updates(view.per_batch))
     metrics["train/update_seconds"] = sum(
@@ -463,7 +466,7 @@ class Trainer(RolloutsMixin, EvaluationMixin, ResumeMixin):
       evaluation = self.evaluate(start=True)
       RunView(self, self.loop_state.iteration, evaluation).hooks("at_evaluation", evaluation, True)
       last = self.logger.log(self.loop_state.iteration, {**self.warm_start_metrics, **evaluation})
-      self.plot_metrics()
+      self.figures.draw_metrics(self.logger.path)
     progress = Progress(total)
     started = self.loop_state.iteration
     if self.loop_state.iteration < total:
@@ -522,7 +525,7 @@ class Trainer(RolloutsMixin, EvaluationMixin, ResumeMixin):
       log.info("%s | %s", progress.line(it, duration), self.logger.summary(metrics))
       if evaluated or _due(it, cfg.logging.every, total):
         last = self.logger.log(it, metrics, echo=False)
-        self.plot_metrics()
+        self.figures.draw_metrics(self.logger.path, force=evaluated or it == total)
       if _due(it, cfg.checkpoint.every, total):
         self.save(force=True)
       if stop.requested():
@@ -548,11 +551,6 @@ class Trainer(RolloutsMixin, EvaluationMixin, ResumeMixin):
     )
     self.step_fn.num_traces = old.num_traces
     self.with_teacher = algo.scores_teacher
-
-  def plot_metrics(self) -> None:
-    """metrics.png from metrics.jsonl (logging.plots)."""
-    if self.config.logging.plots and self.logger.path:
-      plot_history(self.logger.path)
 
   def close(self, failed: bool = False) -> None:
     """Closes what was built (also after a failed build), each even if another fails to close,

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import textwrap
 
-from sdar_jax.observe.metrics import MetricsLogger, read_history, validation_summary
+from sdar_jax.observe.metrics import FigureClock, MetricsLogger, read_history, validation_summary
 from sdar_jax.observe.progress import Progress, configure_logging, format_duration
 
 
@@ -47,6 +47,35 @@ def _tfrecords(path):
     (n,) = struct.unpack("<Q", data[pos : pos + 8])
     yield data[pos + 12 : pos + 12 + n]
     pos += 12 + n + 4
+
+
+def test_a_figure_is_drawn_again_after_plot_every_s_or_when_forced(tmp_path):
+  """logging.plot_every_s=60: asked at t = 0, 30, 59, 60, 61, 125 s, metrics.png is drawn at 0,
+  60 and 125 (each figure on its own clock), and at 61 only when forced; 0 draws every time;
+  logging.plots=False never; a negative value is refused with the fix."""
+  import pytest
+
+  now = [0.0]
+  clock = FigureClock(True, 60, clock=lambda: now[0])
+  drawn = []
+  for t in (0, 30, 59, 60, 61, 125):
+    now[0] = t
+    if clock.due("metrics"):
+      drawn.append(t)
+  assert drawn == [0, 60, 125]
+  assert clock.due("histograms")  # a figure not drawn yet is due at once
+  now[0] = 126
+  assert not clock.due("metrics") and clock.due("metrics", force=True)
+  assert all(FigureClock(True, 0, clock=lambda: 5.0).due("metrics") for _ in range(3))
+  assert not FigureClock(False, 0).due("metrics", force=True)
+  with pytest.raises(ValueError, match="plot_every_s=-1.*Fix"):
+    FigureClock(True, -1)
+  logger = MetricsLogger(str(tmp_path))
+  logger.log(1, {"episode/success_rate": 0.5}, echo=False)
+  clock = FigureClock(True, 60, clock=lambda: now[0])
+  assert clock.draw_metrics(logger.path) == str(tmp_path / "metrics.png")
+  assert clock.draw_metrics(logger.path, force=False) is None  # not due: nothing drawn
+  assert (tmp_path / "metrics.png").stat().st_size > 0
 
 
 def test_tensorboard_event_file_holds_the_scalars(tmp_path):
