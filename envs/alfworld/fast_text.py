@@ -9,7 +9,7 @@ few hundred strings than sampling the policy. Loading a game parses the grammar'
 Downward four times (`PddlEnv.load` and `PddlEnv.reset` each build a `PddlState`, which translates
 once plain and once optimized for the planner).
 
-`install()` swaps five of TextWorld's and Fast Downward's module-level functions for equivalents:
+`install()` swaps six of TextWorld's and Fast Downward's module-level functions for equivalents:
 
 - the text grammar's parser (`textgen._parse_and_convert`) keeps each parse and hands out a copy
   of its symbol tree (the derivation sets the symbols' contexts, so a shared tree would be
@@ -27,8 +27,14 @@ once plain and once optimized for the planner).
   `copy_context` just made), while a deep copy also copied the game state a symbol's old context
   held, only for `Symbol.copy` to replace that context at once;
 - `fast_downward.pddl2sas` keeps the translations of the last few (domain, problem, options) and
-  hands out a deep copy of the task with the SAS text (a `PddlState` only reads them; each call
-  sets every translation option it uses, so a skipped call leaves no stale option behind).
+  hands out the kept task and SAS text (a `PddlState` only reads them: the task's actions, types,
+  objects and initial atoms; each call sets every translation option it uses, so a skipped call
+  leaves no stale option behind);
+- the game logic's parser (`pddl.logic._parse_and_convert`, the game's action and text grammar,
+  ~13 KB that a few dozen games share) keeps each parse and hands out the kept actions and grammar:
+  `GameLogic` copies them into its own dict and rule lists, and the `Action` and `ProductionRule`
+  objects are only read afterwards (a derivation copies a rule's symbols before it sets their
+  contexts).
 
 The games play the same: tests/integration/test_envs_alfworld.py plays generated games
 with seeded random admissible actions under the stock functions and under these and compares
@@ -51,6 +57,7 @@ _LOCK = threading.Lock()
 _STOCK: dict[str, Any] = {}
 _CACHE_SIZE = 65536  # distinct strings: ALFWorld's grammar has a few hundred, the task lines vary
 _GAMES_KEPT = 16  # translations: an env pool worker plays a few games at a time
+_GRAMMARS_KEPT = 64  # game logics: 18 distinct among 200 held-out games
 
 
 def installed() -> bool:
@@ -66,6 +73,7 @@ def install() -> bool:
     if _STOCK:
       return True
     import fast_downward
+    from textworld.envs.pddl import logic as pddl_logic
     from textworld.envs.pddl import textgen
     from textworld.logic import Rule
 
@@ -104,7 +112,20 @@ def install() -> bool:
       return translate(domain, problem, verbose=verbose, optimize=optimize)
 
     def fast_pddl2sas(domain: str, problem: str, verbose: bool = False, optimize: bool = False):
-      return copy.deepcopy(kept_translation(domain, problem, bool(verbose), bool(optimize)))
+      return kept_translation(domain, problem, bool(verbose), bool(optimize))
+
+    parse_logic = pddl_logic._parse_and_convert
+
+    @functools.lru_cache(maxsize=_GRAMMARS_KEPT)
+    def kept_logic(text: str, rule_name: str) -> Any:
+      return parse_logic(text, rule_name=rule_name)
+
+    def fast_parse_logic(text: str, rule_name: str = "pddlStart", **options: Any) -> Any:
+      return (
+        parse_logic(text, rule_name=rule_name, **options)
+        if options
+        else kept_logic(text, rule_name)
+      )
 
     def fast_copy_context(context: dict[str, Any]) -> dict[str, Any]:
       return {
@@ -121,8 +142,10 @@ def install() -> bool:
       copy=textgen.copy_context,
       deepcopy=textgen.deepcopy,
       translate=translate,
+      logic=parse_logic,
     )
     fast_downward.pddl2sas = fast_pddl2sas
+    pddl_logic._parse_and_convert = fast_parse_logic
     textgen._parse_and_convert = fast_parse_and_convert
     textgen.copy_context = fast_copy_context
     textgen.deepcopy = copy_symbols
@@ -136,10 +159,12 @@ def uninstall() -> None:
     if not _STOCK:
       return
     import fast_downward
+    from textworld.envs.pddl import logic as pddl_logic
     from textworld.envs.pddl import textgen
     from textworld.logic import Rule
 
     fast_downward.pddl2sas = _STOCK["translate"]
+    pddl_logic._parse_and_convert = _STOCK["logic"]
     textgen._parse_and_convert = _STOCK["parse"]
     textgen.copy_context = _STOCK["copy"]
     textgen.deepcopy = _STOCK["deepcopy"]
