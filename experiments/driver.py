@@ -307,6 +307,9 @@ def cost_lines(
   ]
 
 
+RECENT = 3  # the pace line's recent steps of each kind
+
+
 def pace_line(done: Sequence[Step], left: Sequence[Step], hours: Callable[[Step], float]) -> str:
   """The wall time the finished steps took against the cost plan, per step kind, and the steps
   `left` at those ratios (a kind not measured yet at the ratio of all): on a shared machine with
@@ -314,8 +317,11 @@ def pace_line(done: Sequence[Step], left: Sequence[Step], hours: Callable[[Step]
   training resumes from its checkpoints, so all its attempts count; any other step starts over,
   so only its finishing attempt does and the earlier ones are reported as lost. A step done in
   under 1% of its plan (its work found done elsewhere, e.g. panels another stage made) is left
-  out. Empty before a planned step has a wall time."""
+  out. The rest is also given at the ratios of the last `RECENT` steps of each kind to finish
+  (what the current code and machine share give; the early steps ran on slower code). Empty
+  before a planned step has a wall time."""
   measured: dict[str, list[float]] = {}  # kind -> [wall hours, planned hours]
+  finished: dict[str, list[tuple[float, float, float]]] = {}  # kind -> [(end, wall h, plan h)]
   lost = 0.0
   for step in done:
     status = collect.read_status(step.results)
@@ -328,11 +334,23 @@ def pace_line(done: Sequence[Step], left: Sequence[Step], hours: Callable[[Step]
       pair = measured.setdefault(step.kind, [0.0, 0.0])
       pair[0] += seconds / 3600
       pair[1] += hours(step)
+      attempt = status["attempts"][-1]
+      end = attempt.get("ended") or (attempt.get("started") or 0.0) + (last or 0.0)
+      finished.setdefault(step.kind, []).append((end, seconds / 3600, hours(step)))
   if not measured:
     return ""
-  ratio = {kind: wall / plan for kind, (wall, plan) in measured.items()}
-  overall = sum(w for w, _ in measured.values()) / sum(p for _, p in measured.values())
-  rest = sum(hours(s) * ratio.get(s.kind, overall) for s in left)
+
+  def rest_at(pairs: dict[str, tuple[float, float]]) -> float:
+    ratio = {kind: wall / plan for kind, (wall, plan) in pairs.items()}
+    overall = sum(w for w, _ in pairs.values()) / sum(p for _, p in pairs.values())
+    return sum(hours(s) * ratio.get(s.kind, overall) for s in left)
+
+  rest = rest_at({kind: (wall, plan) for kind, (wall, plan) in measured.items()})
+  recent: dict[str, tuple[float, float]] = {}
+  for kind, steps in finished.items():
+    last = sorted(steps)[-RECENT:]
+    recent[kind] = (sum(w for _, w, _ in last), sum(p for _, _, p in last))
+  recent_rest = rest_at(recent)
   kinds = ", ".join(
     f"{kind} {wall:.2f} h for {plan:.2f} planned ({wall / plan:.1f}x)"
     for kind, (wall, plan) in sorted(measured.items())
@@ -340,7 +358,8 @@ def pace_line(done: Sequence[Step], left: Sequence[Step], hours: Callable[[Step]
   restarted = f"; {lost:.1f} h lost to attempts that had to start over" if lost >= 0.05 else ""
   return (
     f"measured wall time against the plan: {kinds}; the rest at those ratios: about {rest:.0f} h "
-    f"of wall time (as this machine was shared{restarted})"
+    f"of wall time, at the last {RECENT} of each kind's: about {recent_rest:.0f} h (as this "
+    f"machine was shared{restarted})"
   )
 
 

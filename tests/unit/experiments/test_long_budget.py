@@ -178,6 +178,17 @@ def test_status_sets_the_measured_pace_beside_the_plan(tmp_path):
   assert "about 4 h of wall time" in line  # 0.5 x 2.5 + 0.25 x 2.0 + 1.0 x 2.4 = 4.15
   assert "0.2 h lost to attempts that had to start over" in line  # the evaluation's first 900 s
   assert driver.pace_line([], left, hours) == "" == driver.pace_line(done[3:], left, hours)
+  # the last 3 of each kind to finish: three more trainings, at 1x, finishing later
+  faster = []
+  for i, name in enumerate("def"):
+    faster.append(step("train", name, 1800))
+    with open(os.path.join(faster[-1].results, "run_status.json"), "w") as f:
+      json.dump({"attempts": [{"started": 1e5 + i, "seconds": 1800, "returncode": 0}]}, f)
+  line = driver.pace_line(done + faster, left, hours)
+  # all trainings: 4.0 h for 2.5 planned (1.6x): 0.5 x 1.6 + 0.25 x 2.0 + 1.0 x 4.5 / 2.75 = 2.94
+  assert "train 4.00 h for 2.50 planned (1.6x)" in line and "about 3 h of wall time" in line
+  # the last three: train 1.0x, heldout 2.0x, all 2.0 for 1.75: 0.5 + 0.5 + 1.14 = 2.14
+  assert "at the last 3 of each kind's: about 2 h" in line
 
 
 def test_status_names_episodes_an_evaluation_lost(tmp_path):
