@@ -1,20 +1,21 @@
 """What the experiments' drivers (experiments.powered, experiments.long_budget and
 experiments.contexts) share: a plan's steps and their command lines, the loop that plays the steps
 not yet done (resumable: a finished step is skipped), the tidy tables' records of the finished
-steps (experiments.records) and their restoring, the lines `status` prints, and the command
-line's `plan`, `status`, `cost`, `record`, `restore` and `run`. Each driver keeps its design: its
+steps (experiments.records) and their restoring, and the command line's `plan`, `status`, `cost`, `record`, `restore` and `run`. Each driver keeps its design: its
 arms, the order of its steps, what its `status` says and what it decides between steps."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import fcntl
 import os
 import signal
 import sys
 import time
 import types
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple, Protocol, TypeVar
 
 from experiments import records
@@ -163,6 +164,45 @@ def clock(seconds: float) -> str:
   return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
+EVALUATIONS_LOCK = ".evaluations.lock"  # beside the stages' folders (runs/)
+
+
+def evaluations_lock(out: str) -> str:
+  """The lock every driver whose runs sit beside `out` (runs/<stage>) holds while one of its
+  held-out evaluations plays: a 1,280-game evaluation holds 8-12 GB, and two at once on a 24 GB
+  machine were killed by the kernel's OOM killer (2026-12-07)."""
+  return os.path.join(os.path.dirname(os.path.abspath(out)), EVALUATIONS_LOCK)
+
+
+@contextlib.contextmanager
+def one_at_a_time(
+  path: str | None, label: str, echo: Callable[[str], None] = print
+) -> Iterator[None]:
+  """Holds an exclusive lock on `path` (None: none) for the step `label`, saying once whom it
+  waits for when another process holds it (the holder's label is kept in the file). The kernel
+  drops the lock when its process dies, so a killed driver never blocks the others."""
+  if path is None:
+    yield
+    return
+  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+  with open(path, "a+") as handle:
+    try:
+      fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      handle.seek(0)
+      holder = handle.read().strip() or "another evaluation"
+      echo(f"{label}: waiting for {holder} to finish (one held-out evaluation at a time: {path})")
+      fcntl.flock(handle, fcntl.LOCK_EX)
+    try:
+      handle.seek(0)
+      handle.truncate()
+      handle.write(f"{label} (pid {os.getpid()})\n")
+      handle.flush()
+      yield
+    finally:
+      fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 class Retrain(NamedTuple):
   """An evaluation whose run lost its weights, played as the training of that run instead."""
 
@@ -183,6 +223,7 @@ def play(
   records_to: str | None = None,
   total: Callable[[Sequence[Step]], object] = len,
   hours: Callable[[Step], float] | None = None,
+  evaluations: str | None = None,
 ) -> int:
   """Plays the steps of `plan` (called again before each step: a decision may add steps) not yet
   `done`, one after another; returns the number of failed steps. A step's output goes to its
@@ -190,7 +231,8 @@ def play(
   `lost`: the training that replaces an evaluation whose run lost its weights, else None.
   `record`, when `records_to` is given: after each step, appends the finished steps to the tables
   there and returns how many. The start line counts the steps of `total` and, with `hours`, says
-  the cost plan's hours of the step."""
+  the cost plan's hours of the step. `evaluations`: the lock an evaluation step holds while it
+  plays (`evaluations_lock`), so that drivers side by side play one at a time."""
   import subprocess
 
   runner = runner or subprocess.run
@@ -213,7 +255,11 @@ def play(
     )
     os.makedirs(step.results, exist_ok=True)
     log = os.path.join(step.results, f"{step.kind}.log")
-    code = collect.run_and_record(step.command, step.results, cwd=REPO, log_path=log, runner=runner)
+    exclusive = None if step.kind in ("train", "panels") else evaluations
+    with one_at_a_time(exclusive, step.label, echo):
+      code = collect.run_and_record(
+        step.command, step.results, cwd=REPO, log_path=log, runner=runner
+      )
     played += 1
     if code:
       failed.add(step.label)
@@ -275,136 +321,6 @@ def restore(tables: records.Tables, out: str, experiment: str) -> int:
     folder = results_dir(os.path.join(out, row["run"]), row["kind"])
     written += records.restore_step(tables, experiment, row["run"], row["kind"], folder)
   return written
-
-
-# ---------------------------------------------------------------------------- the status
-def wall_hours(steps: Iterable[Step]) -> float:
-  """The wall time the steps took, in hours (a step without a record counts 0)."""
-  return sum(collect.wall_seconds(s.results) or 0.0 for s in steps) / 3600
-
-
-def cost_lines(
-  done: Sequence[Step],
-  left: Sequence[Step],
-  total: int,
-  hours: Callable[[Step], float],
-  notes: Sequence[str] = (),
-) -> list[str]:
-  """The head of `status` by the cost plan: the steps done of `total` and their wall time, the
-  hours `left` (`hours` a step), the `notes`, the next three steps and the partial training runs."""
-  partial = [s for s in left if s.kind == "train" and collect.run_state(s.workdir) == "partial"]
-  pace = pace_line(done, left, hours)
-  return [
-    (
-      f"{len(done)}/{total} steps done, {wall_hours(done):.2f} h of wall time; "
-      f"{len(left)} left, about {sum(hours(s) for s in left):.1f} machine-hours by the cost plan "
-      "(a partial run counts in full)"
-    ),
-    *([pace] if pace else []),
-    *notes,
-    *(f"  next: {s.label} ({hours(s):.2f} h)" for s in left[:3]),
-    *(f"  partial: {s.label} (resumes from its checkpoint)" for s in partial),
-  ]
-
-
-RECENT = 3  # the pace line's recent steps of each kind
-
-
-def pace_line(done: Sequence[Step], left: Sequence[Step], hours: Callable[[Step], float]) -> str:
-  """The wall time the finished steps took against the cost plan, per step kind, and the steps
-  `left` at those ratios (a kind not measured yet at the ratio of all): on a shared machine with
-  restarts the plan's machine-hours are a floor, and this is what the rest took so far. A
-  training resumes from its checkpoints, so all its attempts count; any other step starts over,
-  so only its finishing attempt does and the earlier ones are reported as lost. A step done in
-  under 1% of its plan (its work found done elsewhere, e.g. panels another stage made) is left
-  out. The rest is also given at the ratios of the last `RECENT` steps of each kind to finish
-  (what the current code and machine share give; the early steps ran on slower code). Empty
-  before a planned step has a wall time."""
-  measured: dict[str, list[float]] = {}  # kind -> [wall hours, planned hours]
-  finished: dict[str, list[tuple[float, float, float]]] = {}  # kind -> [(end, wall h, plan h)]
-  lost = 0.0
-  for step in done:
-    status = collect.read_status(step.results)
-    seconds = collect.wall_seconds(step.results, status) if status else None
-    last = ((status or {}).get("attempts") or [{}])[-1].get("seconds")
-    if step.kind != "train" and seconds and last is not None:
-      lost += max(seconds - last, 0.0) / 3600
-      seconds = last
-    if seconds and hours(step) > 0 and seconds / 3600 >= 0.01 * hours(step):
-      pair = measured.setdefault(step.kind, [0.0, 0.0])
-      pair[0] += seconds / 3600
-      pair[1] += hours(step)
-      attempt = status["attempts"][-1]
-      end = attempt.get("ended") or (attempt.get("started") or 0.0) + (last or 0.0)
-      finished.setdefault(step.kind, []).append((end, seconds / 3600, hours(step)))
-  if not measured:
-    return ""
-
-  def rest_at(pairs: dict[str, tuple[float, float]]) -> float:
-    ratio = {kind: wall / plan for kind, (wall, plan) in pairs.items()}
-    overall = sum(w for w, _ in pairs.values()) / sum(p for _, p in pairs.values())
-    return sum(hours(s) * ratio.get(s.kind, overall) for s in left)
-
-  rest = rest_at({kind: (wall, plan) for kind, (wall, plan) in measured.items()})
-  recent: dict[str, tuple[float, float]] = {}
-  for kind, steps in finished.items():
-    last = sorted(steps)[-RECENT:]
-    recent[kind] = (sum(w for _, w, _ in last), sum(p for _, _, p in last))
-  recent_rest = rest_at(recent)
-  kinds = ", ".join(
-    f"{kind} {wall:.2f} h for {plan:.2f} planned ({wall / plan:.1f}x)"
-    for kind, (wall, plan) in sorted(measured.items())
-  )
-  restarted = f"; {lost:.1f} h lost to attempts that had to start over" if lost >= 0.05 else ""
-  return (
-    f"measured wall time against the plan: {kinds}; the rest at those ratios: about {rest:.0f} h "
-    f"of wall time, at the last {RECENT} of each kind's: about {recent_rest:.0f} h (as this "
-    f"machine was shared{restarted})"
-  )
-
-
-def lost_episodes(steps: Sequence[Step]) -> list[tuple[str, int, str, int]]:
-  """(step label, iteration, metric, episodes) for every metrics row of the steps' folders that
-  counts episodes lost to env failures (a `*/env_failures` above 0: an env that raised, hung
-  past its limit, or whose worker died). An evaluation with such a row scored fewer games than
-  its panel holds, and a training iteration learned from fewer episodes."""
-  lost = []
-  for step in steps:
-    for row in collect.read_metrics(os.path.join(step.results, "metrics.jsonl")):
-      for key, value in sorted(row.items()):
-        if key.endswith("/env_failures") and value:
-          lost.append((step.label, int(row["step"]), key, int(value)))
-  return lost
-
-
-def lost_lines(lost: Sequence[tuple[str, int, str, int]]) -> list[str]:
-  if not lost:
-    return ["no episode was lost to an env failure"]
-  return [
-    f"episodes lost to env failures: {label}, iteration {it}: {key}={n}"
-    for label, it, key, n in lost
-  ]
-
-
-def step_commits(steps: Sequence[Step]) -> dict[str, list[str]]:
-  """commit -> the labels of the steps whose attempts ran at it (`collect.code_commit`, kept in
-  each step's run_status.json; "not recorded" for attempts from before it was kept). A step
-  resumed by a later commit counts under both."""
-  found: dict[str, list[str]] = {}
-  for step in steps:
-    attempts = (collect.read_status(step.results) or {}).get("attempts", [])
-    for commit in sorted({a.get("commit") or "not recorded" for a in attempts}):
-      found.setdefault(commit, []).append(step.label)
-  return found
-
-
-def commit_lines(found: Mapping[str, list[str]]) -> list[str]:
-  return [f"code at {commit}: {len(labels)} step(s)" for commit, labels in sorted(found.items())]
-
-
-def check_lines(lost_in: Sequence[Step], commits_of: Sequence[Step]) -> list[str]:
-  """The episodes lost in the steps `lost_in`, then the commits that ran the steps `commits_of`."""
-  return [*lost_lines(lost_episodes(lost_in)), *commit_lines(step_commits(commits_of))]
 
 
 # ---------------------------------------------------------------------------- the command line

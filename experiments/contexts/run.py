@@ -10,7 +10,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from experiments import driver, records
+from experiments import driver, records, status_lines
 from experiments.contexts import plan as plan_mod
 from experiments.contexts.plan import EXPERIMENT, FULL, REPO, STAGE, Design, Step, step_done
 from experiments.long_budget import run as long_budget_run
@@ -82,6 +82,7 @@ def run(
     records_to=records_to,
     total=lambda _: plan_mod.total_steps(design),
     hours=lambda step: expected_hours(step, design),
+    evaluations=driver.evaluations_lock(out),
   )
 
 
@@ -124,7 +125,7 @@ def status(design: Design = FULL, out: str | None = None, python: str = sys.exec
   whole = plan_mod.plan(design, out, python, rate=rate if rate is not None else plan_mod.RATE)
   done = [s for s in steps if step_done(s)]
   left = [s for s in whole if not step_done(s)]
-  lines = driver.cost_lines(
+  lines = status_lines.cost_lines(
     done,
     left,
     plan_mod.total_steps(design),
@@ -138,5 +139,5 @@ def status(design: Design = FULL, out: str | None = None, python: str = sys.exec
     }
     lines.append("seeds finished (trained and evaluated) per arm: " + str(seeds_done))
   played = [s for s in done if s.kind != "panels"]  # trainings and evaluations: both lose episodes
-  lines += driver.check_lines(played, played)
+  lines += status_lines.check_lines(played, played)
   return "\n".join(lines)

@@ -11,7 +11,7 @@ import re
 import sys
 from collections.abc import Callable
 
-from experiments import driver, records
+from experiments import driver, records, status_lines
 from experiments.driver import Retrain, has_final_checkpoint
 from experiments.long_budget import plan as plan_mod
 from experiments.long_budget.plan import EXPERIMENT, FULL, STAGE, Design, Step, step_done
@@ -151,6 +151,7 @@ def run(
     record=lambda tables: record(design, out, tables, python),
     records_to=records_to,
     hours=lambda step: expected_hours(step, design),
+    evaluations=driver.evaluations_lock(out),
   )
 
 
@@ -164,7 +165,7 @@ def status(design: Design = FULL, out: str | None = None, python: str = sys.exec
   steps = plan_mod.plan(design, out, python)
   done = [s for s in steps if step_done(s)]
   left = [s for s in steps if not step_done(s)]
-  lines = driver.cost_lines(done, left, len(steps), lambda s: expected_hours(s, design))
+  lines = status_lines.cost_lines(done, left, len(steps), lambda s: expected_hours(s, design))
   seeds_done = {
     arm: sum(
       step_done(s) for s in steps if s.arm == arm and s.kind == "heldout" and s.seed is not None
@@ -173,5 +174,5 @@ def status(design: Design = FULL, out: str | None = None, python: str = sys.exec
   }
   lines.append("seeds finished (trained and evaluated) per arm: " + str(seeds_done))
   played = [s for s in done if s.kind != "panels"]  # trainings and evaluations: both lose episodes
-  lines += driver.check_lines(played, played)
+  lines += status_lines.check_lines(played, played)
   return "\n".join(lines)

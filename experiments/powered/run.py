@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from experiments import driver, records
+from experiments import driver, records, status_lines
 from experiments.driver import Retrain, evaluated, has_final_checkpoint
 from experiments.powered.plan import (
   RESULTS_DIRS,
@@ -24,7 +24,7 @@ from sdar_jax.observe import pairing
 
 EXPERIMENT = "powered"
 # the parts of `status`'s last lines, in the shared base (the names this module gave them)
-step_commits, _commit_lines = driver.step_commits, driver.commit_lines
+step_commits, _commit_lines = status_lines.step_commits, status_lines.commit_lines
 
 
 def step_key(step: Step, out: str, stage: int) -> dict[str, object]:
@@ -110,6 +110,7 @@ def run(
     record=lambda tables: record(out, tables, stage, python),
     records_to=records_to,
     total=lambda steps: f"{len(steps)}+",
+    evaluations=driver.evaluations_lock(out),
   )
 
 
@@ -123,10 +124,10 @@ def status(out: str, python: str = sys.executable, stage: int = 1) -> str:
   lines = [
     (
       f"{len(done)}/{len(steps)} steps done{more if len(steps) < total else ''}, "
-      f"{driver.wall_hours(done):.2f} h of wall time"
+      f"{status_lines.wall_hours(done):.2f} h of wall time"
     ),
     f"chosen rates: {chosen_rates(out, (*st.reused, *st.arms), st.rates_file) or 'none yet'}",
   ]
   lines += [f"  next: {s.label}" for s in steps if not step_done(s)][:3]
-  lines += driver.check_lines(done, done)
+  lines += status_lines.check_lines(done, done)
   return "\n".join(lines)

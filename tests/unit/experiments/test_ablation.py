@@ -6,7 +6,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import sys
 
 import numpy as np
 import pytest

@@ -3,10 +3,12 @@ the measures read from the metrics, and the report on a tiny synthetic table (on
 
 import json
 import os
+import time
+import types
 
 import pytest
 
-from experiments import records
+from experiments import records, status_lines
 from experiments.long_budget import plan as plan_mod
 from experiments.long_budget import report as report_mod
 from experiments.long_budget import run as run_mod
@@ -172,19 +174,21 @@ def test_status_sets_the_measured_pace_beside_the_plan(tmp_path):
   done.append(step("panels", "q", 2))  # found made elsewhere: not a measure of the pace
   left = [step("train", "c"), step("heldout", "b"), step("panels", "p")]
   hours = lambda s: planned.get(s.kind, 1.0)
-  line = driver.pace_line(done, left, hours)
+  line = status_lines.pace_line(done, left, hours)
   # train: 2.5 h for 1.0 planned (2.5x); heldout 0.5 h for 0.25 (2.0x); all: 3.0 for 1.25 (2.4x)
   assert "heldout 0.50 h for 0.25 planned (2.0x), train 2.50 h for 1.00 planned (2.5x)" in line
   assert "about 4 h of wall time" in line  # 0.5 x 2.5 + 0.25 x 2.0 + 1.0 x 2.4 = 4.15
   assert "0.2 h lost to attempts that had to start over" in line  # the evaluation's first 900 s
-  assert driver.pace_line([], left, hours) == "" == driver.pace_line(done[3:], left, hours)
+  assert (
+    status_lines.pace_line([], left, hours) == "" == status_lines.pace_line(done[3:], left, hours)
+  )
   # the last 3 of each kind to finish: three more trainings, at 1x, finishing later
   faster = []
   for i, name in enumerate("def"):
     faster.append(step("train", name, 1800))
     with open(os.path.join(faster[-1].results, "run_status.json"), "w") as f:
       json.dump({"attempts": [{"started": 1e5 + i, "seconds": 1800, "returncode": 0}]}, f)
-  line = driver.pace_line(done + faster, left, hours)
+  line = status_lines.pace_line(done + faster, left, hours)
   # all trainings: 4.0 h for 2.5 planned (1.6x): 0.5 x 1.6 + 0.25 x 2.0 + 1.0 x 4.5 / 2.75 = 2.94
   assert "train 4.00 h for 2.50 planned (1.6x)" in line and "about 3 h of wall time" in line
   # the last three: train 1.0x, heldout 2.0x, all 2.0 for 1.75: 0.5 + 0.5 + 1.14 = 2.14
@@ -226,3 +230,71 @@ def test_an_arm_keeps_its_colour_in_a_panel_other_arms_did_not_log():
   assert matplotlib.colors.same_color(right.lines[0].get_color(), left.lines[1].get_color())
   assert right.lines[0].get_ydata().tolist() == pytest.approx([0.2, 0.1])  # mean over seeds
   plt.close(fig)
+
+
+def test_drivers_side_by_side_play_one_held_out_evaluation_at_a_time(tmp_path):
+  """Two 1,280-game evaluations at once exhausted this machine's memory: an evaluation step
+  holds the lock beside the stages' folders while it plays, a training does not, and a driver
+  that finds it held says whom it waits for and plays once it is released."""
+  import fcntl
+  import threading
+
+  from experiments import driver
+
+  lock = driver.evaluations_lock(str(tmp_path / "runs" / "contexts"))
+  assert lock == str(tmp_path / "runs" / driver.EVALUATIONS_LOCK)
+  assert lock == driver.evaluations_lock(str(tmp_path / "runs" / "long_budget"))
+
+  def held() -> bool:
+    with open(lock, "a+") as probe:
+      try:
+        fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      except BlockingIOError:
+        return True
+      fcntl.flock(probe, fcntl.LOCK_UN)
+      return False
+
+  steps = [
+    driver.Step(kind, "grpo", 5e-4, 0, str(tmp_path / "runs" / "long_budget" / "grpo"), ("x",))
+    for kind in ("train", "heldout")
+  ]
+  finished, seen = set(), {}
+
+  def runner(cmd, **_):
+    seen[steps[len(finished)].kind] = held()
+    finished.add(steps[len(finished)].label)
+    return types.SimpleNamespace(returncode=0)
+
+  said: list[str] = []
+  failed = driver.play(
+    lambda: steps,
+    done=lambda s: s.label in finished,
+    runner=runner,
+    echo=said.append,
+    evaluations=lock,
+  )
+  assert failed == 0 and seen == {"train": False, "heldout": True} and not held()
+
+  other = open(lock, "a+")  # another driver's evaluation holds it
+  fcntl.flock(other, fcntl.LOCK_EX)
+  other.truncate(0)
+  other.write("heldout sdar lr5.0e-04 seed 0 (pid 7)\n")
+  other.flush()
+  inside = threading.Event()
+
+  def second() -> None:
+    with driver.one_at_a_time(lock, "heldout grpo seed 1", said.append):
+      inside.set()
+
+  waiting = threading.Thread(target=second)
+  waiting.start()
+  for _ in range(200):
+    if said[-1].startswith("heldout grpo seed 1: waiting"):
+      break
+    time.sleep(0.01)
+  assert "waiting for heldout sdar lr5.0e-04 seed 0 (pid 7) to finish" in said[-1]
+  assert not inside.is_set()
+  fcntl.flock(other, fcntl.LOCK_UN)
+  other.close()
+  waiting.join(timeout=10)
+  assert inside.is_set() and not held()
