@@ -1,8 +1,10 @@
 """What the experiments' drivers (experiments.powered, experiments.long_budget and
 experiments.contexts) share: a plan's steps and their command lines, the loop that plays the steps
 not yet done (resumable: a finished step is skipped), the tidy tables' records of the finished
-steps (experiments.records) and their restoring, and the command line's `plan`, `status`, `cost`, `record`, `restore` and `run`. Each driver keeps its design: its
-arms, the order of its steps, what its `status` says and what it decides between steps."""
+steps (experiments.records) and their restoring, and the command line's `plan`, `status`,
+`cost`, `record`, `restore` and `run` (experiments.status_lines writes what `status` prints). Each
+driver keeps its design: its arms, the order of its steps, what its `status` says and what it
+decides between steps."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import signal
 import sys
 import time
 import types
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import NamedTuple, Protocol, TypeVar
 
 from experiments import records

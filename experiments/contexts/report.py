@@ -122,11 +122,12 @@ def report(
   rate = chosen_rate(pilot)
   at_rate(view, plan_mod.RATE if rate is None else rate, seeds)
   ruled, gaps = plan_mod.vocab_context()  # the rule, from the policy's recorded gaps
-  vocab = vocab_context(view) or ruled
+  recorded = vocab_context(view)  # what the vocab runs read, if any ran
+  vocab = recorded or ruled
   vocab_note = (
     f"{vocab} (the vocab rule on the context policy's {plan_mod.WARM_START_METRICS}: "
     + ", ".join(f"{c} gap {g:.3f}" for c, g in gaps.items())
-    + ("" if vocab_context(view) else "; no vocab run yet")
+    + ("" if recorded else "; no vocab run yet")
     + ("" if vocab == ruled else f"; the runs read {vocab}, the rule says {ruled}")
     + ")"
   )
