@@ -205,6 +205,19 @@ def one_at_a_time(
       fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def lock_held(path: str) -> bool:
+  """Whether another process holds `path`'s lock now (`one_at_a_time`)."""
+  if not os.path.exists(path):
+    return False
+  with open(path, "a+") as probe:
+    try:
+      fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      return True
+    fcntl.flock(probe, fcntl.LOCK_UN)
+    return False
+
+
 class Retrain(NamedTuple):
   """An evaluation whose run lost its weights, played as the training of that run instead."""
 
@@ -234,7 +247,8 @@ def play(
   `record`, when `records_to` is given: after each step, appends the finished steps to the tables
   there and returns how many. The start line counts the steps of `total` and, with `hours`, says
   the cost plan's hours of the step. `evaluations`: the lock an evaluation step holds while it
-  plays (`evaluations_lock`), so that drivers side by side play one at a time."""
+  plays (`evaluations_lock`), so that drivers side by side play one at a time; while another
+  holds it, a training step still to do is played first."""
   import subprocess
 
   runner = runner or subprocess.run
@@ -246,6 +260,13 @@ def play(
     if not todo:
       break
     step, after = todo[0], None
+    if step.kind not in ("train", "panels") and evaluations and lock_held(evaluations):
+      training = next((s for s in todo if s.kind == "train"), None)
+      if training is not None:  # trains meanwhile: a step's outcome does not hang on the order
+        echo(
+          f"{step.label}: another driver's evaluation holds {evaluations}; {training.label} first"
+        )
+        step = training
     retrain = lost(step)
     if retrain is not None:
       step, after = retrain.step, retrain.after

@@ -234,8 +234,9 @@ def test_an_arm_keeps_its_colour_in_a_panel_other_arms_did_not_log():
 
 def test_drivers_side_by_side_play_one_held_out_evaluation_at_a_time(tmp_path):
   """Two 1,280-game evaluations at once exhausted this machine's memory: an evaluation step
-  holds the lock beside the stages' folders while it plays, a training does not, and a driver
-  that finds it held says whom it waits for and plays once it is released."""
+  holds the lock beside the stages' folders while it plays, a training does not, a driver that
+  finds it held says whom it waits for and plays once it is released, and a driver whose next
+  step is an evaluation while the lock is held plays a training still to do first."""
   import fcntl
   import threading
 
@@ -246,13 +247,7 @@ def test_drivers_side_by_side_play_one_held_out_evaluation_at_a_time(tmp_path):
   assert lock == driver.evaluations_lock(str(tmp_path / "runs" / "long_budget"))
 
   def held() -> bool:
-    with open(lock, "a+") as probe:
-      try:
-        fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
-      except BlockingIOError:
-        return True
-      fcntl.flock(probe, fcntl.LOCK_UN)
-      return False
+    return driver.lock_held(lock)
 
   steps = [
     driver.Step(kind, "grpo", 5e-4, 0, str(tmp_path / "runs" / "long_budget" / "grpo"), ("x",))
@@ -295,6 +290,35 @@ def test_drivers_side_by_side_play_one_held_out_evaluation_at_a_time(tmp_path):
   assert "waiting for heldout sdar lr5.0e-04 seed 0 (pid 7) to finish" in said[-1]
   assert not inside.is_set()
   fcntl.flock(other, fcntl.LOCK_UN)
-  other.close()
   waiting.join(timeout=10)
   assert inside.is_set() and not held()
+
+  # while another driver's evaluation holds it, a training still to do is played first
+  fcntl.flock(other, fcntl.LOCK_EX)
+  steps = [
+    driver.Step(kind, arm, 5e-4, 1, str(tmp_path / "runs" / "long_budget" / arm), ("x",))
+    for kind, arm in (("heldout", "grpo"), ("train", "sdar"))
+  ]
+  finished, order = set(), []
+
+  def runner_in_order(cmd, **_):
+    step = next(
+      s for s in steps if s.label not in finished and s.kind == ("heldout" if order else "train")
+    )
+    order.append((step.kind, held()))
+    finished.add(step.label)
+    fcntl.flock(other, fcntl.LOCK_UN)  # the other evaluation ends during the training
+    return types.SimpleNamespace(returncode=0)
+
+  said.clear()
+  driver.play(
+    lambda: steps,
+    done=lambda s: s.label in finished,
+    runner=runner_in_order,
+    echo=said.append,
+    evaluations=lock,
+  )
+  assert order == [("train", True), ("heldout", True)]
+  assert "heldout grpo lr5.0e-04 seed 1: another driver's evaluation holds" in said[0]
+  assert said[0].endswith("train sdar lr5.0e-04 seed 1 first")
+  other.close()
