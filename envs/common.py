@@ -118,14 +118,42 @@ def import_bm25s() -> Any:
 
 # ---------------------------------------------------------------------------------- data cache
 @contextlib.contextmanager
-def file_lock(path: str) -> Iterator[None]:
+def file_lock(
+  path: str, holder: str | None = None, waiting: Callable[[str], None] | None = None
+) -> Iterator[None]:
   """Holds an exclusive `fcntl.flock` on `path` (created, with its folder, if missing): runs that
   share a data cache build each entry once, one at a time. The kernel drops the lock if its
-  process dies, so a killed builder never blocks the next run."""
+  process dies, so a killed builder never blocks the next run. `holder`: written into the file
+  while the lock is held; `waiting`: called once with the file's text (the holder's, or "") when
+  another process holds the lock, before this one waits for it."""
   os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-  with open(path, "w") as handle:
-    fcntl.flock(handle, fcntl.LOCK_EX)
+  with open(path, "a+") as handle:  # not "w": a waiting process must not erase the holder's text
     try:
+      fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      if waiting is not None:
+        handle.seek(0)
+        waiting(handle.read().strip())
+      fcntl.flock(handle, fcntl.LOCK_EX)
+    try:
+      if holder is not None:
+        handle.seek(0)
+        handle.truncate()
+        handle.write(holder + "\n")
+        handle.flush()
       yield
     finally:
       fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def lock_held(path: str) -> bool:
+  """Whether another open file of `path` holds its `file_lock` now (False when it is missing)."""
+  if not os.path.exists(path):
+    return False
+  with open(path, "a+") as probe:
+    try:
+      fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      return True
+    fcntl.flock(probe, fcntl.LOCK_UN)
+    return False

@@ -11,15 +11,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import fcntl
 import os
 import signal
 import sys
 import time
 import types
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple, Protocol, TypeVar
 
+from envs.common import file_lock, lock_held
 from experiments import records
 from sdar_jax.observe import collect, stats
 from sdar_jax.run import evaluation
@@ -176,46 +176,21 @@ def evaluations_lock(out: str) -> str:
   return os.path.join(os.path.dirname(os.path.abspath(out)), EVALUATIONS_LOCK)
 
 
-@contextlib.contextmanager
 def one_at_a_time(
   path: str | None, label: str, echo: Callable[[str], None] = print
-) -> Iterator[None]:
-  """Holds an exclusive lock on `path` (None: none) for the step `label`, saying once whom it
-  waits for when another process holds it (the holder's label is kept in the file). The kernel
-  drops the lock when its process dies, so a killed driver never blocks the others."""
+) -> contextlib.AbstractContextManager[None]:
+  """Holds the lock `path` (None: none; `envs.common.file_lock`) for the step `label`, saying once
+  whom it waits for when another process holds it (the holder's label is kept in the file)."""
   if path is None:
-    yield
-    return
-  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-  with open(path, "a+") as handle:
-    try:
-      fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-      handle.seek(0)
-      holder = handle.read().strip() or "another evaluation"
-      echo(f"{label}: waiting for {holder} to finish (one held-out evaluation at a time: {path})")
-      fcntl.flock(handle, fcntl.LOCK_EX)
-    try:
-      handle.seek(0)
-      handle.truncate()
-      handle.write(f"{label} (pid {os.getpid()})\n")
-      handle.flush()
-      yield
-    finally:
-      fcntl.flock(handle, fcntl.LOCK_UN)
+    return contextlib.nullcontext()
 
+  def waiting(holder: str) -> None:
+    echo(
+      f"{label}: waiting for {holder or 'another evaluation'} to finish (one held-out "
+      f"evaluation at a time: {path})"
+    )
 
-def lock_held(path: str) -> bool:
-  """Whether another process holds `path`'s lock now (`one_at_a_time`)."""
-  if not os.path.exists(path):
-    return False
-  with open(path, "a+") as probe:
-    try:
-      fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-      return True
-    fcntl.flock(probe, fcntl.LOCK_UN)
-    return False
+  return file_lock(path, holder=f"{label} (pid {os.getpid()})", waiting=waiting)
 
 
 class Retrain(NamedTuple):

@@ -240,6 +240,7 @@ def test_drivers_side_by_side_play_one_held_out_evaluation_at_a_time(tmp_path):
   import fcntl
   import threading
 
+  from envs.common import lock_held
   from experiments import driver
 
   lock = driver.evaluations_lock(str(tmp_path / "runs" / "contexts"))
@@ -247,7 +248,7 @@ def test_drivers_side_by_side_play_one_held_out_evaluation_at_a_time(tmp_path):
   assert lock == driver.evaluations_lock(str(tmp_path / "runs" / "long_budget"))
 
   def held() -> bool:
-    return driver.lock_held(lock)
+    return lock_held(lock)
 
   steps = [
     driver.Step(kind, "grpo", 5e-4, 0, str(tmp_path / "runs" / "long_budget" / "grpo"), ("x",))
