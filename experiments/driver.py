@@ -138,6 +138,33 @@ def has_final_checkpoint(run: str) -> bool:
     return total in ckpt.all_steps()
 
 
+def _numerics(run: str) -> dict[tuple[int, str], float]:
+  """(iteration, metric) -> value of a run's metrics.jsonl, less what measures the machine rather
+  than the run (perf/*, seconds, compilation counts)."""
+  found = {}
+  for row in collect.read_metrics(os.path.join(run, "metrics.jsonl")):
+    for key, value in row.items():
+      timing = key.startswith("perf/") or key.endswith(("seconds", "compilations"))
+      if key != "step" and not timing and isinstance(value, (int, float)):
+        found[(int(row["step"]), key)] = float(value)
+  return found
+
+
+def compare_retrained(recorded: str, again: str) -> str:
+  """Whether a run trained again (`again`) reproduced the one recorded in the tables (restored
+  into `recorded`): its metrics compared value by value, NaN equal to NaN."""
+  a, b = _numerics(recorded), _numerics(again)
+  shared = sorted(set(a) & set(b))
+  differ = [k for k in shared if a[k] != b[k] and not (a[k] != a[k] and b[k] != b[k])]
+  line = f"retrained {again}: {len(differ)} of {len(shared)} recorded metric values differ"
+  if differ:
+    largest = max(abs(a[k] - b[k]) for k in differ)
+    first = differ[0]
+    line += f" (first: {first[1]} at iteration {first[0]}, {a[first]!r} -> {b[first]!r}; "
+    line += f"largest difference {largest:.3g})"
+  return line
+
+
 def move_aside(workdir: str, suffix: str = "restored") -> str:
   """Moves a folder aside to <folder>.<suffix>[-N] (a run that lost its weights: "restored"; an
   evaluation to play again: "redo"), never over an earlier one; returns where."""

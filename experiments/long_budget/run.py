@@ -118,12 +118,17 @@ def restore(tables: records.Tables, out: str, experiment: str = EXPERIMENT) -> i
 
 def lost_weights(step: Step, retrain: Callable[[], Step]) -> Retrain | None:
   """A held-out evaluation whose run lost its weights: the run's folder moves aside to
-  <run>.restored[-N] and the run's training (`retrain`) is played again from the start."""
+  <run>.restored[-N] and the run's training (`retrain`) is played again from the start; once it
+  finished, its metrics are compared with the recorded run's (`driver.compare_retrained`)."""
   if step.kind != "heldout" or step.arm == "initial" or has_final_checkpoint(step.workdir):
     return None
-  driver.move_aside(step.workdir)
+  aside = driver.move_aside(step.workdir)
   again = retrain()
-  return Retrain(again, f"{again.label}: its final weights are gone; training again")
+  return Retrain(
+    again,
+    f"{again.label}: its final weights are gone; training again",
+    after=lambda: driver.compare_retrained(aside, again.workdir),
+  )
 
 
 def run(

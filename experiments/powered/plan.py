@@ -220,13 +220,17 @@ def initial_step(out: str, python: str, skills: bool = False) -> Step:
 
 
 def final_success(run: str) -> tuple[float, float] | None:
-  """(final valid_seen success, AUC of the valid_seen curve) of a finished run, else None."""
+  """(final valid_seen success, AUC of the valid_seen curve) of a finished run, else None. Read
+  from its metrics alone: a run restored from the tables on a fresh machine has no config.json."""
   if collect.run_state(run) != "finished":
     return None
-  record = collect.read_run(run)
-  if record.final_success is None:
+  rows = collect.read_metrics(os.path.join(run, "metrics.jsonl"))
+  curve = [
+    (int(r["step"]), float(r[collect.SUCCESS_KEY])) for r in rows if collect.SUCCESS_KEY in r
+  ]
+  if not curve:
     return None
-  return float(record.final_success), float(record.auc)
+  return curve[-1][1], collect.success_auc(curve)
 
 
 def choose_rate(results: dict[float, list[tuple[float, float]]]) -> float:

@@ -6,10 +6,11 @@ import os
 
 import pytest
 
-from experiments import power, records
+from experiments import driver, power, records
 from experiments.contexts import plan as plan_mod
 from experiments.contexts import report as report_mod
 from experiments.long_budget import plan as long_budget
+from tests.unit.experiments.test_ablation import fake_run
 
 
 def _flag(step, key):
@@ -80,6 +81,28 @@ def test_the_rate_rule_and_its_single_decision(tmp_path, monkeypatch):
   finals.clear()  # decided once: the file holds, whatever the runs say later
   assert plan_mod.decide_rate(out) == high
   assert len(plan_mod.plan(plan_mod.FULL, out, python="python", vocab="sibling")) == 102
+
+
+def test_a_fresh_machine_decides_the_rate_from_the_restored_pilot(tmp_path):
+  """The pilot's runs kept in the tables and restored without weights or config.json (a machine
+  that lost runs/) give the rate their finished runs gave: nothing past the pilot waits again."""
+  finals = {"grpo": {5e-4: [0.5, 0.4], 1e-3: [0.3, 0.3]},
+            "sdar_sibling": {5e-4: [0.4, 0.4], 1e-3: [0.3, 0.3]}}  # fmt: skip
+  out, fresh = str(tmp_path / "out"), str(tmp_path / "fresh")
+  tables = records.Tables(str(tmp_path / "tables"))
+  for arm, by in finals.items():
+    for rate, values in by.items():
+      for seed, v in enumerate(values):
+        run = plan_mod.pilot_dir(out, arm, rate, seed)
+        fake_run(run, "grpo", seed, [(0, 0.2), (8, 0.3), (16, v)], 16, seconds=60.0)
+        key = {"experiment": plan_mod.EXPERIMENT, "stage": plan_mod.STAGE, "arm": arm,
+               "run": os.path.relpath(run, out), "kind": "train", "seed": seed, "lr": rate}  # fmt: skip
+        tables.add(*records.step_rows(run, **key))
+  assert plan_mod.decide_rate(out) == 5e-4  # 0.45 and 0.4 at 5e-4, 0.3 at 1e-3
+  assert driver.restore(tables, fresh, plan_mod.EXPERIMENT) > 0
+  assert not os.path.exists(os.path.join(plan_mod.pilot_dir(fresh, "grpo", 5e-4, 0), "config.json"))
+  assert plan_mod.decide_rate(fresh) == 5e-4
+  assert plan_mod.rate_decision(fresh)["pilot"]["grpo"]["lr5.0e-04"]["final"] == [0.5, 0.4]
 
 
 def test_the_vocab_arm_takes_the_larger_gap(tmp_path):

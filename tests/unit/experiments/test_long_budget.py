@@ -323,3 +323,36 @@ def test_drivers_side_by_side_play_one_held_out_evaluation_at_a_time(tmp_path):
   assert "heldout grpo lr5.0e-04 seed 1: another driver's evaluation holds" in said[0]
   assert said[0].endswith("train sdar lr5.0e-04 seed 1 first")
   other.close()
+
+
+def test_a_run_trained_again_is_compared_with_its_records(tmp_path, monkeypatch):
+  """A fresh machine: the held-out evaluation of a run restored without weights moves the run
+  aside and trains it again; once trained, every recorded value the two share is compared (the
+  machine's timings and compilation counts left out, NaN equal to NaN)."""
+  run = tmp_path / "grpo" / "lr5.0e-04" / "seed1"
+
+  def metrics(folder, rows):
+    os.makedirs(folder, exist_ok=True)
+    with open(folder / "metrics.jsonl", "w") as f:
+      f.writelines(json.dumps(r) + "\n" for r in rows)
+
+  recorded = [{"step": 0, "val/success_rate": 0.25, "train/loss": float("nan")},
+              {"step": 1, "train/loss": 0.5, "perf/iteration_seconds": 30.0, "train/compilations": 4}]  # fmt: skip
+  metrics(run, recorded)
+  step = plan_mod.plan(plan_mod.FULL, str(tmp_path), python="python")[1]
+  step = step.__class__("heldout", "grpo", 5e-4, 1, str(run), step.command)
+  monkeypatch.setattr(run_mod, "has_final_checkpoint", lambda run: False)
+  trained = step.__class__("train", "grpo", 5e-4, 1, str(run), ())
+  again = run_mod.lost_weights(step, lambda: trained)
+  assert again.step is trained and "final weights are gone" in again.note
+  assert os.path.isdir(f"{run}.restored") and not os.path.exists(run)
+  same = [dict(r) for r in recorded]
+  same[1].update({"perf/iteration_seconds": 12.0, "train/compilations": 2})  # the machine's
+  metrics(run, same)
+  assert again.after() == f"retrained {run}: 0 of 3 recorded metric values differ"
+  same[1]["train/loss"] = 0.5 + 2**-20
+  metrics(run, same)
+  assert again.after() == (
+    f"retrained {run}: 1 of 3 recorded metric values differ (first: train/loss at iteration 1, "
+    f"0.5 -> {0.5 + 2**-20!r}; largest difference 9.54e-07)"
+  )
