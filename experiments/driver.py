@@ -523,12 +523,16 @@ def redo_evaluation(
   )
 
 
-def lowest_priority(autogroup: str = "/proc/self/autogroup") -> bool:
+AUTOGROUP = "/proc/self/autogroup"  # this process's session's scheduling group (tests move it)
+
+
+def lowest_priority(autogroup: str | None = None) -> bool:
   """Puts this process's session at the lowest CPU priority where Linux groups processes by
-  session (sched_autogroup): there a step's `nice -n 19` ranks it only within the driver's own
-  session, and the session competes with every other as an equal. True when it was set."""
+  session (sched_autogroup; `autogroup`: default AUTOGROUP): there a step's `nice -n 19` ranks it
+  only within the driver's own session, and the session competes with every other as an equal.
+  True when it was set. Every process of the session is lowered with it."""
   try:
-    with open(autogroup, "w") as f:
+    with open(autogroup or AUTOGROUP, "w") as f:
       f.write("19")
     return True
   except OSError:  # no autogroup (another OS, or a kernel without it): nice alone applies

@@ -11,7 +11,7 @@ import os
 import pytest
 
 import experiments.powered.__main__ as cli
-from experiments import records, report, tables_view
+from experiments import driver, records, report, tables_view
 from experiments.powered import plan
 from experiments.powered import run as runner_mod
 from tests.unit.experiments.test_ablation import fake_run
@@ -255,6 +255,8 @@ def test_stage_two_plans_its_arms_and_reuses_stage_one(tmp_path, monkeypatch):
   assert cli.main(["run", "--stage", "2", "--out", out]) == 2 and not started
   assert cli.main(["run", "--stage", "2", "--out", out, "--before-stage-1-ends"]) == 0
   assert started == [2]
+  with open(driver.AUTOGROUP) as f:  # the session it ran in went to the lowest priority (conftest:
+    assert f.read() == "19"  # a file of the test's, not the suite's own session)
 
 
 def _metrics(run, rows):
