@@ -158,10 +158,10 @@ def compare_retrained(recorded: str, again: str) -> str:
   differ = [k for k in shared if a[k] != b[k] and not (a[k] != a[k] and b[k] != b[k])]
   line = f"retrained {again}: {len(differ)} of {len(shared)} recorded metric values differ"
   if differ:
-    largest = max(abs(a[k] - b[k]) for k in differ)
+    largest = max((abs(a[k] - b[k]) for k in differ if a[k] == a[k] and b[k] == b[k]), default=0.0)
     first = differ[0]
     line += f" (first: {first[1]} at iteration {first[0]}, {a[first]!r} -> {b[first]!r}; "
-    line += f"largest difference {largest:.3g})"
+    line += f"largest finite difference {largest:.3g})"
   return line
 
 

@@ -354,5 +354,9 @@ def test_a_run_trained_again_is_compared_with_its_records(tmp_path, monkeypatch)
   metrics(run, same)
   assert again.after() == (
     f"retrained {run}: 1 of 3 recorded metric values differ (first: train/loss at iteration 1, "
-    f"0.5 -> {0.5 + 2**-20!r}; largest difference 9.54e-07)"
+    f"0.5 -> {0.5 + 2**-20!r}; largest finite difference 9.54e-07)"
   )
+  same[0]["train/loss"] = 1.0  # a NaN recorded, a number now: counted, but no finite difference
+  metrics(run, same)
+  assert again.after().startswith(f"retrained {run}: 2 of 3 recorded metric values differ (first: ")
+  assert again.after().endswith("largest finite difference 9.54e-07)")
