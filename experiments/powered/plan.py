@@ -225,12 +225,10 @@ def final_success(run: str) -> tuple[float, float] | None:
   if collect.run_state(run) != "finished":
     return None
   rows = collect.read_metrics(os.path.join(run, "metrics.jsonl"))
-  curve = [
-    (int(r["step"]), float(r[collect.SUCCESS_KEY])) for r in rows if collect.SUCCESS_KEY in r
-  ]
-  if not curve:
+  record = collect.RunRecord(path=run, name=run, config={}, rows=rows)  # the curve needs no config
+  if not record.curve():
     return None
-  return curve[-1][1], collect.success_auc(curve)
+  return float(record.final_success), float(record.auc)
 
 
 def choose_rate(results: dict[float, list[tuple[float, float]]]) -> float:
