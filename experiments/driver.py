@@ -21,6 +21,7 @@ from typing import NamedTuple, Protocol, TypeVar
 
 from envs.common import file_lock, lock_held
 from experiments import records
+from experiments.stopping import STOP
 from sdar_jax.observe import collect, stats
 from sdar_jax.run import evaluation
 
@@ -250,10 +251,10 @@ def play(
   there and returns how many. The start line counts the steps of `total` and, with `hours`, says
   the cost plan's hours of the step. `evaluations`: the lock an evaluation step holds while it
   plays (`evaluations_lock`), so that drivers side by side play one at a time; while another
-  holds it, a training step still to do is played first."""
-  import subprocess
-
-  runner = runner or subprocess.run
+  holds it, a training step still to do is played first. Steps run through `stopping.STOP`
+  unless `runner` is given: after a SIGTERM (`run_command`) the step playing stops at its safe
+  point and no other step starts."""
+  runner = runner or STOP.run
   failed: set[str] = set()
   played, start = 0, time.time()
   while max_steps is None or played < max_steps:
@@ -286,7 +287,11 @@ def play(
         step.command, step.results, cwd=REPO, log_path=log, runner=runner
       )
     played += 1
-    if code:
+    stopped = STOP.requested
+    if stopped:
+      again = "`run` plays it again (a training from its last checkpoint)"
+      echo(f"{step.label}: stopped by SIGTERM (exit code {code}); " + (again if code else "done"))
+    elif code:
       failed.add(step.label)
       echo(f"{step.label}: failed with exit code {code}; see {log}")
     elif after is not None:
@@ -294,6 +299,8 @@ def play(
     if records_to and record is not None:
       added = record(records.Tables(records_to))
       echo(f"records: {added} finished step(s) appended to the tables in {records_to}")
+    if stopped:
+      break
   echo(f"stopped after {played} step(s) in {clock(time.time() - start)}; {len(failed)} failed")
   return len(failed)
 
@@ -541,9 +548,10 @@ def lowest_priority(autogroup: str | None = None) -> bool:
 
 def run_command(run: Callable[[], int]) -> int:
   """`run`: plays the plan (`run` returns its failed steps' number) at the lowest CPU priority
-  (`lowest_priority`); a SIGTERM (kill) ends the driver and the step it runs. Exit code 1 when a
-  step failed."""
-  signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # kill: the running step stops with it
+  (`lowest_priority`). A SIGTERM (kill) stops the step playing at its safe point (a training saves
+  its last finished iteration) and the driver after it, exit code 143 (experiments.stopping).
+  Exit code 1 when a step failed."""
+  STOP.install()
   lowest_priority()
   failed = run()
-  return 1 if failed else 0
+  return 128 + signal.SIGTERM if STOP.requested else 1 if failed else 0

@@ -1,6 +1,7 @@
-"""A real run stopped by a real SIGTERM sent to its whole process group (the trainer and its env
-worker, as a scheduler does), then run again; and a latest checkpoint with a truncated data
-file, which the run sets aside to resume from the one before it."""
+"""A real run, played as an experiment driver's step, stopped by a real SIGTERM sent to the
+driver's whole process group (the driver, the trainer and its env worker, as a scheduler or
+`kill -TERM -- -PGID` does), then run again; and a latest checkpoint with a truncated data file,
+which the run sets aside to resume from the one before it."""
 
 from __future__ import annotations
 
@@ -33,18 +34,34 @@ def get_config():
 """
 
 
-def _train(tmp_path, workdir: str, total: int, **kwargs) -> subprocess.Popen:
+# An experiment driver (experiments.driver) playing two steps: the training, then one that
+# must not start once the driver has been stopped.
+DRIVER = """
+import sys
+from experiments import driver
+driver.AUTOGROUP = "/dev/null"  # the test's own session keeps its priority
+train = driver.Step("train", "grpo", 1e-3, 0, sys.argv[1], tuple(sys.argv[3:]))
+then = driver.Step("train", "grpo", 1e-3, 1, sys.argv[2], ("true",))
+sys.exit(driver.run_command(lambda: driver.play(lambda: [train, then])))
+"""
+
+
+def _train(tmp_path, workdir: str, total: int, through: str | None = None) -> subprocess.Popen:
+  """The training of `total` iterations into `workdir`; `through`: played as the first step of a
+  driver whose second step's folder is `through`."""
   config = tmp_path / f"config_{total}.py"
   config.write_text(CONFIG.format(total=total))
+  cmd = [sys.executable, "-m", "sdar_jax.train", f"--config={config}", f"--workdir={workdir}"]
+  if through is not None:
+    cmd = [sys.executable, "-c", DRIVER, workdir, through, *cmd]
   return subprocess.Popen(
-    [sys.executable, "-m", "sdar_jax.train", f"--config={config}", f"--workdir={workdir}"],
+    cmd,
     cwd=REPO,
     env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO),
     stdout=subprocess.PIPE,
     stderr=subprocess.PIPE,
     text=True,
     start_new_session=True,  # its own process group, signalled as a whole
-    **kwargs,
   )
 
 
@@ -63,16 +80,22 @@ def _steps(workdir: str) -> list[int]:
 
 @pytest.mark.slow
 def test_sigterm_saves_the_last_iteration_and_a_rerun_resumes_without_duplicates(tmp_path):
-  workdir = str(tmp_path / "run")
-  proc = _train(tmp_path, workdir, TOTAL)
+  workdir, then = str(tmp_path / "run"), tmp_path / "then"
+  proc = _train(tmp_path, workdir, TOTAL, through=str(then))
+  log = os.path.join(workdir, "train.log")  # the step's output, as the driver keeps it
   deadline = time.time() + 240
   while not _rows(workdir) and proc.poll() is None and time.time() < deadline:
     time.sleep(0.2)  # until iteration 1 is logged
   assert proc.poll() is None, proc.communicate()[1][-3000:]
   os.killpg(proc.pid, signal.SIGTERM)
-  _, err = proc.communicate(timeout=120)
-  assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
-  assert "Traceback" not in err, err[-3000:]
+  out, driver_err = proc.communicate(timeout=120)
+  with open(log) as f:
+    err = f.read()
+  # the driver waited for the trainer's save, then stopped without starting its next step
+  assert proc.returncode == 128 + signal.SIGTERM, (driver_err + err)[-3000:]
+  assert "stopped by SIGTERM (exit code 143)" in out, out
+  assert not then.exists()
+  assert "Traceback" not in err + driver_err, (driver_err + err)[-3000:]
   (saved,) = _steps(workdir)
   assert 1 <= saved < TOTAL
   assert (

@@ -1,0 +1,100 @@
+"""A driver's SIGTERM (experiments.stopping) with real child processes and real signals sent to
+the driver alone: the step playing is sent the signal and waited for, no further step starts,
+and a second SIGTERM kills the step at once. The trainer's own stop at its safe point, through
+a driver, is tests/integration/test_preemption.py's."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+
+import pytest
+
+from experiments import driver
+from experiments.stopping import STOP
+
+# A step that, on SIGTERM, "saves" (writes `saved`) and exits 143 as a training does; with
+# `ignore`, a step that ignores SIGTERM (a training busy past its safe point).
+CHILD = """
+import pathlib, signal, sys, time
+folder = pathlib.Path(sys.argv[1])
+def stop(signum, frame):
+  (folder / "saved").write_text("saved")
+  sys.exit(143)
+signal.signal(signal.SIGTERM, signal.SIG_IGN if sys.argv[2] == "ignore" else stop)
+(folder / "ready").touch()
+time.sleep(120)
+"""
+
+
+@pytest.fixture(autouse=True)
+def no_request_left():
+  STOP.reset()
+  yield
+  STOP.reset()
+
+
+def _plan(tmp_path, mode: str):
+  child = tmp_path / "child.py"
+  child.write_text(CHILD)
+  first = tmp_path / "first"
+  second = tmp_path / "second"
+  first.mkdir()
+  steps = [
+    driver.Step("train", "a", 5e-4, 0, str(first), (sys.executable, str(child), str(first), mode)),
+    driver.Step("train", "b", 5e-4, 0, str(second), ("touch", str(second / "ran"))),
+  ]
+  return steps, first, second
+
+
+def _signal_when_ready(folder, times: int) -> threading.Thread:
+  def send():
+    deadline = time.time() + 60
+    while not (folder / "ready").exists() and time.time() < deadline:
+      time.sleep(0.02)
+    for _ in range(times):
+      os.kill(os.getpid(), signal.SIGTERM)  # the driver (this process) alone, not its step
+      time.sleep(0.3)
+
+  thread = threading.Thread(target=send, daemon=True)
+  thread.start()
+  return thread
+
+
+def test_a_sigterm_reaches_the_step_which_ends_at_its_safe_point_and_no_step_follows(tmp_path):
+  steps, first, second = _plan(tmp_path, "save")
+  lines: list[str] = []
+  thread = _signal_when_ready(first, times=1)
+  code = driver.run_command(lambda: driver.play(lambda: steps, echo=lines.append))
+  thread.join()
+  assert code == 143
+  assert (first / "saved").read_text() == "saved"  # the step got the signal and saved
+  assert not (second / "ran").exists()  # the next step never started
+  assert any("train a lr5.0e-04 seed 0: stopped by SIGTERM (exit code 143)" in x for x in lines)
+  assert lines[-1].startswith("stopped after 1 step(s)")
+
+
+def test_a_second_sigterm_kills_the_step_at_once(tmp_path):
+  steps, first, second = _plan(tmp_path, "ignore")
+  lines: list[str] = []
+  thread = _signal_when_ready(first, times=2)
+  start = time.time()
+  code = driver.run_command(lambda: driver.play(lambda: steps, echo=lines.append))
+  thread.join()
+  assert code == 143 and time.time() - start < 60  # not the step's 120 s sleep
+  assert any(f"stopped by SIGTERM (exit code {-signal.SIGKILL})" in x for x in lines)
+  assert not (first / "saved").exists() and not (second / "ran").exists()
+
+
+def test_without_a_signal_the_steps_run_as_with_subprocess_run(tmp_path):
+  _, _, second = _plan(tmp_path, "save")
+  second.mkdir()
+  with open(second / "log", "w") as log:  # as collect.run_and_record calls its runner
+    done = STOP.run(["sh", "-c", "echo out; exit 3"], cwd=str(second), stdout=log, check=False)
+  assert (done.returncode, STOP.requested) == (3, False)
+  assert (second / "log").read_text() == "out\n"
+  with pytest.raises(ValueError, match="check=True"):
+    STOP.run(["true"], check=True)
