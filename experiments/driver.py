@@ -21,6 +21,7 @@ from typing import NamedTuple, Protocol, TypeVar
 
 from envs.common import file_lock, lock_held
 from experiments import records
+from experiments import stopping
 from experiments.stopping import STOP
 from sdar_jax.observe import collect, stats
 from sdar_jax.run import evaluation
@@ -434,8 +435,11 @@ def command_line(
   redo: Callable[[], str] | None = None,
 ) -> int | None:
   """The actions every driver has, printed alike: `restore`, `record`, `plan` (each step's
-  command, done or todo, then `plan_notes`), `cost`, `status` and, where given, `redo`. Returns
-  the exit code, or None for another action (the driver's own, and `run`: `run_command`)."""
+  command, done or todo, then `plan_notes`), `cost`, `status`, `stop` and, where given, `redo`.
+  Returns the exit code, or None for another action (the driver's own, and `run`:
+  `run_command`)."""
+  if action == "stop":
+    return stopping.stop_driver(out)
   if action == "redo" and redo is not None:
     try:
       print(redo())
@@ -497,7 +501,8 @@ def design_actions(
   return run_command(
     lambda: run.run(
       design, out, max_steps=args.max_steps, records_to=args.records, smoke=args.smoke
-    )
+    ),
+    out,
   )
 
 
@@ -546,12 +551,14 @@ def lowest_priority(autogroup: str | None = None) -> bool:
     return False
 
 
-def run_command(run: Callable[[], int]) -> int:
+def run_command(run: Callable[[], int], out: str | None = None) -> int:
   """`run`: plays the plan (`run` returns its failed steps' number) at the lowest CPU priority
-  (`lowest_priority`). A SIGTERM (kill) stops the step playing at its safe point (a training saves
-  its last finished iteration) and the driver after it, exit code 143 (experiments.stopping).
-  Exit code 1 when a step failed."""
+  (`lowest_priority`), this process's id in <out>/run.pid for `stop`. A SIGTERM (`stop`, kill)
+  stops the step playing at its safe point (a training saves its last finished iteration) and
+  the driver after it, exit code 143 (experiments.stopping). Exit code 1 when a step failed."""
   STOP.install()
+  if out is not None:
+    stopping.write_pid(out)
   lowest_priority()
   failed = run()
   return 128 + signal.SIGTERM if STOP.requested else 1 if failed else 0

@@ -14,15 +14,23 @@ its steps go through (subprocess.run's call):
 
 An evaluation has no safe point: SIGTERM ends it, and it plays its unfinished split again when
 the driver is run again.
+
+A driver's `run` writes its process id to <out>/run.pid (`write_pid`); its `stop` action
+(`stop_driver`) sends the SIGTERM (to the driver's whole process group where the driver leads
+one, as when started with setsid) and waits until the driver has ended.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
+
+PID_FILE = "run.pid"  # <out>/run.pid: the process id of the driver playing into <out>
 
 
 class Stop:
@@ -71,3 +79,73 @@ class Stop:
 
 
 STOP = Stop()  # the process's one handler (signals reach a process, not an object)
+
+
+# ---------------------------------------------------------------------------- `stop`
+def write_pid(out: str) -> str:
+  """Writes this process's id to <out>/PID_FILE (a driver's `run`); returns the path."""
+  os.makedirs(out, exist_ok=True)
+  path = os.path.join(out, PID_FILE)
+  with open(path, "w") as f:
+    f.write(f"{os.getpid()}\n")
+  return path
+
+
+def _running_driver(pid: int) -> bool:
+  """Whether process `pid` lives (not a zombie) and runs an experiments driver (a stale pid
+  file may name a process id the system has given to another program since)."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+        return False
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+      return b"experiments" in f.read()
+  except (FileNotFoundError, ProcessLookupError, IndexError):
+    return False
+  except OSError:  # no /proc (another OS): whether the process exists at all
+    try:
+      os.kill(pid, 0)
+    except ProcessLookupError:
+      return False
+    return True
+
+
+def stop_driver(
+  out: str,
+  wait: float = 900.0,
+  echo: Callable[[str], None] = lambda line: print(line, flush=True),
+  every: float = 15.0,
+) -> int:
+  """`stop`: SIGTERM to the driver playing into `out` (and to its process group where it leads
+  one), then waits up to `wait` seconds for it to end, saying so every `every` seconds. Exit
+  code 0 when it has ended or none was running, 1 when it still runs after `wait` (a second
+  `stop` then kills its step at once)."""
+  path = os.path.join(out, PID_FILE)
+  try:
+    with open(path) as f:
+      pid = int(f.read().split()[0])
+  except FileNotFoundError:
+    echo(f"no driver to stop: {path} does not exist (no `run` has played into {out})")
+    return 0
+  if not _running_driver(pid):
+    echo(f"no driver to stop: {path} names process {pid}, which is no longer a running driver")
+    return 0
+  leads = os.getpgid(pid) == pid
+  (os.killpg if leads else os.kill)(pid, signal.SIGTERM)
+  whom = "the driver and its process group" if leads else "the driver"
+  echo(
+    f"SIGTERM sent to {whom} (process {pid}): the step playing stops at its safe point (a "
+    "training saves its last finished iteration), then the driver ends; `run` resumes it"
+  )
+  start = last = time.monotonic()
+  while _running_driver(pid):
+    now = time.monotonic()
+    if now - start > wait:
+      echo(f"process {pid} still runs after {wait:.0f} s; `stop` again kills its step at once")
+      return 1
+    if now - last >= every:
+      echo(f"waiting for process {pid} to end ({now - start:.0f} s)")
+      last = now
+    time.sleep(0.2)
+  echo(f"the driver has ended ({time.monotonic() - start:.0f} s after the signal)")
+  return 0

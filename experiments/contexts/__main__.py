@@ -1,5 +1,5 @@
-"""The contexts stage's command: run, status, plan, record, restore, cost, report and redo (see
-experiments.contexts.plan for the design and the commands)."""
+"""The contexts stage's command: run, status, plan, record, restore, cost, report, redo and stop
+(see experiments.contexts.plan for the design and the commands)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from experiments.driver import RECORDS
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  actions = ("run", "status", "plan", "record", "restore", "cost", "report", "redo")
+  actions = ("run", "status", "plan", "record", "restore", "cost", "report", "redo", "stop")
   args = driver.design_parser(plan_mod.__doc__, actions, report_mod.DEST).parse_args(argv)
   design, out = driver.design_of(args, plan_mod.FULL, plan_mod.SMOKE)
   tables = records.Tables(args.records or RECORDS)

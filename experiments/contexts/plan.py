@@ -47,9 +47,9 @@ episode's own future (`hindsight`) make self-distillation beat GRPO? The design 
   sdar_jax.observe.stats); its power is computed beforehand (`power_lines`). Every other row
   (FAMILY: each other arm - `grpo`, the context contrasts, the form contrast, on held-out seen;
   all of them and the primary on held-out unseen) is one Holm family.
-Each step runs under `nice -n 19` in the driver's process group (<out>/run.pgid: stop it for a
-test-suite run with `kill -- -$(cat runs/contexts/run.pgid)`, start it again with the same
-command), resumable (a finished step is skipped, an interrupted training
+Each step runs under `nice -n 19` (stop the driver for a test-suite run with `python -m
+experiments.contexts stop`: a training saves its last finished iteration first; start it again
+with the same command), resumable (a finished step is skipped, an interrupted training
 resumes from its checkpoint); `run --records=<folder>` appends each finished step to the tables
 there (experiment "contexts", stage 3). `--smoke` plays the same plan at a tiny budget (SMOKE)
 into another folder.

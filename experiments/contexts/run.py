@@ -15,8 +15,6 @@ from experiments.contexts import plan as plan_mod
 from experiments.contexts.plan import EXPERIMENT, FULL, REPO, STAGE, Design, Step, step_done
 from experiments.long_budget import run as long_budget_run
 
-PGID_FILE = "run.pgid"  # <out>/run.pgid: the driver's process group (stop it for a test run)
-
 
 def record(design: Design, out: str, tables: records.Tables, python: str = sys.executable) -> int:
   """Appends every finished training or evaluation step not in the tables yet; returns how many
@@ -53,8 +51,6 @@ def run(
     echo(f"not started: {e}")
     return 1
   echo(f"the vocab arm's context: {vocab} (recorded in {os.path.join(out, plan_mod.VOCAB_FILE)})")
-  with open(os.path.join(out, PGID_FILE), "w") as f:
-    f.write(f"{os.getpgid(0)}\n")
 
   announced = plan_mod.rate_decision(out) is not None
 

@@ -1,4 +1,4 @@
-"""The powered ablation's command: run, status, plan, record, restore and report (see
+"""The powered ablation's command: run, status, plan, record, restore, report and stop (see
 experiments.powered.plan for the design and the commands)."""
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ def spec(stage: int, dest: str | None = None) -> specs.Spec:
 
 def main(argv: Sequence[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=plan_mod.__doc__.split("\n")[0])
-  parser.add_argument("action", choices=("run", "status", "plan", "record", "restore", "report"))
+  parser.add_argument(
+    "action", choices=("run", "status", "plan", "record", "restore", "report", "stop")
+  )
   parser.add_argument("--stage", type=int, choices=sorted(STAGES), default=1, help="which stage")
   driver.add_flags(
     parser,
@@ -76,7 +78,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     return 2
   return driver.run_command(
-    lambda: run_mod.run(out, max_steps=args.max_steps, stage=args.stage, records_to=args.records)
+    lambda: run_mod.run(out, max_steps=args.max_steps, stage=args.stage, records_to=args.records),
+    out,
   )
 
 

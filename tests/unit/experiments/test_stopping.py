@@ -1,20 +1,22 @@
 """A driver's SIGTERM (experiments.stopping) with real child processes and real signals sent to
 the driver alone: the step playing is sent the signal and waited for, no further step starts,
-and a second SIGTERM kills the step at once. The trainer's own stop at its safe point, through
-a driver, is tests/integration/test_preemption.py's."""
+and a second SIGTERM kills the step at once; the `stop` action on a real driver process. The
+trainer's own stop at its safe point, through a driver, is tests/integration/test_preemption.py's."""
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
 
 import pytest
 
-from experiments import driver
+from experiments import driver, stopping
 from experiments.stopping import STOP
+from tests.helpers import REPO
 
 # A step that, on SIGTERM, "saves" (writes `saved`) and exits 143 as a training does; with
 # `ignore`, a step that ignores SIGTERM (a training busy past its safe point).
@@ -98,3 +100,47 @@ def test_without_a_signal_the_steps_run_as_with_subprocess_run(tmp_path):
   assert (second / "log").read_text() == "out\n"
   with pytest.raises(ValueError, match="check=True"):
     STOP.run(["true"], check=True)
+
+
+# A driver in its own process (its own session, as `setsid` starts one) playing _plan's steps.
+DRIVER = """
+import sys
+from experiments import driver
+driver.AUTOGROUP = "/dev/null"  # the test's session keeps its priority
+out, first, child, mode, second = sys.argv[1:]
+steps = [
+  driver.Step("train", "a", 5e-4, 0, first, (sys.executable, child, first, mode)),
+  driver.Step("train", "b", 5e-4, 0, second, ("touch", second + "/ran")),
+]
+sys.exit(driver.run_command(lambda: driver.play(lambda: steps), out))
+"""
+
+
+def test_stop_signals_the_running_driver_and_waits_until_it_has_ended(tmp_path):
+  _, first, second = _plan(tmp_path, "save")
+  out = tmp_path / "out"
+  proc = subprocess.Popen(
+    [sys.executable, "-c", DRIVER, str(out), str(first), str(tmp_path / "child.py"), "save"]
+    + [str(second)],
+    cwd=REPO,
+    env=dict(os.environ, PYTHONPATH=REPO),
+    stdout=subprocess.DEVNULL,
+    start_new_session=True,
+  )
+  try:
+    deadline = time.time() + 60
+    while not (first / "ready").exists() and time.time() < deadline:
+      time.sleep(0.02)
+    lines: list[str] = []
+    assert stopping.stop_driver(str(out), echo=lines.append) == 0
+    assert "SIGTERM sent to the driver and its process group" in lines[0]
+    assert lines[-1].startswith("the driver has ended")
+    assert proc.wait(timeout=10) == 143
+  finally:
+    proc.kill()
+  assert (first / "saved").read_text() == "saved" and not (second / "ran").exists()
+  # the driver has ended: its pid file names no running driver now
+  assert stopping.stop_driver(str(out), echo=lines.append) == 0
+  assert "which is no longer a running driver" in lines[-1]
+  assert stopping.stop_driver(str(tmp_path / "none"), echo=lines.append) == 0
+  assert "does not exist (no `run` has played into" in lines[-1]
