@@ -298,9 +298,10 @@ def play(
     elif after is not None:
       echo(after())
     if records_to and record is not None:
-      added = record(records.Tables(records_to))
+      with STOP.deferred():  # a SIGTERM now: the tables' appends end first
+        added = record(records.Tables(records_to))
       echo(f"records: {added} finished step(s) appended to the tables in {records_to}")
-    if stopped:
+    if stopped or STOP.requested:
       break
   echo(f"stopped after {played} step(s) in {clock(time.time() - start)}; {len(failed)} failed")
   return len(failed)

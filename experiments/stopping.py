@@ -10,7 +10,8 @@ its steps go through (subprocess.run's call):
   nothing for a training) and the driver waits for it to end, then plays no other step
   (`requested`), and its `run` exits 143.
 * A second SIGTERM while the step still plays: the step is killed at once (SIGKILL).
-* SIGTERM between steps: the driver exits at once (143).
+* SIGTERM between steps: the driver exits at once (143), unless it is writing what must not stop
+  half-way (`deferred`: the tables' appends), which it finishes first.
 
 An evaluation has no safe point: SIGTERM ends it, and it plays its unfinished split again when
 the driver is run again.
@@ -22,12 +23,13 @@ one, as when started with setsid) and waits until the driver has ended.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 PID_FILE = "run.pid"  # <out>/run.pid: the process id of the driver playing into <out>
@@ -39,6 +41,7 @@ class Stop:
   def __init__(self) -> None:
     self.requested = False  # a SIGTERM came while a step played: play no further step
     self._step: subprocess.Popen | None = None
+    self._deferring = False
 
   def install(self) -> None:
     """Makes `handle` this process's SIGTERM handler (the main thread's call)."""
@@ -47,6 +50,9 @@ class Stop:
   def handle(self, signum: int, frame: Any) -> None:
     step = self._step
     if step is None or step.poll() is not None:
+      if self._deferring:
+        self.requested = True  # the driver stops once the write has ended
+        return
       sys.exit(128 + signum)
     if self.requested:
       step.kill()  # a second SIGTERM: now
@@ -72,6 +78,16 @@ class Stop:
     finally:
       self._step = None
     return subprocess.CompletedProcess(list(cmd), code)
+
+  @contextlib.contextmanager
+  def deferred(self) -> Iterator[None]:
+    """While entered, a SIGTERM between steps only sets `requested`, so that the block (a write
+    that must not stop half-way) ends before the driver does."""
+    self._deferring = True
+    try:
+      yield
+    finally:
+      self._deferring = False
 
   def reset(self) -> None:
     """Forgets a request (tests; a driver stops after one)."""

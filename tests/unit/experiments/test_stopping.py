@@ -144,3 +144,29 @@ def test_stop_signals_the_running_driver_and_waits_until_it_has_ended(tmp_path):
   assert "which is no longer a running driver" in lines[-1]
   assert stopping.stop_driver(str(tmp_path / "none"), echo=lines.append) == 0
   assert "does not exist (no `run` has played into" in lines[-1]
+
+
+def test_a_sigterm_while_the_tables_are_written_lets_the_write_end_first(tmp_path):
+  """Between steps a SIGTERM ends the driver at once, except while it appends to the tables: a
+  step's rows are written table after table, and a stop between them would leave rows that a
+  later `record` appends again."""
+  written: list[str] = []
+
+  def record(tables) -> int:
+    written.append("outcomes")
+    os.kill(os.getpid(), signal.SIGTERM)  # arrives between the two appends
+    time.sleep(0.2)
+    written.append("runs")
+    return 1
+
+  steps = [
+    driver.Step("train", arm, 5e-4, 0, str(tmp_path / arm), ("touch", str(tmp_path / arm / "ran")))
+    for arm in ("a", "b")
+  ]
+  code = driver.run_command(
+    lambda: driver.play(
+      lambda: steps, echo=lambda line: None, record=record, records_to=str(tmp_path)
+    )
+  )
+  assert code == 143 and written == ["outcomes", "runs"]
+  assert (tmp_path / "a" / "ran").exists() and not (tmp_path / "b" / "ran").exists()
