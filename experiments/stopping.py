@@ -49,7 +49,7 @@ class Stop:
 
   def handle(self, signum: int, frame: Any) -> None:
     step = self._step
-    if step is None or step.poll() is not None:
+    if step is None:
       if self._deferring:
         self.requested = True  # the driver stops once the write has ended
         return
@@ -58,7 +58,7 @@ class Stop:
       step.kill()  # a second SIGTERM: now
       return
     self.requested = True
-    step.send_signal(signal.SIGTERM)
+    step.send_signal(signal.SIGTERM)  # nothing when it has just ended: the driver stops after it
 
   def run(
     self, cmd: Sequence[str], check: bool = False, **popen: Any
