@@ -20,8 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple, Protocol, TypeVar
 
 from envs.common import file_lock, lock_held
-from experiments import records
-from experiments import stopping
+from experiments import records, stopping
 from experiments.stopping import STOP
 from sdar_jax.observe import collect, stats
 from sdar_jax.run import evaluation
