@@ -146,8 +146,12 @@ def stop_driver(
   if not _running_driver(pid):
     echo(f"no driver to stop: {path} names process {pid}, which is no longer a running driver")
     return 0
-  leads = os.getpgid(pid) == pid
-  (os.killpg if leads else os.kill)(pid, signal.SIGTERM)
+  try:
+    leads = os.getpgid(pid) == pid
+    (os.killpg if leads else os.kill)(pid, signal.SIGTERM)
+  except ProcessLookupError:  # it ended just now
+    echo(f"no driver to stop: process {pid} ended as the signal was being sent")
+    return 0
   whom = "the driver and its process group" if leads else "the driver"
   echo(
     f"SIGTERM sent to {whom} (process {pid}): the step playing stops at its safe point (a "
