@@ -287,8 +287,7 @@ def play(
         step.command, step.results, cwd=REPO, log_path=log, runner=runner
       )
     played += 1
-    stopped = STOP.requested
-    if stopped:
+    if STOP.requested:
       again = "`run` plays it again (a training from its last checkpoint)"
       echo(f"{step.label}: stopped by SIGTERM (exit code {code}); " + (again if code else "done"))
     elif code:
@@ -300,7 +299,7 @@ def play(
       with STOP.deferred():  # a SIGTERM now: the tables' appends end first
         added = record(records.Tables(records_to))
       echo(f"records: {added} finished step(s) appended to the tables in {records_to}")
-    if stopped or STOP.requested:
+    if STOP.requested:  # during the step, or during the appends just now
       break
   echo(f"stopped after {played} step(s) in {clock(time.time() - start)}; {len(failed)} failed")
   return len(failed)
