@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 PID_FILE = "run.pid"  # <out>/run.pid: the process id of the driver playing into <out>
+STOP_FILE = "stop.requested"  # <out>/stop.requested: the process id a `stop` has signalled
 
 
 class Stop:
@@ -99,8 +100,11 @@ STOP = Stop()  # the process's one handler (signals reach a process, not an obje
 
 # ---------------------------------------------------------------------------- `stop`
 def write_pid(out: str) -> str:
-  """Writes this process's id to <out>/PID_FILE (a driver's `run`); returns the path."""
+  """Writes this process's id to <out>/PID_FILE (a driver's `run`), forgetting an earlier
+  driver's stop request; returns the path."""
   os.makedirs(out, exist_ok=True)
+  with contextlib.suppress(FileNotFoundError):
+    os.remove(os.path.join(out, STOP_FILE))
   path = os.path.join(out, PID_FILE)
   with open(path, "w") as f:
     f.write(f"{os.getpid()}\n")
@@ -126,6 +130,15 @@ def _running_driver(pid: int) -> bool:
     return True
 
 
+def _signalled(marker: str) -> int | None:
+  """The process id an earlier `stop` signalled (<out>/STOP_FILE), if any."""
+  try:
+    with open(marker) as f:
+      return int(f.read().split()[0])
+  except (FileNotFoundError, ValueError, IndexError):
+    return None
+
+
 def stop_driver(
   out: str,
   wait: float = 900.0,
@@ -146,17 +159,28 @@ def stop_driver(
   if not _running_driver(pid):
     echo(f"no driver to stop: {path} names process {pid}, which is no longer a running driver")
     return 0
+  marker = os.path.join(out, STOP_FILE)
+  again = _signalled(marker) == pid
   try:
     leads = os.getpgid(pid) == pid
     (os.killpg if leads else os.kill)(pid, signal.SIGTERM)
   except ProcessLookupError:  # it ended just now
     echo(f"no driver to stop: process {pid} ended as the signal was being sent")
     return 0
+  with open(marker, "w") as f:
+    f.write(f"{pid}\n")
   whom = "the driver and its process group" if leads else "the driver"
-  echo(
-    f"SIGTERM sent to {whom} (process {pid}): the step playing stops at its safe point (a "
-    "training saves its last finished iteration), then the driver ends; `run` resumes it"
-  )
+  if again:
+    echo(
+      f"a second SIGTERM sent to {whom} (process {pid}): the step playing is killed now (a "
+      "training keeps its last periodic checkpoint, an evaluation plays its split again), then "
+      "the driver ends; `run` resumes it"
+    )
+  else:
+    echo(
+      f"SIGTERM sent to {whom} (process {pid}): the step playing stops at its safe point (a "
+      "training saves its last finished iteration), then the driver ends; `run` resumes it"
+    )
   start = last = time.monotonic()
   while _running_driver(pid):
     now = time.monotonic()

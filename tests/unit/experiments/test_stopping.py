@@ -149,6 +149,31 @@ def test_stop_signals_the_running_driver_and_waits_until_it_has_ended(tmp_path):
   assert "does not exist (no `run` has played into" in lines[-1]
 
 
+def test_a_second_stop_says_it_kills_the_step_and_the_driver_ends(tmp_path):
+  _, first, second = _plan(tmp_path, "ignore")
+  out = tmp_path / "out"
+  proc = subprocess.Popen(
+    [sys.executable, "-c", DRIVER, str(out), str(first), str(tmp_path / "child.py"), "ignore"]
+    + [str(second)],
+    cwd=REPO,
+    env=dict(os.environ, PYTHONPATH=REPO),
+    stdout=subprocess.DEVNULL,
+    start_new_session=True,
+  )
+  try:
+    _wait_ready(first)
+    lines: list[str] = []
+    # the step ignores SIGTERM: the first stop gives up waiting, the driver still runs
+    assert stopping.stop_driver(str(out), wait=0.5, echo=lines.append) == 1
+    assert "stops at its safe point" in lines[0] and "still runs after" in lines[-1]
+    assert stopping.stop_driver(str(out), echo=lines.append) == 0
+    assert any("a second SIGTERM sent to the driver" in x and "killed now" in x for x in lines)
+    assert proc.wait(timeout=10) == 143
+  finally:
+    proc.kill()
+  assert not (first / "saved").exists() and not (second / "ran").exists()
+
+
 def test_a_sigterm_while_the_tables_are_written_lets_the_write_end_first(tmp_path):
   """Between steps a SIGTERM ends the driver at once, except while it appends to the tables: a
   step's rows are written table after table, and a stop between them would leave rows that a
