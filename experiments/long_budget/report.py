@@ -262,6 +262,15 @@ def report(
     + (", ".join(f"`{a}` seeds {s}" for a, s in runs.items()) or "none yet")
     + "; arms with none: "
     + (", ".join(f"`{a}`" for a in ARMS if a not in runs) or "none")
+    + ". The design's seeds not (yet) trained: "
+    + (
+      "; ".join(
+        f"`{a}` {[s for s in seeds if s not in runs.get(a, ())]}"
+        for a in ARMS
+        if any(s not in runs.get(a, ()) for s in seeds)
+      )
+      or "none"
+    )
     + ".",
     "",
   ]

@@ -131,6 +131,7 @@ def test_the_report_on_one_seed_an_arm(tmp_path):
   assert "| `sdar` | 1 | 1 | seed 0: 24 |" in text and "| `grpo` | 1 | 0 | - |" in text
   assert "| 0 | iteration 20 |" in text  # retire_opd seed 0
   assert "`grpo_opsd`" in text.split("arms with none:")[1].split("\n")[0]
+  assert "not (yet) trained: `grpo` [1, 2]; `grpo_opsd` [0, 1, 2];" in text
   assert "| `initial` | 1 | 0.250 | 0.250 |" in text
   for name in ("report.md", "curves.png", "dynamics.csv", "collapse.csv", "retirement.csv"):
     assert os.path.getsize(os.path.join(dest, name)) > 0
