@@ -121,17 +121,23 @@ sys.exit(driver.run_command(lambda: driver.play(lambda: steps), out))
 """
 
 
-def test_stop_signals_the_running_driver_and_waits_until_it_has_ended(tmp_path):
-  _, first, second = _plan(tmp_path, "save")
+def _start_driver(tmp_path, mode: str):
+  """DRIVER in its own session playing _plan's steps into <tmp_path>/out."""
+  _, first, second = _plan(tmp_path, mode)
   out = tmp_path / "out"
+  command = [sys.executable, "-c", DRIVER, str(out), str(first), str(tmp_path / "child.py")]
   proc = subprocess.Popen(
-    [sys.executable, "-c", DRIVER, str(out), str(first), str(tmp_path / "child.py"), "save"]
-    + [str(second)],
+    [*command, mode, str(second)],
     cwd=REPO,
     env=dict(os.environ, PYTHONPATH=REPO),
     stdout=subprocess.DEVNULL,
     start_new_session=True,
   )
+  return proc, out, first, second
+
+
+def test_stop_signals_the_running_driver_and_waits_until_it_has_ended(tmp_path):
+  proc, out, first, second = _start_driver(tmp_path, "save")
   try:
     _wait_ready(first)
     lines: list[str] = []
@@ -150,16 +156,7 @@ def test_stop_signals_the_running_driver_and_waits_until_it_has_ended(tmp_path):
 
 
 def test_a_second_stop_says_it_kills_the_step_and_the_driver_ends(tmp_path):
-  _, first, second = _plan(tmp_path, "ignore")
-  out = tmp_path / "out"
-  proc = subprocess.Popen(
-    [sys.executable, "-c", DRIVER, str(out), str(first), str(tmp_path / "child.py"), "ignore"]
-    + [str(second)],
-    cwd=REPO,
-    env=dict(os.environ, PYTHONPATH=REPO),
-    stdout=subprocess.DEVNULL,
-    start_new_session=True,
-  )
+  proc, out, first, second = _start_driver(tmp_path, "ignore")
   try:
     _wait_ready(first)
     lines: list[str] = []
