@@ -229,6 +229,10 @@ class Retrain(NamedTuple):
   after: Callable[[], str] | None = None  # said once it finished
 
 
+def _later_seed(training: Step, evaluation: Step) -> bool:
+  return None not in (training.seed, evaluation.seed) and training.seed > evaluation.seed
+
+
 def play(
   plan: Callable[[], Sequence[Step]],
   *,
@@ -251,7 +255,8 @@ def play(
   there and returns how many. The start line counts the steps of `total` and, with `hours`, says
   the cost plan's hours of the step. `evaluations`: the lock an evaluation step holds while it
   plays (`evaluations_lock`), so that drivers side by side play one at a time; while another
-  holds it, a training step still to do is played first. Steps run through `stopping.STOP`
+  holds it, a training step still to do is played first, unless it is of a later seed than the
+  evaluation (the driver then waits for the lock). Steps run through `stopping.STOP`
   unless `runner` is given: after a SIGTERM (`run_command`) the step playing stops at its safe
   point and no other step starts."""
   runner = runner or STOP.run
@@ -265,7 +270,9 @@ def play(
     step, after = todo[0], None
     if step.kind not in ("train", "panels") and evaluations and lock_held(evaluations):
       training = next((s for s in todo if s.kind == "train"), None)
-      if training is not None:  # trains meanwhile: a step's outcome does not hang on the order
+      if training is not None and not _later_seed(training, step):
+        # trains meanwhile: a step's outcome does not hang on the order, but a plan played
+        # seed-major keeps its seeds in order (seed 1 of every arm finishes before any seed 2)
         echo(
           f"{step.label}: another driver's evaluation holds {evaluations}; {training.label} first"
         )

@@ -323,6 +323,30 @@ def test_drivers_side_by_side_play_one_held_out_evaluation_at_a_time(tmp_path):
   assert order == [("train", True), ("heldout", True)]
   assert "heldout grpo lr5.0e-04 seed 1: another driver's evaluation holds" in said[0]
   assert said[0].endswith("train sdar lr5.0e-04 seed 1 first")
+
+  # ... but not a training of a later seed: the driver waits for the lock instead
+  fcntl.flock(other, fcntl.LOCK_EX)
+  steps[1] = driver.Step("train", "sdar", 5e-4, 2, steps[1].workdir, ("x",))
+  finished, order = set(), []
+
+  def runner_seed_major(cmd, **_):
+    step = next(s for s in steps if s.label not in finished)
+    order.append((step.kind, held()))
+    finished.add(step.label)
+    return types.SimpleNamespace(returncode=0)
+
+  said.clear()
+  threading.Timer(0.5, fcntl.flock, (other, fcntl.LOCK_UN)).start()
+  driver.play(
+    lambda: steps,
+    done=lambda s: s.label in finished,
+    runner=runner_seed_major,
+    echo=said.append,
+    evaluations=lock,
+  )
+  assert order == [("heldout", True), ("train", False)]
+  assert not any(x.endswith(" first") for x in said)
+  assert any("heldout grpo lr5.0e-04 seed 1: waiting for" in x for x in said)
   other.close()
 
 
