@@ -17,7 +17,7 @@ help:
 	@echo "              for TPU slices without a TPU (tests/integration/test_aot.py)"
 	@echo "make bench  - forward / sampling / train-step / env / rollout benchmarks with their peers"
 	@echo "              (google-tunix into .venv-bench-peers/ on first use; print figures)"
-	@echo "make fmt    - format the tree (ruff, settings in pyproject.toml)"
+	@echo "make fmt    - lint fixes and format the tree (ruff, settings in pyproject.toml)"
 
 $(VENV)/bin/python:
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { \
@@ -83,6 +83,7 @@ bench: $(DEV_STAMP) $(BENCH_PEERS_STAMP)
 	$(BENCH_PY) bench/rollout.py
 
 fmt: $(DEV_STAMP)
+	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
 clean-venv:

@@ -57,11 +57,11 @@ from _common import bound_line, machine_peaks, median_time, peer_model  # noqa: 
 
 from sdar_jax.algos import AlgoConfig, get_preset  # noqa: E402
 from sdar_jax.core.batch import TurnBatch  # noqa: E402
-from sdar_jax.core.train_state import create_train_state, make_optimizer  # noqa: E402
 from sdar_jax.core.scoring import response_logprobs  # noqa: E402
+from sdar_jax.core.train_state import create_train_state, make_optimizer  # noqa: E402
 from sdar_jax.core.train_step import TrainStep  # noqa: E402
-from sdar_jax.models.flops import update_flops  # noqa: E402
 from sdar_jax.models import ModelConfig, init_params  # noqa: E402
+from sdar_jax.models.flops import update_flops  # noqa: E402
 from sdar_jax.models.roofline import ADAMW_WORDS, Work, update_work  # noqa: E402
 
 # Dense bf16 peak FLOP/s per chip, by a substring of jax.Device.device_kind (first match wins).

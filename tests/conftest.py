@@ -57,9 +57,9 @@ import jax  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
-import pytest
+import pytest  # noqa: E402
 
-from tests.helpers import ALFWORLD_GAME_SPLITS, TINY_CONFIG, make_turn_batch
+from tests.helpers import ALFWORLD_GAME_SPLITS, TINY_CONFIG, make_turn_batch  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -21,6 +21,7 @@ from sdar_jax.algos.aggregation import (
   seq_count,
   token_count,
 )
+from sdar_jax.algos.config import EMA_CADENCES, TEACHER_SOURCES, AlgoConfig
 from sdar_jax.algos.contexts import (
   TEACHER_CONTEXTS,
   ContextRequest,
@@ -30,8 +31,6 @@ from sdar_jax.algos.contexts import (
   context_metrics,
   register_context_source,
 )
-from sdar_jax.algos.sdpo import SDPO, sdpo_divergence, sdpo_loss
-from sdar_jax.algos.config import EMA_CADENCES, TEACHER_SOURCES, AlgoConfig
 from sdar_jax.algos.distill import (
   DISTILL_LOSSES,
   GATED_TERMS,
@@ -65,6 +64,7 @@ from sdar_jax.algos.presets import ALGO_PRESETS, PRESET_RUN_SETTINGS, get_preset
 from sdar_jax.algos.reflection import Reflection, reflect_episodes
 from sdar_jax.algos.registry import Registry
 from sdar_jax.algos.retirement import Retirement, RetirementHooks
+from sdar_jax.algos.sdpo import SDPO, sdpo_divergence, sdpo_loss
 from sdar_jax.algos.sections import (
   EMA,
   GRSD,

@@ -30,14 +30,24 @@ from sdar_jax.algos.distill import (
   VOCAB_FORMS,
   WEIGHTED_TERMS,
 )
-from sdar_jax.algos.sdpo import SDPO, sdpo_problems
 from sdar_jax.algos.gates import GATES
 from sdar_jax.algos.hooks import METHOD_HOOKS
 from sdar_jax.algos.losses import KL_PENALTIES
-from sdar_jax.algos.reflection import Reflection, reflection_problems
 from sdar_jax.algos.opid import OPID, opid_problems
-from sdar_jax.algos.sections import EMA, GRSD, RETIRE_WINDOWS, RLSD, SECTIONS, UCOB, AgentOPSD
-from sdar_jax.algos.sections import PPOClip, Retire, TeacherStage
+from sdar_jax.algos.reflection import Reflection, reflection_problems
+from sdar_jax.algos.sdpo import SDPO, sdpo_problems
+from sdar_jax.algos.sections import (
+  EMA,
+  GRSD,
+  RETIRE_WINDOWS,
+  RLSD,
+  SECTIONS,
+  UCOB,
+  AgentOPSD,
+  PPOClip,
+  Retire,
+  TeacherStage,
+)
 from sdar_jax.algos.skill_memory import SkillMemory, skill_memory_problems
 from sdar_jax.algos.teacher_schedules import PASSED_TEACHER_WEIGHTS, TEACHER_WEIGHTS
 from sdar_jax.algos.turn_credit import TURN_ADVANTAGES
@@ -45,10 +55,8 @@ from sdar_jax.config_keys import MOVED_ON, RENAMED_VALUES, translate_section
 
 TEACHER_SOURCES = ("rollout", "update")
 EMA_CADENCES = ("iteration", "update", "manual")
-# algo.teacher_context: where the teacher's prompt holds the skills
-SKILL_PLACES = ("block", "message")  # where the teacher prompt holds the skills
-# algo.views: which prompt each training episode plays with
-VIEWS = ("single", "mixed")
+SKILL_PLACES = ("block", "message")  # algo.teacher_context: where the teacher prompt has skills
+VIEWS = ("single", "mixed")  # algo.views: which prompt each training episode plays with
 
 
 def _is_number(value: Any, low: float = float("-inf")) -> bool:

@@ -30,8 +30,8 @@ import numpy as np
 from sdar_jax import config_keys
 from sdar_jax.infra import paths
 from sdar_jax.infra.errors import UserError
-from sdar_jax.observe.pairing import CompareError, paired_arms
 from sdar_jax.observe.metrics import read_history
+from sdar_jax.observe.pairing import CompareError, paired_arms
 
 RUN_STATUS = "run_status.json"
 SUCCESS_KEY = "val/success_rate"

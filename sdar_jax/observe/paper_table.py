@@ -14,7 +14,6 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-
 from sdar_jax.infra import paths
 from sdar_jax.infra.errors import UserError
 from sdar_jax.observe.metrics import read_history

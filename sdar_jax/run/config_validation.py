@@ -24,12 +24,12 @@ import jax
 from envs.base import env_section_problems, env_start_check, families_among
 from envs.skills.retrieval import skills_section_problems
 from sdar_jax.algos import AlgoConfig
-from sdar_jax.rollout.shaping import RewardShaping
 from sdar_jax.core.sampling import SamplingParams
 from sdar_jax.core.sharding import batch_divisor, resolve_mesh_shape
 from sdar_jax.core.train_state import make_optimizer
 from sdar_jax.models import ModelConfig
 from sdar_jax.rollout.batching import MINIBATCH_ORDERS
+from sdar_jax.rollout.shaping import RewardShaping
 from sdar_jax.run import setup as run_setup
 from sdar_jax.run import warm_start
 from sdar_jax.run.setup import ConfigError, model_config_from

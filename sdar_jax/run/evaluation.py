@@ -370,8 +370,8 @@ class EvaluationMixin:
     if loop.with_teacher or loop.retriever is not None:
       return None
     if getattr(self, "_fallback_retriever", _UNSET) is _UNSET:  # not looked for yet
-      loops = [self.loop, *(l for v in self.validations for _, l in v.loops)]
-      found = [l.retriever for l in loops if l is not None and l.retriever is not None]
+      loops = [self.loop, *(loop for v in self.validations for _, loop in v.loops)]
+      found = [x.retriever for x in loops if x is not None and x.retriever is not None]
       if found:
         self._fallback_retriever = found[0]
       else:

@@ -230,9 +230,11 @@ def build_policy(config, mesh) -> tuple[ModelConfig, Any]:
 def restore_policy(config, mesh, checkpoint_dir: str, step: int) -> tuple[ModelConfig, Any]:
   """(model config, params placed on the mesh) of checkpoint `step` in `checkpoint_dir`: the
   parameters alone, read without writing into the directory (no optimizer state is built)."""
-  from sdar_jax.run.checkpoint import CheckpointManager
-
-  from sdar_jax.run.checkpoint import CheckpointUnreadableError, unreadable_reason
+  from sdar_jax.run.checkpoint import (
+    CheckpointManager,
+    CheckpointUnreadableError,
+    unreadable_reason,
+  )
 
   model_config = model_config_from(config)
   with CheckpointManager(checkpoint_dir, read_only=True) as ckpt:

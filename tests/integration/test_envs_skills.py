@@ -51,9 +51,9 @@ def test_skill_files_follow_the_format(name):
   lines = _read(name).splitlines()
   header = "### GENERAL SKILLS ###" if name == "general" else f"### TASK: {name} ###"
   assert lines[0] == header and lines[1] and not lines[2]
-  items = [l for l in lines[3:] if l]
+  items = [line for line in lines[3:] if line]
   assert len(items) >= 5 and all(
-    re.match(rf"{n}\. [^:]+: .+ Apply this ", l) for n, l in enumerate(items, 1)
+    re.match(rf"{n}\. [^:]+: .+ Apply this ", item) for n, item in enumerate(items, 1)
   )
 
 
@@ -112,11 +112,11 @@ def test_skill_grpo_student_block_is_the_keyword_rule_over_the_message(rules_ver
 def test_bm25_ranks_the_relevant_items_first():
   retriever = SkillRetriever("alfworld", strategy="bm25", top_k=3)
   text = retriever.skill_text(query="heat the potato with the microwave")
-  numbered = [l for l in text.splitlines() if re.match(r"\d+\. ", l)]
+  numbered = [line for line in text.splitlines() if re.match(r"\d+\. ", line)]
   assert len(numbered) == 3
   # The three items that mention both "heat" and "microwave" are the heat file's, in rank order.
   assert text.startswith("### TASK: heat ###") and text.count("###") == 2
-  assert all("microwave" in l.lower() and "heat" in l.lower() for l in numbered)
+  assert all("microwave" in x.lower() and "heat" in x.lower() for x in numbered)
   lamp = retriever.skill_text(query="switch on the desklamp while holding the book")
   assert "### TASK: look_at_obj_in_light ###" in lamp
   assert retriever.skill_text(query="zzzz qqqq") == ""  # nothing relevant: no block

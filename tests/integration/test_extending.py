@@ -10,8 +10,8 @@ import pytest
 from configs import alfworld, common
 from sdar_jax.algos import DISTILL_LOSSES, GATES, AlgoConfig, agg_loss, masked_mean
 from sdar_jax.core.batch import TurnBatch
-from sdar_jax.core.train_state import create_train_state, make_optimizer
 from sdar_jax.core.loss import loss_and_grads
+from sdar_jax.core.train_state import create_train_state, make_optimizer
 from sdar_jax.core.train_step import TrainStep
 from sdar_jax.models import ModelConfig, forward, init_params
 from sdar_jax.run.config_validation import ConfigError, validate

@@ -13,7 +13,7 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "launch"))
-import sweep  # launch/sweep.py
+import sweep  # noqa: E402  (launch/sweep.py, on the path just above)
 
 SLURM = {"SLURM_NNODES": "2", "SLURM_GPUS_ON_NODE": "4"}
 TPU = {"TPU_NAME": "pod", "ZONE": "us-east5-a"}

@@ -20,9 +20,9 @@ from sdar_jax.infra.errors import UserError
 from sdar_jax.models import init_params, load_pretrained, save_pretrained
 from sdar_jax.models.hf_io import NonFiniteWeightsError, all_finite, first_non_finite
 from sdar_jax.run import trainer
+from sdar_jax.run.checkpoint import CheckpointManager, abstract_train_state, export_hf
 from sdar_jax.run.guards import RunGuards, SkippedUpdatesError
 from sdar_jax.run.resume import LoopState
-from sdar_jax.run.checkpoint import CheckpointManager, abstract_train_state, export_hf
 from tests.helpers import SMALL_QWEN3
 
 

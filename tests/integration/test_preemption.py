@@ -18,19 +18,19 @@ import pytest
 from tests.helpers import REPO
 
 TOTAL = 4
-CONFIG = f"""
+CONFIG = """
 from tests.helpers import tiny_run_config
 
 
 def get_config():
-  return tiny_run_config({{total}}, algo="grpo", **{{{{
+  return tiny_run_config({total}, algo="grpo", **{{
     "env.num_workers": 1,  # a real env worker process, which gets the signal too
     "train.eval_before_train": False,
     "train.eval_every": 0,
     "logging.every": 1,
     "checkpoint.every": 100,  # only what the stop saves (and the end)
     "checkpoint.keep": 5,
-  }}}})
+  }})
 """
 
 

@@ -22,7 +22,6 @@ import numpy as np
 import pytest
 
 from sdar_jax.run.guards import NothingTrainedError
-
 from tests.helpers import (
   tiny_run_config,
   wandb_history,

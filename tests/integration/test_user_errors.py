@@ -82,8 +82,8 @@ def test_the_projects_user_errors_keep_their_old_bases():
   from sdar_jax.rollout.agent_loop import PromptTooLongError
   from sdar_jax.run.checkpoint import CheckpointWriteError
   from sdar_jax.run.evaluation import EvaluationError
-  from sdar_jax.run.setup import ConfigError
   from sdar_jax.run.guards import EnvFailureError
+  from sdar_jax.run.setup import ConfigError
   from sdar_jax.run.workdir_lock import WorkdirLockedError
   from sdar_jax.text.tokenizer import TokenizerFilesNotFoundError
 

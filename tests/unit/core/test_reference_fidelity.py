@@ -17,8 +17,8 @@ import pytest
 
 from sdar_jax.algos import AlgoConfig, get_preset
 from sdar_jax.core.batch import TurnBatch
-from sdar_jax.core.sampling import SamplingParams
 from sdar_jax.core.loss import loss_and_grads
+from sdar_jax.core.sampling import SamplingParams
 from sdar_jax.core.train_state import create_train_state, make_optimizer
 from sdar_jax.core.train_step import TrainStep, train_step_from_config
 from sdar_jax.models import ModelConfig, forward, init_params
