@@ -182,7 +182,15 @@ class RetirementHooks(MethodHooks):
     return {"retire/lam": 0.0 if self.rule.retired else self.lam}
 
   def at_evaluation(self, view, evaluation: Mapping[str, float], start: bool):
-    self.rule.record_success(evaluation.get("val/success_rate", 0.0))
+    if "val/success_rate" not in evaluation:  # every episode lost to env failures: no rate
+      logging.getLogger(__name__).warning(
+        "RetireOPD: the validation after iteration %d has no success rate (val/env_failures "
+        "%s); the rule skips it",
+        view.iteration,
+        evaluation.get("val/env_failures"),
+      )
+      return None
+    self.rule.record_success(evaluation["val/success_rate"])
     if start:  # the frozen teacher, with its skills (played with the teacher's weights)
       self.rule.teacher_success = evaluation.get("val_with_skill/success_rate", 0.0)
       return {"retire/teacher_success": self.rule.teacher_success}

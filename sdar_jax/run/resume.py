@@ -32,6 +32,8 @@ class LoopState:
   replay: dict[str, int] | None = None
   all_failed_iterations: int = 0  # consecutive iterations in which every env failed
   skipped_in_a_row: int = 0  # consecutive updates skipped for a non-finite loss or gradient
+  # a stop came before the validation due after `iteration`: the resumed run plays it first
+  validation_due: bool = False
   hooks: dict[str, Any] | None = None  # each method hook's state, by its registered name
   # entries of older checkpoints' loop state that are no field here (a hook's state saved under
   # its own key before hooks existed: `MethodHooks.legacy_state_key`)
@@ -108,6 +110,29 @@ class ResumeMixin:
     self._drop_metric_rows_after(self.loop_state.iteration)
     RunView(self, self.loop_state.iteration).hooks("at_run_start")
     return True
+
+  def validate_first(self, resumed: bool) -> dict[str, float]:
+    """Before the first iteration: a fresh run's validation before training
+    (train.eval_before_train), or, resumed, the validation of the restored iteration that a stop
+    request came before (a signal to the whole job has ended the env workers by then, and hooks
+    decide from the validations): played now, as a run never stopped would have, its row merged
+    into the iteration's (`read_history`). Returns the row logged, else {}."""
+    it = self.loop_state.iteration
+    if not resumed and self.validations and self.config.train.eval_before_train:
+      evaluation = self.evaluate(start=True)
+      RunView(self, it, evaluation).hooks("at_evaluation", evaluation, True)
+      last = self.logger.log(it, {**self.warm_start_metrics, **evaluation})
+      self.figures.draw_metrics(self.logger.path)
+      return last
+    if not (resumed and self.loop_state.validation_due):
+      return {}
+    log.info("iteration %d's validation was not played before the stop: playing it now", it)
+    evaluation = self.evaluate()
+    RunView(self, it, evaluation).hooks("at_evaluation", evaluation, False)
+    self.loop_state.validation_due = False
+    last = self.logger.log(it, evaluation)
+    self.figures.draw_metrics(self.logger.path, force=True)
+    return last
 
   def _drop_metric_rows_after(self, step: int) -> None:
     if step < 0 and not self.warm_start_metrics and self.logger.path:

@@ -461,12 +461,7 @@ class Trainer(RolloutsMixin, EvaluationMixin, ResumeMixin):
     cfg = self.config
     total = cfg.train.iterations
     resumed = self.maybe_restore()
-    last: dict[str, float] = {}
-    if self.validations and cfg.train.eval_before_train and not resumed:
-      evaluation = self.evaluate(start=True)
-      RunView(self, self.loop_state.iteration, evaluation).hooks("at_evaluation", evaluation, True)
-      last = self.logger.log(self.loop_state.iteration, {**self.warm_start_metrics, **evaluation})
-      self.figures.draw_metrics(self.logger.path)
+    last = self.validate_first(resumed)
     progress = Progress(total)
     started = self.loop_state.iteration
     if self.loop_state.iteration < total:
@@ -513,9 +508,12 @@ class Trainer(RolloutsMixin, EvaluationMixin, ResumeMixin):
         break
       self.loop_state.iteration += 1
       it = self.loop_state.iteration
-      evaluated = bool(self.validations and cfg.train.eval_every) and _due(
+      due = bool(self.validations and cfg.train.eval_every) and _due(
         it, cfg.train.eval_every, total
       )
+      # after a stop request the resumed run plays the validation (`validate_first`)
+      evaluated = due and not stop.requested()
+      self.loop_state.validation_due = due and not evaluated
       if evaluated:
         with self.device_turn():  # the rollout thread keeps stepping its envs meanwhile
           metrics.update(self.evaluate())
@@ -523,7 +521,7 @@ class Trainer(RolloutsMixin, EvaluationMixin, ResumeMixin):
       RunView(self, it, metrics).hooks("at_iteration_end")
       duration = progress.tick()
       log.info("%s | %s", progress.line(it, duration), self.logger.summary(metrics))
-      if evaluated or _due(it, cfg.logging.every, total):
+      if due or _due(it, cfg.logging.every, total):
         last = self.logger.log(it, metrics, echo=False)
         self.figures.draw_metrics(self.logger.path, force=evaluated or it == total)
       if _due(it, cfg.checkpoint.every, total):

@@ -15,12 +15,14 @@ import logging
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+from sdar_jax.observe.metrics import read_history
 from sdar_jax.run.guards import NothingTrainedError
 from tests.helpers import (
   tiny_run_config,
@@ -104,6 +106,38 @@ def test_rows_every_logging_every_and_checkpoints(trained):
     assert ckpt.all_steps() == [2, 3]
   assert os.path.exists(os.path.join(workdir, "metrics.png"))
   assert not os.path.exists(os.path.join(workdir, ".sdar_jax.lock"))  # released at the end
+
+
+def test_a_stop_before_a_validation_plays_it_when_the_run_resumes(trained, tmp_path, monkeypatch):
+  """A stop request that comes in the iteration a validation is due after (its env workers may
+  have ended with the signal) saves the iteration without the validation; the resumed run plays
+  it first, and the row it logs is the one of the run that never stopped. Resumed from the
+  module's run at checkpoint 2, stopped in iteration 3."""
+  from sdar_jax.run import trainer
+  from sdar_jax.run.preemption import Preempted
+
+  source, config, _ = trained
+  workdir = tmp_path / "run"
+  shutil.copytree(source, workdir, ignore=shutil.ignore_patterns("3", "eval", "*.lock"))
+  real = trainer.Trainer.train_iteration
+
+  def stopped_in_3(self, stop=None):
+    metrics = real(self, stop)
+    if self.loop_state.iteration == 2:  # the request comes after iteration 3's update
+      stop.signum = signal.SIGTERM
+    return metrics
+
+  monkeypatch.setattr(trainer.Trainer, "train_iteration", stopped_in_3)
+  with pytest.raises(Preempted, match="after 3 of 3 iterations: iteration 3 is saved"):
+    trainer.run(config, str(workdir))
+  rows = {r["step"]: r for r in read_history(str(workdir / "metrics.jsonl"))}
+  assert "train/loss" in rows[3] and "val/success_rate" not in rows[3]
+  monkeypatch.undo()
+  trainer.run(config, str(workdir))
+  played = {r["step"]: r for r in read_history(str(workdir / "metrics.jsonl"))}
+  never = {r["step"]: r for r in read_history(os.path.join(source, "metrics.jsonl"))}
+  val = {k: v for k, v in never[3].items() if k.startswith("val/")}
+  assert len(val) > 3 and {k: played[3][k] for k in val} == val
 
 
 def test_training_rows_have_the_perf_metrics(trained):

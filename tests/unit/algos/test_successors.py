@@ -442,3 +442,23 @@ def test_retire_opd_refuses_a_run_that_cannot_measure_the_teacher():
   assert [p.split("=")[0] for p in problems] == ["train.eval_before_train", "train.eval_every"]
   assert all("algo.retire.window=5" in p and "Fix: set --config." in p for p in problems)
   assert method_problems(alfworld.get_config("model=tiny,algo=sdar,local=True")) == []
+
+
+def test_retirement_hooks_skip_a_validation_whose_episodes_were_all_lost(caplog):
+  """A validation whose every episode failed (its env workers gone) logs no success rate: the
+  rule skips it instead of counting a success of 0, so the competence after it is the same as
+  if it had not been played."""
+  import types
+
+  from sdar_jax.algos.retirement import RetirementHooks
+
+  hooks = RetirementHooks(get_preset("retire_opd"))
+  view = types.SimpleNamespace(iteration=0)
+  start = {"val/success_rate": 0.25, "val_with_skill/success_rate": 0.5}
+  assert hooks.at_evaluation(view, start, True) == {"retire/teacher_success": 0.5}
+  hooks.at_evaluation(types.SimpleNamespace(iteration=4), {"val/success_rate": 0.5}, False)
+  assert hooks.rule.competence() == pytest.approx((0.5 + 0.25) / (2 * 0.5))
+  lost = {"val/env_failures": 64.0}
+  assert hooks.at_evaluation(types.SimpleNamespace(iteration=8), lost, False) is None
+  assert hooks.rule.competence() == pytest.approx(0.75)  # unchanged: no 0 recorded
+  assert "after iteration 8 has no success rate" in caplog.text
