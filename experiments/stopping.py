@@ -17,8 +17,10 @@ An evaluation has no safe point: SIGTERM ends it, and it plays its unfinished sp
 the driver is run again.
 
 A driver's `run` writes its process id to <out>/run.pid (`write_pid`); its `stop` action
-(`stop_driver`) sends the SIGTERM (to the driver's whole process group where the driver leads
-one, as when started with setsid) and waits until the driver has ended.
+(`stop_driver`) sends the SIGTERM to the driver alone, which passes it to its step, and waits
+until the driver has ended. Not to the driver's process group: that would reach the step's env
+workers too, which end on SIGTERM (a scheduler stopping the whole job), so the step would lose
+the episodes they were playing (the trainer then plays the iteration's validation when resumed).
 """
 
 from __future__ import annotations
@@ -145,8 +147,7 @@ def stop_driver(
   echo: Callable[[str], None] = lambda line: print(line, flush=True),
   every: float = 15.0,
 ) -> int:
-  """`stop`: SIGTERM to the driver playing into `out` (and to its process group where it leads
-  one), then waits up to `wait` seconds for it to end, saying so every `every` seconds. Exit
+  """`stop`: SIGTERM to the driver playing into `out` (it passes it to its step), then waits up to `wait` seconds for it to end, saying so every `every` seconds. Exit
   code 0 when it has ended or none was running, 1 when it still runs after `wait` (a second
   `stop` then kills its step at once)."""
   path = os.path.join(out, PID_FILE)
@@ -162,23 +163,21 @@ def stop_driver(
   marker = os.path.join(out, STOP_FILE)
   again = _signalled(marker) == pid
   try:
-    leads = os.getpgid(pid) == pid
-    (os.killpg if leads else os.kill)(pid, signal.SIGTERM)
+    os.kill(pid, signal.SIGTERM)
   except ProcessLookupError:  # it ended just now
     echo(f"no driver to stop: process {pid} ended as the signal was being sent")
     return 0
   with open(marker, "w") as f:
     f.write(f"{pid}\n")
-  whom = "the driver and its process group" if leads else "the driver"
   if again:
     echo(
-      f"a second SIGTERM sent to {whom} (process {pid}): the step playing is killed now (a "
+      f"a second SIGTERM sent to the driver (process {pid}): the step playing is killed now (a "
       "training keeps its last periodic checkpoint, an evaluation plays its split again), then "
       "the driver ends; `run` resumes it"
     )
   else:
     echo(
-      f"SIGTERM sent to {whom} (process {pid}): the step playing stops at its safe point (a "
+      f"SIGTERM sent to the driver (process {pid}): the step playing stops at its safe point (a "
       "training saves its last finished iteration), then the driver ends; `run` resumes it"
     )
   start = last = time.monotonic()
