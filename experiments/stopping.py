@@ -147,9 +147,10 @@ def stop_driver(
   echo: Callable[[str], None] = lambda line: print(line, flush=True),
   every: float = 15.0,
 ) -> int:
-  """`stop`: SIGTERM to the driver playing into `out` (it passes it to its step), then waits up to `wait` seconds for it to end, saying so every `every` seconds. Exit
-  code 0 when it has ended or none was running, 1 when it still runs after `wait` (a second
-  `stop` then kills its step at once)."""
+  """`stop`: SIGTERM to the driver playing into `out` (it passes it to its step), then waits up
+  to `wait` seconds for it to end, saying so every `every` seconds. Exit code 0 when it has ended
+  or none was running, 1 when it still runs after `wait` (a second `stop` then kills its step at
+  once)."""
   path = os.path.join(out, PID_FILE)
   try:
     with open(path) as f:
