@@ -200,7 +200,7 @@ def decide_vocab_context(out: str, policy: str = os.path.join(REPO, CONTEXT_POLI
     "rule": "the larger of warm_start/sibling_gap_on_expert and warm_start/hindsight_gap_on_"
     "expert in the context policy's warm_start_metrics.json; a tie: sibling",
     "source": os.path.join(policy, WARM_START_METRICS),
-    "decided": datetime.datetime.now().isoformat(timespec="seconds"),
+    "recorded": datetime.datetime.now().isoformat(timespec="seconds"),  # after a restore: then
   }
   os.makedirs(out, exist_ok=True)
   with open(os.path.join(out, VOCAB_FILE), "w") as f:
@@ -272,7 +272,7 @@ def decide_rate(out: str, design: Design = FULL) -> float | None:
       | {"higher_at_pilot_rate": _higher(by)}
       for arm, by in finals.items()
     },
-    "decided": datetime.datetime.now().isoformat(timespec="seconds"),
+    "recorded": datetime.datetime.now().isoformat(timespec="seconds"),  # after a restore: then
   }
   os.makedirs(out, exist_ok=True)
   with open(os.path.join(out, RATE_FILE), "w") as f:

@@ -97,7 +97,8 @@ def rate_line(out: str) -> str:
     )
     for arm, by in found["pilot"].items()
   )
-  return f"the rate: {found['chosen']:g} (decided {found['decided']}; {pilot})"
+  # no time: the file is written again when a fresh machine restores the runs from the tables
+  return f"the rate: {found['chosen']:g} (the rule on the pilot's final successes: {pilot})"
 
 
 def vocab_line(out: str, policy: str = os.path.join(REPO, plan_mod.CONTEXT_POLICY)) -> str:

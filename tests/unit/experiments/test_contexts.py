@@ -218,10 +218,10 @@ def test_the_driver_announces_the_rate_once_whoever_decided_it(tmp_path, monkeyp
   (steps,) = plans
   steps()
   assert not any(line.startswith("rate decided") for line in lines)
-  decision = {"chosen": 1e-3, "decided": "2026-12-06T23:00:00", "pilot": {}}
+  decision = {"chosen": 1e-3, "recorded": "2026-12-06T23:00:00", "pilot": {}}
   (tmp_path / plan_mod.RATE_FILE).write_text(json.dumps(decision))  # as `record` writes it
   steps()
   steps()
   assert [line for line in lines if line.startswith("rate decided")] == [
-    "rate decided: the rate: 0.001 (decided 2026-12-06T23:00:00; )"
+    "rate decided: the rate: 0.001 (the rule on the pilot's final successes: )"
   ]
