@@ -254,6 +254,7 @@ def report(
   write_csv(os.path.join(dest, "paired.csv"), pairs, ("comparison", "measure", *FAMILY_COLUMNS))
   figure = plot(data, os.path.join(dest, "curves.png"))
   runs = {arm: sorted(s) for arm, s in data.view.runs.items()}
+  missing = {arm: [s for s in seeds if s not in runs.get(arm, ())] for arm in ARMS}
   lines = [
     "# The third stage: long budget (report)",
     "",
@@ -263,14 +264,7 @@ def report(
     + "; arms with none: "
     + (", ".join(f"`{a}`" for a in ARMS if a not in runs) or "none")
     + ". The design's seeds not (yet) trained: "
-    + (
-      "; ".join(
-        f"`{a}` {[s for s in seeds if s not in runs.get(a, ())]}"
-        for a in ARMS
-        if any(s not in runs.get(a, ()) for s in seeds)
-      )
-      or "none"
-    )
+    + ("; ".join(f"`{a}` {m}" for a, m in missing.items() if m) or "none")
     + ".",
     "",
   ]

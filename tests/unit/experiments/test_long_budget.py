@@ -335,13 +335,17 @@ def test_drivers_side_by_side_play_one_held_out_evaluation_at_a_time(tmp_path):
     finished.add(step.label)
     return types.SimpleNamespace(returncode=0)
 
+  def say(line: str) -> None:  # the other evaluation ends once the driver waits for it
+    said.append(line)
+    if ": waiting for " in line:
+      fcntl.flock(other, fcntl.LOCK_UN)
+
   said.clear()
-  threading.Timer(0.5, fcntl.flock, (other, fcntl.LOCK_UN)).start()
   driver.play(
     lambda: steps,
     done=lambda s: s.label in finished,
     runner=runner_seed_major,
-    echo=said.append,
+    echo=say,
     evaluations=lock,
   )
   assert order == [("heldout", True), ("train", False)]

@@ -19,14 +19,17 @@ from experiments.stopping import STOP
 from tests.helpers import REPO
 
 # A step that, on SIGTERM, "saves" (writes `saved`) and exits 143 as a training does; with
-# `ignore`, a step that ignores SIGTERM (a training busy past its safe point).
+# `ignore`, a step that notes each SIGTERM (touches `term`) and plays on (a training busy past
+# its safe point).
 CHILD = """
 import pathlib, signal, sys, time
 folder = pathlib.Path(sys.argv[1])
 def stop(signum, frame):
   (folder / "saved").write_text("saved")
   sys.exit(143)
-signal.signal(signal.SIGTERM, signal.SIG_IGN if sys.argv[2] == "ignore" else stop)
+def note(signum, frame):
+  (folder / "term").touch()
+signal.signal(signal.SIGTERM, note if sys.argv[2] == "ignore" else stop)
 (folder / "ready").touch()
 time.sleep(120)
 """
@@ -52,19 +55,22 @@ def _plan(tmp_path, mode: str):
   return steps, first, second
 
 
-def _wait_ready(folder) -> None:
-  """Until the step has set its SIGTERM handler (at most 60 s)."""
+def _wait_ready(folder, name: str = "ready") -> None:
+  """Until the step has set its SIGTERM handler (at most 60 s); name="term": until an ignoring
+  step has got a SIGTERM (the driver's handler has run: two signals sent before it runs would
+  reach it as one)."""
   deadline = time.time() + 60
-  while not (folder / "ready").exists() and time.time() < deadline:
+  while not (folder / name).exists() and time.time() < deadline:
     time.sleep(0.02)
 
 
 def _signal_when_ready(folder, times: int) -> threading.Thread:
   def send():
     _wait_ready(folder)
-    for _ in range(times):
+    for n in range(times):
+      if n:
+        _wait_ready(folder, "term")
       os.kill(os.getpid(), signal.SIGTERM)  # the driver (this process) alone, not its step
-      time.sleep(0.3)
 
   thread = threading.Thread(target=send, daemon=True)
   thread.start()
@@ -161,7 +167,8 @@ def test_a_second_stop_says_it_kills_the_step_and_the_driver_ends(tmp_path):
     _wait_ready(first)
     lines: list[str] = []
     # the step ignores SIGTERM: the first stop gives up waiting, the driver still runs
-    assert stopping.stop_driver(str(out), wait=0.5, echo=lines.append) == 1
+    assert stopping.stop_driver(str(out), wait=0, echo=lines.append) == 1
+    _wait_ready(first, "term")
     assert "stops at its safe point" in lines[0] and "still runs after" in lines[-1]
     assert stopping.stop_driver(str(out), echo=lines.append) == 0
     assert any("a second SIGTERM sent to the driver" in x and "killed now" in x for x in lines)
