@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 PEER_HF_CONFIG = dict(
   vocab_size=4096,

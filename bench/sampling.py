@@ -334,7 +334,9 @@ def main():
       grouped = [distinct[i // args.group].tolist() for i in range(args.batch)]
       shared = interleaved(
         {
-          share: (lambda share=share: sampler.generate(params, grouped, sp, key, share))
+          share: (
+            lambda share=share, grouped=grouped: sampler.generate(params, grouped, sp, key, share)
+          )
           for share in (True, False)
         },
         args.repeats,

@@ -13,7 +13,8 @@ turn-samples over the whole mesh.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import ml_collections as mlc
 from ml_collections import config_dict

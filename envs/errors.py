@@ -13,7 +13,8 @@ import functools
 import json
 import os
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 EXIT_USER_ERROR = 2
 # OS errors that are the user's to fix: a full disk, missing rights, a read-only mount.

@@ -45,7 +45,8 @@ import signal
 import threading
 import time
 import traceback
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from envs.base import StepResult, TextEnv, failed_result, import_user_modules, make
 
@@ -329,7 +330,7 @@ class EnvPool:
   def __len__(self) -> int:
     return self.num_envs
 
-  def __enter__(self) -> "EnvPool":
+  def __enter__(self) -> EnvPool:
     return self
 
   def __exit__(self, *exc: Any) -> None:

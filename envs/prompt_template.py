@@ -76,7 +76,7 @@ class PromptTemplate:
     return self.first_turn, self.later_turns
 
   @classmethod
-  def parse(cls, text: str, path: str = "<text>") -> "PromptTemplate":
+  def parse(cls, text: str, path: str = "<text>") -> PromptTemplate:
     sections: dict[str, list[str]] = {}
     current = None
     for line in text.splitlines(keepends=True):

@@ -19,7 +19,8 @@ expert (`envs.alfworld.expert`) as warm-start data.
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from envs import datasets
 from envs.alfworld import data, expert

@@ -14,7 +14,8 @@ import importlib.resources
 import json
 import os
 import threading
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from envs.alfworld import fast_text, planner_lib
 from envs.errors import EnvInputError, read_json_file
@@ -57,13 +58,13 @@ def read_game_file(path: str) -> dict[str, Any]:
   return data
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def domain_text() -> str:
   """alfworld's ALFRED PDDL domain (ships inside the `alfworld` package)."""
   return (importlib.resources.files("alfworld") / "data" / "alfred.pddl").read_text()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def grammar_text() -> str:
   """alfworld's TextWorld grammar for the ALFRED domain, with the task still a placeholder."""
   text = (importlib.resources.files("alfworld") / "data" / "alfred.twl2").read_text()

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import os
 import random
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from envs.alfworld import engine as engine_lib
 from envs.alfworld.tasks import TASK_TYPES, extract_task, task_type_from_path, task_type_of_game
@@ -102,12 +103,12 @@ class AlfworldEnv:
   @classmethod
   def from_data_dir(
     cls, data_dir: str, split: str = "train", task_types: Sequence[str] = TASK_TYPES, **kwargs: Any
-  ) -> "AlfworldEnv":
+  ) -> AlfworldEnv:
     """Plays the games of `split` in an ALFWorld (or generated) data directory."""
     return cls(collect_game_files(data_dir, split, task_types), **kwargs)
 
   @classmethod
-  def from_game_files(cls, game_files: Sequence[str], **kwargs: Any) -> "AlfworldEnv":
+  def from_game_files(cls, game_files: Sequence[str], **kwargs: Any) -> AlfworldEnv:
     """Plays the given `.tw-pddl` files."""
     return cls(game_files, **kwargs)
 

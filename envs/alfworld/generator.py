@@ -27,7 +27,8 @@ import json
 import os
 import random
 import sys
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from envs.alfworld import engine as engine_lib
 from envs.alfworld.catalog import (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 from envs import common
 

@@ -109,7 +109,7 @@ class SkillLibrary:
   folder: str = ""  # where it was loaded from ("" when built in memory)
 
   @classmethod
-  def load(cls, folder_or_env: str) -> "SkillLibrary":
+  def load(cls, folder_or_env: str) -> SkillLibrary:
     """Loads a skills folder (the authors' layout or ours), or the shipped skills of an
     environment name (e.g. "alfworld")."""
     folder = folder_or_env if os.path.isdir(folder_or_env) else skills_dir(folder_or_env)

@@ -16,7 +16,8 @@ from __future__ import annotations
 import errno
 import functools
 import sys
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 EXIT_USER_ERROR = 2
 

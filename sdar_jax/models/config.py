@@ -140,12 +140,12 @@ class ModelConfig:
     embed = self.vocab_size * d * (1 if self.tie_word_embeddings else 2)
     return self.num_layers * layer + embed + d
 
-  def replace(self, **kwargs) -> "ModelConfig":
+  def replace(self, **kwargs) -> ModelConfig:
     return dataclasses.replace(self, **kwargs)
 
   # ----------------------------------------------------------------------------- presets
   @classmethod
-  def preset(cls, name: str, **overrides) -> "ModelConfig":
+  def preset(cls, name: str, **overrides) -> ModelConfig:
     """A published Qwen model by short name, e.g. 'qwen2.5-3b' or 'qwen3-1.7b'."""
     key = name.lower().removesuffix("-instruct")
     if key not in _PRESETS:
@@ -189,7 +189,7 @@ class ModelConfig:
     return cls.preset("qwen3-8b", **kw)
 
   @classmethod
-  def tiny(cls, family: str = "qwen3", **kw) -> "ModelConfig":
+  def tiny(cls, family: str = "qwen3", **kw) -> ModelConfig:
     """A small random model of the given family, for the CPU demo, tests and benches."""
     base = dict(
       family=family,
@@ -210,7 +210,7 @@ class ModelConfig:
 
   # ----------------------------------------------------------------------------- HF config.json
   @classmethod
-  def from_hf_config(cls, hf: dict[str, Any] | str | os.PathLike, **overrides) -> "ModelConfig":
+  def from_hf_config(cls, hf: dict[str, Any] | str | os.PathLike, **overrides) -> ModelConfig:
     """Reads a Hugging Face config.json (dict, file, or model directory) of Qwen2/2.5/3. A file
     that is not a JSON object, or lacks a field or holds a bad value, is a `ModelConfigFileError`
     naming the file; an unsupported option a NotImplementedError naming it."""
@@ -253,7 +253,7 @@ class ModelConfig:
       raise ModelConfigFileError(f"model config {source!r}: {text}.{fix}") from None
 
   @classmethod
-  def _from_hf_dict(cls, hf: dict[str, Any], overrides: dict[str, Any]) -> "ModelConfig":
+  def _from_hf_dict(cls, hf: dict[str, Any], overrides: dict[str, Any]) -> ModelConfig:
     family = _family_of(hf)
     if hf.get("hidden_act", "silu") != "silu":
       raise ValueError(

@@ -19,7 +19,8 @@ import math
 import os
 import shutil
 import struct
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import jax
 import jax.numpy as jnp

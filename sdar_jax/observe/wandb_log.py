@@ -18,7 +18,8 @@ from __future__ import annotations
 import os
 import secrets
 import string
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from sdar_jax.infra import paths
 from sdar_jax.infra.errors import UserError
@@ -124,7 +125,7 @@ class WandbRun:
     self.id: str = run.id
 
   @classmethod
-  def start(cls, logging_config: Any, run_config: Mapping[str, Any], workdir: str) -> "WandbRun":
+  def start(cls, logging_config: Any, run_config: Mapping[str, Any], workdir: str) -> WandbRun:
     """Opens (or resumes) the W&B run of `workdir` with `run_config` as its config. W&B's local
     files go to $WANDB_DIR, else to `<workdir>/wandb` for a local workdir."""
     wandb = import_wandb()

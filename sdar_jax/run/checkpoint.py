@@ -20,7 +20,8 @@ import logging
 import os
 import sys
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -546,7 +547,7 @@ class CheckpointManager:
   def close(self) -> None:
     self._manager.close()
 
-  def __enter__(self) -> "CheckpointManager":
+  def __enter__(self) -> CheckpointManager:
     return self
 
   def __exit__(self, *exc) -> None:

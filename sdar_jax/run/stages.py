@@ -102,7 +102,7 @@ def run(config, workdir: str, validated: bool = False) -> dict[str, float]:
   stages = plan(config, workdir)
   if not validated:
     validate(config)
-  for stage_config, stage_dir in stages[:-1]:
+  for stage_config, _ in stages[:-1]:
     validate(stage_config)
   for stage_config, stage_dir in stages[:-1]:
     if not finished(stage_config, stage_dir):

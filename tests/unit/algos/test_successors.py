@@ -352,7 +352,7 @@ def test_retirement_on_a_scripted_sequence():
   assert m["retire/active"] == 0.0 and m["retire/retired_at"] == 8.0
 
 
-@pytest.mark.parametrize("stop", range(0, len(SCRIPT) + 1))
+@pytest.mark.parametrize("stop", range(len(SCRIPT) + 1))
 def test_retirement_across_a_resume(stop):
   """A rule rebuilt from its checkpointed state (JSON, as the loop state is saved) after any
   iteration retires at the same iteration as one that never stopped."""
@@ -405,7 +405,7 @@ def test_retirement_on_the_papers_windows():
   assert sliding.retired_at == 5  # the sliding rule would have retired it
 
 
-@pytest.mark.parametrize("stop", range(0, len(RETIRES) + 1))
+@pytest.mark.parametrize("stop", range(len(RETIRES) + 1))
 def test_the_papers_windows_across_a_resume(stop):
   steps = list(enumerate(RETIRES, start=1))
   first = _rule("fixed")

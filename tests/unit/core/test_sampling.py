@@ -122,7 +122,7 @@ def test_logprobs_equal_log_softmax_of_forward(model):
     logits = np.asarray(forward(config, params, tokens, mask), np.float64)
     logp = jax.nn.log_softmax(logits / (sp.temperature or 1.0), axis=-1)
     T = tokens.shape[1]
-    for i, (p, gen) in enumerate(zip(prompts, result.tokens)):
+    for i, gen in enumerate(result.tokens):
       assert len(gen) == NEW and len(result.logprobs[i]) == NEW
       positions = np.arange(T - NEW - 1, T - 1)  # logits at t predict token t + 1
       want = np.asarray(logp)[i, positions, gen]

@@ -171,7 +171,7 @@ def test_failed_save_keeps_latest_good_checkpoint(tmp_path, monkeypatch):
 
   monkeypatch.setattr(atomicity.AtomicRenameTemporaryPath, "finalize", crash)
   ckpt = CheckpointManager(tmp_path, keep=3)
-  with pytest.raises(Exception):
+  with pytest.raises(RuntimeError, match="simulated crash"):
     ckpt.save(2, _trained_state(mesh, seed=2), TINY)
     ckpt.wait_until_finished()
   monkeypatch.undo()
