@@ -401,3 +401,14 @@ def wandb_run_record(records):
   """The run record of `records` (id, project, name, tags, config)."""
   (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
   return run
+
+
+def config_problems(config, num_devices: int = 8) -> str:
+  """The message of the ConfigError `validate(config)` raises (the calling test fails if none)."""
+  import pytest
+
+  from sdar_jax.run.config_validation import ConfigError, validate
+
+  with pytest.raises(ConfigError) as e:
+    validate(config, num_devices=num_devices)
+  return str(e.value)

@@ -1,8 +1,8 @@
 """The modules' size and the one implementation of each computation, read from the source: no
-module of sdar_jax/ is over MAX_LINES lines; the update's loss and the token view score through
-one function of core/scoring.py (and observe/ only renders: it compiles nothing of its own); one
-FLOPs function serves the TPU planner and the benchmarks; each command module holds its flags and
-main and nothing else of size.
+module of the repository (library, environments, experiments, tools, tests) is over MAX_LINES
+lines; the update's loss and the token view score through one function of core/scoring.py (and
+observe/ only renders: it compiles nothing of its own); one FLOPs function serves the TPU planner
+and the benchmarks; each command module holds its flags and main and nothing else of size.
 
 Pure text analysis (the `ast` of each file): nothing is imported, so the test runs in a second.
 """
@@ -59,9 +59,15 @@ def _function(module: str, name: str) -> ast.FunctionDef:
   return found[0]
 
 
+# every folder of Python the repository holds: the library, the environments, the experiments,
+# the launchers, benches and configs, and the tests themselves
+PYTHON_FOLDERS = ("sdar_jax", "envs", "experiments", "launch", "bench", "configs", "tests")
+
+
 def test_no_module_over_the_line_limit():
   long = []
-  for root, dirs, names in os.walk(os.path.join(_REPO, "sdar_jax")):
+  walks = [os.walk(os.path.join(_REPO, folder)) for folder in PYTHON_FOLDERS]
+  for root, dirs, names in (step for walk in walks for step in walk):
     dirs[:] = [d for d in dirs if d != "__pycache__"]
     for name in names:
       if name.endswith(".py"):
