@@ -20,6 +20,10 @@ weights, at the price of two all-reduces per layer per decode step).
 Group prefix sharing: 2 distinct prompts x 8 copies (GRPO group size 8), the same batch with
 sharing on (2 prefill rows) and off (16 prefill rows), at prompt length 64 and a longer one.
 
+Row buckets: one greedy call of `--bucket-rows` (300) distinct prompts x 64 tokens, 16 new, at
+the default row bucket (the next power of two: 512 rows) and at `rollout.row_step` =
+`--row-step` (64: 320 rows), interleaved; the speedup and whether the tokens are identical.
+
 Tunix is optional (`make bench` installs it beside .venv, requirements-bench.txt says how); without
 it the table says so.
 """
@@ -243,6 +247,8 @@ def main():
     help="also run ours on a data-parallel and on a tensor-parallel mesh of this many CPU devices",
   )
   parser.add_argument("--no-tunix", action="store_true")
+  parser.add_argument("--bucket-rows", type=int, default=300, help="rows of the row-bucket lines")
+  parser.add_argument("--row-step", type=int, default=64, help="rollout.row_step of those lines")
   parser.add_argument(
     "--decode-buffer", type=int, default=2048, help="cache slots of the filled-length lines"
   )
@@ -346,6 +352,23 @@ def main():
         f"prompt {length:>4}: shared {shared[True][1]:.4f} s, unshared {shared[False][1]:.4f} s, "
         f"speedup {shared[False][1] / shared[True][1]:.2f}x (identical samples: {same})"
       )
+
+    # Row buckets: a call of bucket_rows rows at the next power of two and at rollout.row_step.
+    many = rng.integers(1, PEER_HF_CONFIG["vocab_size"], (args.bucket_rows, args.prompt_len))
+    many = many.tolist()
+    few = SamplingParams(max_new_tokens=16, temperature=0.0, stop_token_ids=())
+    samplers = {"powers of two": Sampler(config)}
+    samplers[f"row_step {args.row_step}"] = Sampler(config, row_step=args.row_step)
+    timed = interleaved(
+      {name: (lambda s=s: s.generate(params, many, few)) for name, s in samplers.items()},
+      args.repeats,
+    )
+    (_, slow, pow2), (_, fast, stepped) = timed.values()
+    print(
+      f"\nrow buckets: {args.bucket_rows} prompts x {args.prompt_len} tokens, 16 new, greedy: "
+      f"{pow2.shapes['batch']} rows {slow:.4f} s, {stepped.shapes['batch']} rows {fast:.4f} s, "
+      f"speedup {slow / fast:.2f}x (identical tokens: {pow2.tokens == stepped.tokens})"
+    )
 
 
 if __name__ == "__main__":

@@ -152,6 +152,10 @@ def base(model: str = "qwen2.5-3b", algo_name: str = "sdar") -> mlc.ConfigDict:
       max_prompt_len=2048,
       prompt_truncation="error",  # "error" | "left" (keep the last max_prompt_len tokens)
       val_temperature=0.4,  # 0 = greedy
+      # A sampler call of more than 256 rows (a large evaluation) runs at the next multiple of
+      # row_step where that is fewer rows than the next power of two (640 games: 640 rows at 64,
+      # not 1,024); 0: powers of two. Other row counts move log-probs in their last bits.
+      row_step=0,
       # "off": every env steps, then the whole batch decodes; "halves": one half of the episodes
       # decodes while the other half's envs step (the same episodes; sdar_jax.rollout.agent_loop)
       overlap="off",

@@ -24,6 +24,10 @@ PROMPT_POW2_LIMIT = 256
 PROMPT_FINE_STEP = 64
 PROMPT_FINE_LIMIT = 1024
 MIN_NEW_TOKENS_BUCKET = 16
+# Row buckets: powers of two; above ROW_POW2_LIMIT rows a caller's `row_step` (the sampler's
+# rollout.row_step) may round to a multiple of it instead, wherever that is smaller (640 episodes
+# run 640 rows at a step of 64, not 1,024), for a few more compiled shapes.
+ROW_POW2_LIMIT = 256
 
 
 # ----------------------------------------------------------------------------------- buckets
@@ -32,9 +36,13 @@ def next_power_of_two(n: int) -> int:
   return 1 << max(0, int(n) - 1).bit_length()
 
 
-def batch_bucket(n: int, divisor: int = 1) -> int:
-  """Rows the compiled function runs for `n` real rows: a power of two, a multiple of `divisor`."""
+def batch_bucket(n: int, divisor: int = 1, row_step: int = 0) -> int:
+  """Rows the compiled function runs for `n` real rows, a multiple of `divisor`: the next power of
+  two, or above ROW_POW2_LIMIT rows with `row_step` > 0 the next multiple of `row_step` where that
+  is fewer."""
   rows = next_power_of_two(max(n, divisor))
+  if row_step > 0 and n > ROW_POW2_LIMIT:
+    rows = min(rows, -(-n // row_step) * row_step)
   return -(-rows // divisor) * divisor
 
 

@@ -102,6 +102,8 @@ class Sampler:
 
   `max_prompt_len` bounds the prompt length (default: the config's max_position_embeddings).
   `tokenizer` supplies token bytes for stop strings (default: the bundled Qwen tokenizer).
+  `row_step` > 0: a call of more than 256 rows runs at the next multiple of it rather than the
+  next power of two where that is fewer rows (core.batch.batch_bucket); 0: powers of two.
   """
 
   def __init__(
@@ -110,11 +112,13 @@ class Sampler:
     mesh: Mesh | None = None,
     tokenizer=None,
     max_prompt_len: int | None = None,
+    row_step: int = 0,
   ):
     self.config = config
     self.mesh = mesh
     self._tokenizer = tokenizer
     self.max_prompt_len = int(max_prompt_len or config.max_position_embeddings)
+    self.row_step = int(row_step)
     self.num_compilations = 0
     self._divisor = 1 if mesh is None else sharding.batch_divisor(mesh)
     # Several processes: every call is a collective over the global mesh (see the module doc).
@@ -347,8 +351,8 @@ class Sampler:
     unique = list(first_index) if share_prefix else prompts
     if self.collective:
       return self._generate_process_rows(params, prompts, unique, source, sampling, rng, ids)
-    U = batch_bucket(len(unique), self._divisor)
-    B = batch_bucket(n, self._divisor)
+    U = batch_bucket(len(unique), self._divisor, self.row_step)
+    B = batch_bucket(n, self._divisor, self.row_step)
     P = prompt_bucket(max(len(p) for p in unique))
     N = new_tokens_bucket(sampling.max_new_tokens)
     tokens, mask = _left_padded(unique, U, P)
@@ -387,8 +391,8 @@ class Sampler:
     if not sizes[:, 0].any():
       return GenerationResult([], [], [])
     processes, index = sizes.shape[0], jax.process_index()
-    B = batch_bucket(processes * int(sizes[:, 0].max()), self._divisor)
-    U = batch_bucket(processes * int(sizes[:, 1].max()), self._divisor)
+    B = batch_bucket(processes * int(sizes[:, 0].max()), self._divisor, self.row_step)
+    U = batch_bucket(processes * int(sizes[:, 1].max()), self._divisor, self.row_step)
     P = prompt_bucket(int(sizes[:, 2].max()))
     N = new_tokens_bucket(sampling.max_new_tokens)
     row_sharding = sharding.batch_sharding(self.mesh, 1)

@@ -96,6 +96,7 @@ _AT_LEAST = (
   ("train", 0, ("iterations", "eval_every", "max_skipped_updates")),
   ("train", 1, ("mini_batch_size", "micro_batch_size", "max_failed_iterations")),
   ("rollout", 1, ("max_new_tokens", "max_prompt_len")),
+  ("rollout", 0, ("row_step",)),
   ("env", 0, ("history",)),
   ("env", 0, ("num_workers",)),
   ("env", 1, ("tasks_per_iteration", "group_size", "max_turns")),
@@ -113,6 +114,7 @@ _FIXES = {
   "train.eval_every": "use 0 to never evaluate during training",
   "train.max_skipped_updates": "use 0 to never stop on skipped (non-finite) updates",
   "checkpoint.every": "use 0 to save only at the end",
+  "rollout.row_step": "use 0 for powers of two, or a row multiple such as 64",
 }
 
 

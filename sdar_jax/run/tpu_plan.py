@@ -339,9 +339,12 @@ def plan(
     log(format_report(reports[-1], peak))
 
   if "sampler" in parts:
-    sampler = Sampler(model_config, mesh, max_prompt_len=int(config.rollout.max_prompt_len))
+    row_step = int(config.rollout.get("row_step", 0))
+    sampler = Sampler(
+      model_config, mesh, max_prompt_len=int(config.rollout.max_prompt_len), row_step=row_step
+    )
     divisor = sharding.batch_divisor(mesh)
-    rows_bucket = batch_bucket(shapes.rollout_rows, divisor)
+    rows_bucket = batch_bucket(shapes.rollout_rows, divisor, row_step)
     new = shapes.response_len
     flops = forward_flops(model_config, rows_bucket, Ps, 1) + decode_flops(
       model_config, rows_bucket, Ps + new, new

@@ -154,8 +154,9 @@ class Trainer(RolloutsMixin, EvaluationMixin, ResumeMixin):
       self.with_teacher = self.step_fn.algo_config.scores_teacher
       self.hooks = algos.build_hooks(self.step_fn.algo_config)
     self.pad_id = self.tokenizer.pad_token_id or _PAD_FALLBACK
+    r = config.rollout
     self.sampler = Sampler(
-      self.model_config, self.mesh, self.tokenizer, max_prompt_len=config.rollout.max_prompt_len
+      self.model_config, self.mesh, self.tokenizer, r.max_prompt_len, r.get("row_step", 0)
     )
     self.shaping = RewardShaping.from_config(config.rollout.get("shaping"))
     self.group_size = config.env.group_size

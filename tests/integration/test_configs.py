@@ -358,6 +358,7 @@ def test_scoring_temperature_follows_the_rollout():
     ({"optim.b2": 1.0}, ["optim.b2=1.0"]),
     ({"checkpoint.keep": 0}, ["checkpoint.keep=0"]),
     ({"checkpoint.every": -1}, ["checkpoint.every=-1", "use 0 to save only at the end"]),
+    ({"rollout.row_step": -64}, ["rollout.row_step=-64", "use 0 for powers of two"]),
     (
       {"logging.wandb": True, "logging.wandb_mode": "cloud"},
       ["logging.wandb_mode='cloud'", "'offline'"],

@@ -10,6 +10,7 @@ import scipy.stats
 import torch
 
 from sdar_jax.core import sharding
+from sdar_jax.core.batch import batch_bucket
 from sdar_jax.core.sampling import (
   Sampler,
   SamplingParams,
@@ -373,6 +374,34 @@ def test_buckets_bound_compilations(qwen3):
   generate(config, params, _prompts(config.vocab_size, [4], seed=9), sp)
   assert num_compilations() - before <= 1
   assert get_sampler(config) is get_sampler(config)
+
+
+def test_row_buckets_worked_by_hand():
+  # powers of two; with a row step, above 256 rows the next multiple of the step where it is fewer
+  assert [batch_bucket(n) for n in (1, 5, 257, 640, 1000)] == [1, 8, 512, 1024, 1024]
+  assert [batch_bucket(n, row_step=64) for n in (5, 256, 257, 300, 640, 641)] == [
+    8, 256, 320, 320, 640, 704,
+  ]  # fmt: skip
+  assert batch_bucket(1000, row_step=512) == 1024  # 1,024 rows either way
+  assert batch_bucket(300, row_step=500) == 500 and batch_bucket(300, row_step=600) == 512
+  assert batch_bucket(300, divisor=8, row_step=100) == 304  # then a multiple of the batch shards
+
+
+@pytest.mark.slow
+def test_a_row_step_runs_fewer_rows_and_changes_no_token(qwen3):
+  # 260 rows: 512 as a power of two, 264 at a step of 8; the same tokens (each row draws from its
+  # own key, by its index) and the same log-probs up to the rounding of two programs
+  config, params = qwen3
+  prompts = _prompts(config.vocab_size, [6, 3, 9, 4] * 65, seed=4)
+  sp = SamplingParams(4, temperature=1.0, stop_token_ids=())
+  pow2 = Sampler(config).generate(params, prompts, sp, jax.random.key(3), share_prefix=False)
+  stepped = Sampler(config, row_step=8).generate(
+    params, prompts, sp, jax.random.key(3), share_prefix=False
+  )
+  assert (pow2.shapes["batch"], stepped.shapes["batch"]) == (512, 264)
+  assert stepped.tokens == pow2.tokens
+  atol = logprob_atol(config, params, prompts[:4])
+  np.testing.assert_allclose(stepped.logprobs, pow2.logprobs, atol=atol)
 
 
 def test_prompt_errors_name_the_problem(qwen3):
