@@ -92,6 +92,32 @@ FAMILY_HEADER = (
 )
 
 
+def reading(r: dict[str, Any], interval: str = "simultaneous") -> str:
+  """What a paired row's statistics support, in words: its decision and the interval that goes
+  with it ("simultaneous" for a row of a Holm family, "own" for a comparison tested alone). A row
+  Holm does not reject is "not detected", with the gain and the loss its interval leaves open;
+  never "no effect"."""
+  low, high = (
+    (r["sim_low"], r["sim_high"]) if interval == "simultaneous" else (r["ci_low"], r["ci_high"])
+  )
+  span = f"{r['difference']:+.3f}, {interval} interval [{low:+.3f}, {high:+.3f}]"
+  if r["mark"] == "rejected":
+    side = "above" if r["difference"] > 0 else "below"
+    held = " (the interval still holds 0)" if low <= 0 <= high else ""
+    return f"detected, {side} 0: {span}{held}"
+  if r["mark"] == "undecided":
+    return f"undecided (p within 3 Monte Carlo standard errors of its threshold): {span}"
+  if low > 0 or high < 0:
+    return f"not detected by the test, though the interval excludes 0: {span}"
+  open_ = []
+  if low < 0:
+    open_.append(f"a loss of up to {-low:.3f}")
+  if high > 0:
+    open_.append(f"a gain of up to {high:.3f}")
+  left = f"; it leaves open {' and '.join(open_)}" if open_ else ""
+  return f"not detected: {span}{left}"
+
+
 def _family_note(n: int, resamples: int, moved: list[str], seeds: Sequence[int]) -> list[str]:
   floor = stats.sign_flip_floor(min(seeds)) if seeds else 1.0
   return [

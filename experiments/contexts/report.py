@@ -19,7 +19,7 @@ from experiments.contexts import plan as plan_mod
 from experiments.contexts.plan import ARMS, EXPERIMENT, FULL, PRIMARY, PRIMARY_MEASURE, STAGE
 from experiments.long_budget.report import heldout_rows
 from experiments.powered.plan import rate_name
-from experiments.report import FAMILY_COLUMNS, family_rows, write_csv
+from experiments.report import FAMILY_COLUMNS, family_rows, reading, write_csv
 from sdar_jax.observe import stats
 
 DEST = "docs/results/contexts"
@@ -208,6 +208,8 @@ def report(
         f"p = {r['p']:.2g} (Monte Carlo se {r['p_se']:.2g}): {r['mark']} "
         f"({r['seeds']} seeds x {r['games']} games; seed sign-flip p {r['sign_flip_p']:.2g})."
       ),
+      "",
+      f"Reading: {reading(r, 'own')}.",
     ]
   else:
     lines.append("Not computable yet: no seed has both arms evaluated on held-out seen.")
@@ -223,6 +225,8 @@ def report(
       "of its threshold. Marks under the bootstrap's other RNG seeds: "
       + ("identical." if not moved else f"they differ on {', '.join(moved)}.")
     )
+    lines += ["", "Readings (each row with its simultaneous interval):", ""]
+    lines += [f"* `{r['comparison']}`, {r['measure']}: {reading(r)}." for r in pairs]
   else:
     lines.append("No row is computable yet.")
   text = "\n".join(lines) + "\n"

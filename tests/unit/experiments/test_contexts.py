@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from experiments import driver, power, records
+from experiments import driver, power, records, report
 from experiments.contexts import plan as plan_mod
 from experiments.contexts import report as report_mod
 from experiments.long_budget import plan as long_budget
@@ -204,6 +204,29 @@ def test_the_report_on_a_synthetic_table(tmp_path):
   }
   for name in ("report.md", "curves.png", "pilot.csv", "heldout.csv"):
     assert os.path.getsize(os.path.join(dest, name)) > 0
+  # every compared row read in words: the primary with its own interval, the family's with theirs
+  assert text.count("\nReading: ") == 1 and "own interval [" in text
+  assert sum(line.startswith("* `") for line in text.splitlines()) == 17
+
+
+def test_readings_say_only_what_the_interval_supports():
+  row = dict(difference=0.02, ci_low=-0.01, ci_high=0.05, sim_low=-0.04, sim_high=0.08)
+  assert report.reading({**row, "mark": "kept"}) == (
+    "not detected: +0.020, simultaneous interval [-0.040, +0.080]; it leaves open a loss of up "
+    "to 0.040 and a gain of up to 0.080"
+  )
+  assert report.reading({**row, "mark": "kept"}, "own").startswith(
+    "not detected: +0.020, own interval [-0.010, +0.050]"
+  )
+  assert report.reading({**row, "mark": "rejected"}) == (
+    "detected, above 0: +0.020, simultaneous interval [-0.040, +0.080] (the interval still holds 0)"
+  )
+  below = dict(difference=-0.1, ci_low=-0.15, ci_high=-0.05, sim_low=-0.2, sim_high=-0.01)
+  assert report.reading({**below, "mark": "rejected"}).startswith("detected, below 0: -0.100")
+  assert report.reading({**below, "mark": "kept"}).startswith(
+    "not detected by the test, though the interval excludes 0"
+  )
+  assert report.reading({**row, "mark": "undecided"}).startswith("undecided")
 
 
 def test_the_driver_announces_the_rate_once_whoever_decided_it(tmp_path, monkeypatch):
