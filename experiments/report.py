@@ -118,6 +118,15 @@ def reading(r: dict[str, Any], interval: str = "simultaneous") -> str:
   return f"not detected: {span}{left}"
 
 
+def reading_lines(rows: Sequence[dict[str, Any]], name: Any = None) -> list[str]:
+  """A family's rows read in words (`reading`, each with its simultaneous interval), one bullet a
+  row named by `name(row)` (default: its comparison and measure)."""
+  name = name or (lambda r: f"`{r['comparison']}`, {r['measure']}")
+  return ["", "Readings (each row with its simultaneous interval):", ""] + [
+    f"* {name(r)}: {reading(r)}." for r in rows
+  ]
+
+
 def _family_note(n: int, resamples: int, moved: list[str], seeds: Sequence[int]) -> list[str]:
   floor = stats.sign_flip_floor(min(seeds)) if seeds else 1.0
   return [
@@ -243,6 +252,7 @@ def report(tables: records.Tables, spec: Spec, resamples: int = stats.RESAMPLES)
       for r in pairs
     ]
     lines += [""] + _family_note(len(pairs), resamples, moved, [r["seeds"] for r in pairs])
+    lines += reading_lines(pairs)
   if tables_view.plot_curves(view, os.path.join(spec.dest, "curves.png")):
     lines += [
       "",
@@ -278,6 +288,7 @@ def _skills_sections(view: tables_view.View, spec: Spec, resamples: int) -> list
       for r in inner
     ]
     lines += [""] + _family_note(len(inner), resamples, moved, [r["seeds"] for r in inner])
+    lines += reading_lines(inner, lambda r: f"`{r['arm']}`, {r['measure'].removeprefix('final ')}")
   lines += tables_view.commit_check_lines(view)
   dynamics = view.dynamics(DYNAMICS_ARMS, [k for k, _ in DYNAMICS])
   write_csv(

@@ -19,7 +19,7 @@ from experiments.contexts import plan as plan_mod
 from experiments.contexts.plan import ARMS, EXPERIMENT, FULL, PRIMARY, PRIMARY_MEASURE, STAGE
 from experiments.long_budget.report import heldout_rows
 from experiments.powered.plan import rate_name
-from experiments.report import FAMILY_COLUMNS, family_rows, reading, write_csv
+from experiments.report import FAMILY_COLUMNS, family_rows, reading, reading_lines, write_csv
 from sdar_jax.observe import stats
 
 DEST = "docs/results/contexts"
@@ -225,8 +225,7 @@ def report(
       "of its threshold. Marks under the bootstrap's other RNG seeds: "
       + ("identical." if not moved else f"they differ on {', '.join(moved)}.")
     )
-    lines += ["", "Readings (each row with its simultaneous interval):", ""]
-    lines += [f"* `{r['comparison']}`, {r['measure']}: {reading(r)}." for r in pairs]
+    lines += reading_lines(pairs)
   else:
     lines.append("No row is computable yet.")
   text = "\n".join(lines) + "\n"

@@ -18,7 +18,7 @@ import numpy as np
 
 from experiments import records, tables_view
 from experiments.long_budget.plan import ARMS, EXPERIMENT, FULL, RETIRE_ARM, STAGE
-from experiments.report import FAMILY_COLUMNS, family_rows, write_csv
+from experiments.report import FAMILY_COLUMNS, family_rows, reading_lines, write_csv
 from sdar_jax.observe import stats
 
 DEST = "docs/results/long_budget"
@@ -325,6 +325,7 @@ def report(
       )
     if moved:
       lines.append(f"\nHolm marks that change under another bootstrap seed: {', '.join(moved)}.")
+    lines += reading_lines(pairs)
   text = "\n".join(lines) + "\n"
   with open(os.path.join(dest, "report.md"), "w") as f:
     f.write(text)
