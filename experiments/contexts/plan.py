@@ -113,6 +113,23 @@ def family(vocab_context: str) -> list[tuple[str, str, str]]:
   return [r for r in out if (r[0], r[1], r[2]) != (*PRIMARY, PRIMARY_MEASURE)]
 
 
+def questions(vocab_context: str) -> list[tuple[str, list[tuple[str, str]]]]:
+  """The verdicts' four questions (docs/results.md), each with the comparisons (A, B) that answer
+  it, read on both held-out panels; the first holds the primary comparison."""
+  return [
+    ("Does the sibling teacher beat GRPO?", [PRIMARY]),
+    ("Does the hindsight teacher beat GRPO?", [("sdar_hindsight", "grpo")]),
+    (
+      "Does either context beat the skills?",
+      [("sdar_sibling", "sdar_skills"), ("sdar_hindsight", "sdar_skills")],
+    ),
+    (
+      "Does the vocabulary form beat the sampled-token form at its context?",
+      [(VOCAB_ARM, f"sdar_{vocab_context}")],
+    ),
+  ]
+
+
 @dataclasses.dataclass(frozen=True)
 class Design:
   """The budget of one version of the plan (FULL: the experiment; SMOKE: its end-to-end check)."""

@@ -1,7 +1,8 @@
 """The contexts stage's report from the tidy tables alone: the pilot and the rate it decides, the
 valid_seen curves per arm (mean and min-max band over seeds), the held-out figures, the primary
-comparison alone at alpha = 0.05 and the Holm family of every other row (experiments.contexts.plan
-names them; sdar_jax.observe.stats). Works on partial tables: what is missing is said, not drawn.
+comparison alone at alpha = 0.05, the Holm family of every other row (experiments.contexts.plan
+names them; sdar_jax.observe.stats) and the verdicts' four questions, each with its rows read in
+words. Works on partial tables: what is missing is said, not drawn.
 
 Output in `dest`: report.md, curves.png, pilot.csv, heldout.csv, primary.csv, paired.csv."""
 
@@ -107,6 +108,28 @@ def _family_table(rows: Sequence[dict[str, Any]]) -> list[str]:
       f"[{r['sim_low']:+.3f}, {r['sim_high']:+.3f}] | {r['p']:.2g} | {r['mark']} |"
     )
   return lines
+
+
+def question_lines(
+  vocab: str, primary: Sequence[dict[str, Any]], pairs: Sequence[dict[str, Any]]
+) -> list[str]:
+  """The verdicts' questions, each with the readings of the rows that answer it: the primary
+  comparison with its own interval (it is tested alone), every other row with its simultaneous
+  one (the Holm family's)."""
+  found = {(r["comparison"], r["measure"]): (r, "simultaneous") for r in pairs}
+  for r in primary:
+    found[(r["comparison"], r["measure"])] = (r, "own")
+  lines = ["", "## The questions, each with the readings of its rows", ""]
+  for question, comparisons in plan_mod.questions(vocab):
+    lines.append(f"**{question}**")
+    lines.append("")
+    for a, b in comparisons:
+      for measure in HELDOUT_MEASURES:
+        got = found.get((f"{a} - {b}", measure))
+        text = reading(*got) if got else "not computable yet"
+        lines.append(f"* `{a} - {b}`, {measure}: {text}.")
+    lines.append("")
+  return lines[:-1]
 
 
 def report(
@@ -228,6 +251,7 @@ def report(
     lines += reading_lines(pairs)
   else:
     lines.append("No row is computable yet.")
+  lines += question_lines(vocab, primary, pairs)
   text = "\n".join(lines) + "\n"
   with open(os.path.join(dest, "report.md"), "w") as f:
     f.write(text)

@@ -206,7 +206,13 @@ def test_the_report_on_a_synthetic_table(tmp_path):
     assert os.path.getsize(os.path.join(dest, name)) > 0
   # every compared row read in words: the primary with its own interval, the family's with theirs
   assert text.count("\nReading: ") == 1 and "own interval [" in text
-  assert sum(line.startswith("* `") for line in text.splitlines()) == 17
+  family, questions = text.split("## The questions")
+  assert sum(line.startswith("* `") for line in family.splitlines()) == 17
+  # the four questions' rows on both panels, the primary one with its own interval
+  assert sum(line.startswith("* `") for line in questions.splitlines()) == 10
+  (primary_line,) = [x for x in questions.splitlines() if "grpo`, final heldout_seen" in x][:1]
+  assert "sdar_sibling - grpo" in primary_line and ": +0.375, own interval [" in primary_line
+  assert "* `sdar_vocab - sdar_hindsight`, final heldout_unseen: not detected" in questions
 
 
 def test_readings_say_only_what_the_interval_supports():
