@@ -13,17 +13,10 @@ import pytest
 
 from configs import alfworld, common, default, search_qa, webshop
 from sdar_jax.models import ModelConfig, init_params, save_pretrained
-from sdar_jax.run.config_validation import (
-  ConfigError,
-  model_config_from,
-  validate,
-)
+from sdar_jax.run.config_validation import ConfigError, model_config_from, validate
 from sdar_jax.run.setup import build_chat_template
 from sdar_jax.text.chat_templates import ChatTemplate
-from sdar_jax.text.tokenizer import (
-  packaged_policy_dir,
-  packaged_tokenizer_dir,
-)
+from sdar_jax.text.tokenizer import packaged_policy_dir, packaged_tokenizer_dir
 from tests.helpers import config_problems
 
 ENV_MODULES = {"alfworld": alfworld, "webshop": webshop, "search_qa": search_qa}

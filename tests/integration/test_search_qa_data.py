@@ -11,12 +11,7 @@ import pytest
 
 import envs
 from envs.search_qa import generator as gen
-from envs.search_qa import (
-  project_action,
-  prompts,
-  read_parquet,
-  success_rates,
-)
+from envs.search_qa import project_action, prompts, read_parquet, success_rates
 from envs.search_qa.data import DATA_SOURCES, QARecord, write_parquet
 
 
