@@ -301,10 +301,12 @@ def test_a_frozen_teacher_reads_the_initial_params_and_the_student_the_current_o
   step = TrainStep(CONFIG, frozen, make_optimizer(), micro_batch_size=4)
   with pytest.raises(ValueError, match="teacher_weights='initial'.*ref_params="):
     step.check_batch(batch)
-  # scored with the rollout, the teacher's log-probs ride in the batch: no ref_params needed
+  # scored with the rollout, the teacher's log-probs ride in the batch: no ref_params needed (traced
+  # only: running it op by op would compile each of its operations)
   if form == "reference":
     rollout = dataclasses.replace(frozen, teacher_source="rollout")
-    loss_and_grads(CONFIG, rollout, params, batch.replace(teacher_logp=batch.old_logp))
+    rollout_batch = batch.replace(teacher_logp=batch.old_logp)
+    jax.eval_shape(lambda p: loss_and_grads(CONFIG, rollout, p, rollout_batch), params)
 
 
 @pytest.mark.slow

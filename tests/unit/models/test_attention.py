@@ -26,6 +26,9 @@ from tests.helpers import SMALL_SHAPE
 
 EPS = float(np.finfo(np.float32).eps)
 T = 37  # not a multiple of any block length below
+# Each call is compiled as one program: run op by op, every operation would compile on its own.
+_chunked = jax.jit(attention.chunked_attention, static_argnums=4)
+_xla = jax.jit(attention.xla_attention)
 
 
 def _key_valid(T: int) -> np.ndarray:
@@ -81,10 +84,8 @@ def test_chunked_attention_equals_float64_reference(heads, block):
   q, k, v = _qkv(0, 5, N, K, 8)
   valid = _key_valid(T)
   want, _, _ = _reference(q, k, v, valid)
-  got = np.asarray(attention.chunked_attention(q, k, v, jnp.asarray(valid), block))
-  xla = np.asarray(
-    attention.xla_attention(q, k, v, np.tril(np.ones((T, T), bool))[None] & valid[:, None])
-  )
+  got = np.asarray(_chunked(q, k, v, jnp.asarray(valid), block))
+  xla = np.asarray(_xla(q, k, v, np.tril(np.ones((T, T), bool))[None] & valid[:, None]))
   # Output = a convex combination of values: rounding of the scores (relative to their size)
   # moves the weights, rounding of the sum moves it by a few eps of max|v|.
   tol = 8 * EPS * float(np.max(np.abs(v))) * (1 + _score_size(q, k))
@@ -123,8 +124,8 @@ def test_chunked_attention_gradients_equal_autodiff_of_xla(block):
   def chunked_loss(q, k, v):
     return jnp.sum(attention.chunked_attention(q, k, v, jnp.asarray(valid), block) * w)
 
-  want = jax.grad(xla_loss, argnums=(0, 1, 2))(q, k, v)
-  got = jax.grad(chunked_loss, argnums=(0, 1, 2))(q, k, v)
+  want = jax.jit(jax.grad(xla_loss, argnums=(0, 1, 2)))(q, k, v)
+  got = jax.jit(jax.grad(chunked_loss, argnums=(0, 1, 2)))(q, k, v)
   sizes = _gradient_sizes(q, k, v, w, valid)
   for name, a, b, size in zip("qkv", got, want, sizes):
     tol = 16 * EPS * float(np.max(size)) * (1 + _score_size(q, k))
@@ -160,9 +161,9 @@ def test_xla_attention_gradients_equal_float64_reference(heads):
   valid = _key_valid(T)
   w = np.random.default_rng(4).normal(size=q.shape).astype(np.float32)
   mask = jnp.asarray(np.tril(np.ones((T, T), bool))[None] & valid[:, None])
-  got = jax.grad(lambda *a: jnp.sum(attention.xla_attention(*a, mask) * w), argnums=(0, 1, 2))(
-    q, k, v
-  )
+  got = jax.jit(
+    jax.grad(lambda *a: jnp.sum(attention.xla_attention(*a, mask) * w), argnums=(0, 1, 2))
+  )(q, k, v)
   want = _reference_gradients(q, k, v, w, valid)
   sizes = _gradient_sizes(q, k, v, w, valid)
   for name, a, b, size in zip("qkv", got, want, sizes):
@@ -187,7 +188,7 @@ def test_causal_xla_attention_blocks_equal_float64_reference(blocks, tail):
     out = attention.causal_xla_attention(q[:, rows], k, v, jnp.asarray(valid), blocks)
     return jnp.sum(out * w[:, rows]), out
 
-  (_, got), grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)
+  (_, got), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(q, k, v)
   tol = 8 * EPS * float(np.max(np.abs(v))) * (1 + _score_size(q, k))
   assert np.max(np.abs(np.asarray(got) - want[:, rows])[sees_any[:, rows]]) < tol
   assert np.all(np.isfinite(np.asarray(got)))
@@ -207,7 +208,8 @@ def test_cudnn_path_rotation_equals_reference_at_every_query_that_sees_a_key():
   q, k, v = _qkv(3, 5, 4, 2, 8)
   valid = _key_valid(T)
   want, _, sees_any = _reference(q, k, v, valid)
-  got = np.asarray(attention.fused_gpu_attention(q, k, v, jnp.asarray(valid), implementation="xla"))
+  fused = jax.jit(functools.partial(attention.fused_gpu_attention, implementation="xla"))
+  got = np.asarray(fused(q, k, v, jnp.asarray(valid)))
   tol = 8 * EPS * float(np.max(np.abs(v))) * (1 + _score_size(q, k))
   assert np.max(np.abs(got - want)[sees_any]) < tol
   assert np.all(np.isfinite(got))
