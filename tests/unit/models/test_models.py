@@ -84,12 +84,15 @@ def test_prefill_then_decode_steps_match_transformers(hf_case):
   full_mask = np.concatenate([mask, np.ones_like(fed)], axis=1).astype(np.int32)
   ref = hf_fixtures.hf_logits(model, full, full_mask)  # [B, T + steps, V]
 
-  hidden, cache = prefill(config, params, prompt, mask, cache_size=T + steps)
+  # each call one compiled program (op by op, every operation would compile on its own)
+  run_prefill = jax.jit(prefill, static_argnums=0, static_argnames=("cache_size", "last_only"))
+  to_logits = jax.jit(logits_from_hidden, static_argnums=0)
+  hidden, cache = run_prefill(config, params, prompt, mask, cache_size=T + steps)
   assert cache.size == T + steps and int(cache.index) == T
-  got = np.asarray(logits_from_hidden(config, params, hidden[:, -1]))
+  got = np.asarray(to_logits(config, params, hidden[:, -1]))
   np.testing.assert_allclose(got, ref[:, T - 1], atol=1e-4, rtol=0)
   # last_only (the sampler's prefill): the same cache, and the last position's hidden state only
-  last, last_cache = prefill(config, params, prompt, mask, cache_size=T + steps, last_only=True)
+  last, last_cache = run_prefill(config, params, prompt, mask, cache_size=T + steps, last_only=True)
   assert last.shape[:2] == (len(LENGTHS), 1)
   # float32 rounding only: bounded by the size of the values compared, not a fixed epsilon
   want = np.asarray(hidden[:, -1])
@@ -102,7 +105,7 @@ def test_prefill_then_decode_steps_match_transformers(hf_case):
   positions = mask.sum(axis=1).astype(np.int32)  # the next position of each row
   for s in range(steps):
     hidden, cache = step(config, params, full[:, T + s], positions + s, cache, layers)
-    got = np.asarray(logits_from_hidden(config, params, hidden))
+    got = np.asarray(to_logits(config, params, hidden))
     np.testing.assert_allclose(got, ref[:, T + s], atol=1e-4, rtol=0)
   assert int(cache.index) == T + steps and bool(np.all(np.asarray(cache.valid)[:, T:]))
 
@@ -165,7 +168,7 @@ def test_response_logprob_gradients_match_transformers_float64(layer_loop, remat
     logp, _ = response_logprobs(config, p, tokens, mask, R)
     return jnp.sum(w.astype(np.float32) * logp)
 
-  ours = dict(hf_io.to_hf_tensors(config, jax.grad(loss)(params)))
+  ours = dict(hf_io.to_hf_tensors(config, jax.jit(jax.grad(loss))(params)))
 
   model64 = model.double()
   model64.zero_grad(set_to_none=True)
@@ -202,7 +205,7 @@ def test_parameter_gradients_match_transformers_float64(layer_loop, tmp_path):
   def loss(p):
     return jnp.sum(w * jax.nn.log_softmax(forward(config, p, tokens, mask), axis=-1))
 
-  ours = dict(hf_io.to_hf_tensors(config, jax.grad(loss)(params)))
+  ours = dict(hf_io.to_hf_tensors(config, jax.jit(jax.grad(loss))(params)))
 
   model64 = model.double()
   model64.zero_grad(set_to_none=True)
