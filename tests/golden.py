@@ -18,6 +18,7 @@ teacher handed over (teacher_weights "frozen" / "old") the parameters themselves
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -37,6 +38,7 @@ SEEDS = (0, 1)
 ITERATION = 3
 
 
+@functools.cache
 def _inputs():
   params = init_params(TINY_CONFIG, jax.random.key(0), std=0.1)
   ref = jax.tree.map(lambda x: x * 1.03, params)
@@ -149,10 +151,23 @@ def flatten(records: dict[str, list[dict]]) -> dict[str, float]:
   return flat
 
 
-def differences(got: dict, want: dict, rtol: float = 1e-6) -> list[str]:
+def logp_scale() -> float:
+  """The largest |log-prob| (the rollout's and the teacher's) on the batches' response tokens:
+  the size of the per-token values every loss and term sums."""
+  _, _, _, batches = _inputs()
+  return max(
+    float(np.max(np.abs(np.asarray(getattr(b, name))) * np.asarray(b.response_mask)))
+    for b in batches
+    for name in ("old_logp", "teacher_logp")
+  )
+
+
+def differences(got: dict, want: dict, rtol: float = 1e-6, summed: float = 0.0) -> list[str]:
   """What differs beyond `rtol` relative, each number against the larger of itself and its
   record's scale (the largest magnitude among that record's numbers of the same kind), so a term
-  near 0 is held to float32 rounding of the quantities it is computed from."""
+  near 0 is held to float32 rounding of the quantities it is computed from; a loss or a term also
+  against `summed`, the size of the per-token values it sums (`logp_scale`): another instruction
+  set or XLA optimisation level rounds those differently by a few eps of their size."""
   g, w = flatten(got), flatten(want)
   out = [f"{k}: missing (recorded {w[k]:.9g})" for k in sorted(set(w) - set(g))]
   out += [f"{k}: new (not recorded)" for k in sorted(set(g) - set(w))]
@@ -162,7 +177,8 @@ def differences(got: dict, want: dict, rtol: float = 1e-6) -> list[str]:
     scales[kind] = max(scales.get(kind, 0.0), abs(v))
   for k in sorted(set(g) & set(w)):
     kind = k.rsplit("/", 1)[0] if "/advantages/" in k or "/terms/" in k else k
-    bound = rtol * max(abs(w[k]), scales[kind], 1e-30)
+    floor = summed if k.endswith("/loss") or "/terms/" in k else 0.0
+    bound = rtol * max(abs(w[k]), scales[kind], floor, 1e-30)
     if not abs(g[k] - w[k]) <= bound:
       out.append(f"{k}: {g[k]:.9g}, recorded {w[k]:.9g}")
   return out
@@ -185,7 +201,7 @@ def main(argv: list[str]) -> int:
       f.write("\n")
     print(f"wrote {RECORDS} ({len(flatten(got))} numbers of {len(got)} presets)")
     return 0
-  diff = differences(got, recorded())
+  diff = differences(got, recorded(), summed=logp_scale())
   print("\n".join(diff) if diff else "all records equal")
   return 1 if diff else 0
 
