@@ -123,16 +123,20 @@ def test_lr_warmup_counts_iterations_not_optimizer_updates(params):
 
   # Truth: optax's AdamW with the per-update rates above, on the same gradients.
   lc = AlgoConfig.from_config(GRPO)
-  grad_fn = jax.jit(lambda p, b: loss_and_grads(CONFIG, lc, p, b)[0])
   rates = jnp.asarray(want_lr)
   adamw = optax.chain(
     optax.clip_by_global_norm(1.0),
     optax.adamw(lambda count: rates[count], eps=eps, weight_decay=0.01),
   )
-  p, opt_state = jax.tree.map(jnp.copy, params), adamw.init(params)
+
+  @jax.jit  # one program (op by op, every operation of the optimizer would compile on its own)
+  def reference_step(p, opt_state, b):
+    updates, opt_state = adamw.update(loss_and_grads(CONFIG, lc, p, b)[0], opt_state, p)
+    return optax.apply_updates(p, updates), opt_state
+
+  p, opt_state = jax.tree.map(jnp.copy, params), jax.jit(adamw.init)(params)
   for b, got in zip(batches, snapshots):
-    updates, opt_state = adamw.update(grad_fn(p, b), opt_state, p)
-    p = optax.apply_updates(p, updates)
+    p, opt_state = reference_step(p, opt_state, b)
     jax.tree.map(lambda a, w: np.testing.assert_allclose(a, w, rtol=0, atol=1e-3 * lr), got, p)
 
 
