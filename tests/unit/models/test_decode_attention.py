@@ -98,7 +98,7 @@ def test_sampler_with_small_decode_blocks_keeps_tokens_and_logprobs(monkeypatch)
   for i, (p, t) in enumerate(zip(prompts, whole.tokens)):
     tokens[i, width - R - len(p) : width - R + len(t)] = p + t
     mask[i, width - R - len(p) : width - R + len(t)] = 1
-  logp, _ = response_logprobs(config, params, tokens, mask, R)
+  logp, _ = jax.jit(response_logprobs, static_argnums=(0, 4))(config, params, tokens, mask, R)
   logp = np.asarray(logp)
   # a log-prob is a logit minus a logsumexp: a few eps of the largest |log-prob| and logit scale
   for i, (a, b) in enumerate(zip(blocked.logprobs, whole.logprobs)):
