@@ -1,7 +1,7 @@
 """Where the suite's compile time goes, per test (a pytest plugin for the suite's diet).
 
-    .venv/bin/python -m pytest tests -p tests.compile_profile --compile-profile=/tmp/compile.tsv
-    .venv/bin/python -m tests.compile_profile /tmp/compile.tsv    # the totals, largest first
+    .venv/bin/python -m pytest tests -p bench.compile_profile --compile-profile=/tmp/compile.tsv
+    .venv/bin/python bench/compile_profile.py /tmp/compile.tsv    # the largest, then the totals
 
 Each test (setup, call and teardown together) gets one row: its wall seconds and, in this
 process, the seconds JAX spent tracing, lowering and compiling, the programs compiled and those
