@@ -2,6 +2,10 @@
 
     .venv/bin/python -m pytest tests -p bench.compile_profile --compile-profile=/tmp/compile.tsv
     .venv/bin/python bench/compile_profile.py /tmp/compile.tsv    # the largest, then the totals
+    # one row a program as well: the test, the program's name, its compile (or cache load)
+    # seconds, and whether the persistent cache served it
+    ... --compile-profile=/tmp/compile.tsv --compile-profile-programs=/tmp/programs.tsv
+    .venv/bin/python bench/compile_profile.py /tmp/compile.tsv /tmp/programs.tsv
 
 Each test (setup, call and teardown together) gets one row: its wall seconds and, in this
 process, the seconds JAX spent tracing, lowering and compiling, the programs compiled and those
@@ -13,7 +17,9 @@ show what a clean CI run pays; with a warm one, what a developer's rerun does.
 from __future__ import annotations
 
 import collections
+import logging
 import os
+import re
 import sys
 import time
 
@@ -28,15 +34,49 @@ _COUNTS = {"/jax/compilation_cache/cache_hits": "cache_hits"}
 COLUMNS = ("wall_s", "trace_s", "lower_s", "compile_s", "compiles", "cache_hits")
 
 
+_FINISHED = re.compile(r"Finished XLA compilation of (\S+) in ([0-9.]+) sec")
+_HIT = re.compile(r"Persistent compilation cache hit for '([^']+)'")
+
+
 def pytest_addoption(parser):
   parser.addoption("--compile-profile", default=None, help="a TSV file to append per-test rows to")
+  parser.addoption(
+    "--compile-profile-programs",
+    default=None,
+    help="a TSV file to append one row a program to (turns on jax_log_compiles)",
+  )
+
+
+class _ProgramLog(logging.Handler):
+  """Reads JAX's compile log: one row a program, (name, seconds, served by the cache)."""
+
+  def __init__(self):
+    super().__init__(logging.WARNING)
+    self.rows: list[tuple[str, float, int]] = []
+    self._hits: set[str] = set()
+
+  def emit(self, record: logging.LogRecord) -> None:
+    message = record.getMessage()
+    if hit := _HIT.search(message):
+      self._hits.add(hit.group(1))
+    elif done := _FINISHED.search(message):
+      name = done.group(1)
+      # the cache names the module jit__run where the compile log names jit(_run)
+      served = int(re.sub(r"^jit\((.*)\)$", r"jit_\1", name) in self._hits)
+      self._hits.clear()
+      self.rows.append((name, float(done.group(2)), served))
 
 
 class _Recorder:
-  def __init__(self, path: str):
+  def __init__(self, path: str, programs_path: str | None = None):
     import jax
 
     self.path = path
+    self.programs_path = programs_path
+    self.programs = _ProgramLog() if programs_path else None
+    if self.programs is not None:
+      jax.config.update("jax_log_compiles", True)
+      logging.getLogger("jax").addHandler(self.programs)
     self.current: collections.Counter = collections.Counter()
     jax.monitoring.register_event_duration_secs_listener(self._duration)
     jax.monitoring.register_event_listener(self._event)
@@ -54,8 +94,16 @@ class _Recorder:
   @pytest.hookimpl(hookwrapper=True)
   def pytest_runtest_protocol(self, item, nextitem):
     self.current = collections.Counter()
+    if self.programs is not None:
+      self.programs.rows.clear()
     start = time.perf_counter()
     yield
+    if self.programs is not None and self.programs.rows:
+      with open(self.programs_path, "a") as f:
+        f.writelines(
+          f"{item.nodeid}\t{name}\t{seconds:.3f}\t{served}\n"
+          for name, seconds, served in self.programs.rows
+        )
     self.current["wall_s"] = time.perf_counter() - start
     row = "\t".join([item.nodeid] + [f"{self.current[c]:.3f}" for c in COLUMNS])
     with open(self.path, "a") as f:
@@ -64,8 +112,34 @@ class _Recorder:
 
 def pytest_configure(config):
   path = config.getoption("--compile-profile")
+  programs = config.getoption("--compile-profile-programs")
   if path:
-    config.pluginmanager.register(_Recorder(os.path.abspath(path)), "sdar_compile_profile")
+    recorder = _Recorder(os.path.abspath(path), programs and os.path.abspath(programs))
+    config.pluginmanager.register(recorder, "sdar_compile_profile")
+
+
+def summarize_programs(path: str, top: int = 40) -> str:
+  """The programs by compile seconds summed over the suite: how many tests compiled each one,
+  how many loaded it from the cache, and the seconds either took."""
+  stats: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+  with open(path) as f:
+    for line in f:
+      test, name, seconds, served = line.rstrip("\n").split("\t")
+      key = "hit" if served == "1" else "compiled"
+      stats[name][key] += 1
+      stats[name][f"{key}_s"] += float(seconds)
+  out = [f"{'compile s':>9} {'compiled':>8} {'load s':>7} {'hits':>6}  program"]
+  ranked = sorted(stats.items(), key=lambda r: -r[1]["compiled_s"])
+  for name, v in ranked[:top]:
+    out.append(f"{v['compiled_s']:9.1f} {v['compiled']:8d} {v['hit_s']:7.1f} {v['hit']:6d}  {name}")
+  total: collections.Counter = collections.Counter()
+  for v in stats.values():
+    total.update(v)
+  out.append(
+    f"{total['compiled_s']:9.1f} {total['compiled']:8d} {total['hit_s']:7.1f} {total['hit']:6d}"
+    f"  all {len(stats)} programs"
+  )
+  return "\n".join(out)
 
 
 def summarize(path: str, top: int = 40) -> str:
@@ -101,4 +175,6 @@ def summarize(path: str, top: int = 40) -> str:
 
 
 if __name__ == "__main__":
-  print(summarize(*sys.argv[1:2], *(int(a) for a in sys.argv[2:3])))
+  print(summarize(sys.argv[1]))
+  if len(sys.argv) > 2:
+    print("\n" + summarize_programs(sys.argv[2]))
