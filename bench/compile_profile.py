@@ -61,7 +61,8 @@ class _ProgramLog(logging.Handler):
       self._hits.add(hit.group(1))
     elif done := _FINISHED.search(message):
       name = done.group(1)
-      # the cache names the module jit__run where the compile log names jit(_run)
+      # the cache names the module jit__run where the compile log names jit(_run); a program
+      # compiled on another thread in between (the asynchronous rollout) can be misattributed
       served = int(re.sub(r"^jit\((.*)\)$", r"jit_\1", name) in self._hits)
       self._hits.clear()
       self.rows.append((name, float(done.group(2)), served))
@@ -113,6 +114,11 @@ class _Recorder:
 def pytest_configure(config):
   path = config.getoption("--compile-profile")
   programs = config.getoption("--compile-profile-programs")
+  if programs and not path:
+    raise pytest.UsageError(
+      f"--compile-profile-programs={programs} needs --compile-profile=FILE as well (the per-test "
+      "rows). Fix: add --compile-profile=/tmp/compile.tsv."
+    )
   if path:
     recorder = _Recorder(os.path.abspath(path), programs and os.path.abspath(programs))
     config.pluginmanager.register(recorder, "sdar_compile_profile")
