@@ -99,13 +99,13 @@ class _Recorder:
       self.programs.rows.clear()
     start = time.perf_counter()
     yield
+    self.current["wall_s"] = time.perf_counter() - start
     if self.programs is not None and self.programs.rows:
       with open(self.programs_path, "a") as f:
         f.writelines(
           f"{item.nodeid}\t{name}\t{seconds:.3f}\t{served}\n"
           for name, seconds, served in self.programs.rows
         )
-    self.current["wall_s"] = time.perf_counter() - start
     row = "\t".join([item.nodeid] + [f"{self.current[c]:.3f}" for c in COLUMNS])
     with open(self.path, "a") as f:
       f.write(row + "\n")
@@ -125,12 +125,12 @@ def pytest_configure(config):
 
 
 def summarize_programs(path: str, top: int = 40) -> str:
-  """The programs by compile seconds summed over the suite: how many tests compiled each one,
-  how many loaded it from the cache, and the seconds either took."""
+  """The programs by compile seconds summed over the suite: how many times each was compiled and
+  how many times loaded from the cache, and the seconds either took."""
   stats: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
   with open(path) as f:
     for line in f:
-      test, name, seconds, served = line.rstrip("\n").split("\t")
+      _, name, seconds, served = line.rstrip("\n").split("\t")
       key = "hit" if served == "1" else "compiled"
       stats[name][key] += 1
       stats[name][f"{key}_s"] += float(seconds)
